@@ -1,0 +1,69 @@
+# tide: the two commands (README) and a few more.
+#
+#   make run     build, then run tide's main job
+#   make test    build, then run every test: C++ (ctest), Python (pytest), ASan+UBSan, TSan
+#   make bench   run the benchmarks (BENCH=name for one), JSON lines on stdout
+#
+# Each target installs what it needs first (scripts/bootstrap.sh) and skips what is there.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+JOBS ?= $(shell nproc)
+PY := .venv/bin/python
+CMAKE_FLAGS ?=
+BENCH ?=
+export PATH := $(PATH):/usr/local/cuda/bin
+
+.PHONY: run test bench build bootstrap test-cpp test-python test-asan test-tsan format-check tidy clean
+
+bootstrap:
+	@scripts/bootstrap.sh --python
+
+# The main build: RelWithDebInfo, everything, in build/.
+build: bootstrap
+	@cmake -S . -B build -G Ninja -DPython3_EXECUTABLE=$(PY) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build build -j$(JOBS)
+
+run: build
+	@scripts/run_main.sh
+
+test: build
+	@$(MAKE) --no-print-directory test-cpp test-python test-asan test-tsan
+	@echo "make test: all passed"
+
+test-cpp:
+	@echo "== C++ tests (ctest)"
+	@cd build && ctest -j$(JOBS) --output-on-failure -LE gpu
+
+test-python:
+	@echo "== Python tests (pytest)"
+	@$(PY) -m pytest -q -m "not gpu" tests/python
+
+# Sanitizer builds reuse the main build's kernels fatbin instead of running nvcc again.
+test-asan: build
+	@echo "== C++ tests under ASan+UBSan"
+	@cmake -S . -B build-asan -G Ninja -DTIDE_SANITIZE=address -DTIDE_BUILD_BENCH=OFF \
+	  -DTIDE_FATBIN=$(CURDIR)/build/kernels/tide_kernels.fatbin >/dev/null
+	@cmake --build build-asan -j$(JOBS)
+	@cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest -j$(JOBS) --output-on-failure -LE gpu
+
+test-tsan: build
+	@echo "== concurrency tests under TSan"
+	@cmake -S . -B build-tsan -G Ninja -DTIDE_SANITIZE=thread -DTIDE_BUILD_BENCH=OFF \
+	  -DTIDE_FATBIN=$(CURDIR)/build/kernels/tide_kernels.fatbin >/dev/null
+	@cmake --build build-tsan -j$(JOBS)
+	@cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest -j$(JOBS) --output-on-failure -L concurrency -LE gpu
+
+bench: build
+	@scripts/run_bench.sh $(BENCH)
+
+format-check:
+	@git ls-files '*.h' '*.cpp' '*.cu' | xargs clang-format --dry-run --Werror
+
+tidy: build
+	@git ls-files '*.cpp' | grep -v '^tests/' | xargs clang-tidy -p build --quiet
+
+clean:
+	rm -rf build build-asan build-tsan

@@ -1,0 +1,45 @@
+#include "capi/status.h"
+
+#include <new>
+#include <stdexcept>
+
+#include "driver/error.h"
+
+namespace tide::capi {
+namespace {
+
+thread_local std::string last_error;
+
+}  // namespace
+
+void set_last_error(std::string message) { last_error = std::move(message); }
+
+void clear_last_error() { last_error.clear(); }
+
+const char* last_error_text() { return last_error.c_str(); }
+
+tide_status status_of_current_exception() noexcept {
+  try {
+    throw;
+  } catch (const driver::DriverNotFound& e) {
+    set_last_error(e.what());
+    return TIDE_ERROR_NO_DRIVER;
+  } catch (const driver::CudaError& e) {
+    set_last_error(e.what());
+    return e.result() == CUDA_ERROR_OUT_OF_MEMORY ? TIDE_ERROR_OUT_OF_MEMORY : TIDE_ERROR_CUDA;
+  } catch (const std::invalid_argument& e) {  // config::EnvError among them
+    set_last_error(e.what());
+    return TIDE_ERROR_INVALID_ARGUMENT;
+  } catch (const std::bad_alloc&) {
+    set_last_error("tide: out of host memory");
+    return TIDE_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    set_last_error(e.what());
+    return TIDE_ERROR_INTERNAL;
+  } catch (...) {
+    set_last_error("tide: unknown internal error");
+    return TIDE_ERROR_INTERNAL;
+  }
+}
+
+}  // namespace tide::capi

@@ -1,0 +1,35 @@
+// How C ABI functions turn C++ exceptions into a tide_status and a per-thread message.
+#pragma once
+
+#include <string>
+
+#include "tide/tide.h"
+
+namespace tide::capi {
+
+// Records `message` as this thread's last error (what tide_last_error() returns).
+void set_last_error(std::string message);
+void clear_last_error();
+const char* last_error_text();
+
+// Runs `body` (returning void) and maps whatever it throws onto a status: bad arguments and bad
+// TIDE_* values → TIDE_ERROR_INVALID_ARGUMENT, no driver → TIDE_ERROR_NO_DRIVER, a failed CUDA
+// call → TIDE_ERROR_CUDA (TIDE_ERROR_OUT_OF_MEMORY for CUDA_ERROR_OUT_OF_MEMORY), bad_alloc →
+// TIDE_ERROR_OUT_OF_MEMORY, anything else → TIDE_ERROR_INTERNAL.
+template <typename Body>
+tide_status guard(Body&& body) noexcept;
+
+tide_status status_of_current_exception() noexcept;
+
+template <typename Body>
+tide_status guard(Body&& body) noexcept {
+  try {
+    clear_last_error();
+    body();
+    return TIDE_OK;
+  } catch (...) {
+    return status_of_current_exception();
+  }
+}
+
+}  // namespace tide::capi

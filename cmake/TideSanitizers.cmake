@@ -1,0 +1,10 @@
+# TIDE_SANITIZE=address builds everything with ASan+UBSan, =thread with TSan.
+if(TIDE_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_link_options(-fsanitize=address,undefined)
+elseif(TIDE_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT TIDE_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "TIDE_SANITIZE must be empty, 'address' or 'thread', not '${TIDE_SANITIZE}'")
+endif()

@@ -1,0 +1,91 @@
+"""Loading libtide.so and calling its C ABI.
+
+Where the library is looked for, in order: the file named by TIDE_LIBRARY; the package's own
+copy (``tide/lib/libtide.so``, what ``pip install .`` installs); the build tree of a source
+checkout (``build/lib/libtide.so``, what ``make`` builds).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import threading
+
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+TIDE_OK = 0
+
+
+class TideError(RuntimeError):
+    """A tide C ABI call failed; the message is tide's own (tide_last_error)."""
+
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status
+
+
+def library_candidates() -> list[pathlib.Path]:
+    env = os.environ.get("TIDE_LIBRARY")
+    if env:
+        return [pathlib.Path(env)]
+    return [
+        _PACKAGE_DIR / "lib" / "libtide.so",
+        _PACKAGE_DIR.parent.parent / "build" / "lib" / "libtide.so",
+    ]
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded libtide.so (loaded once, RTLD_LOCAL, as PyTorch loads extensions)."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            candidates = library_candidates()
+            for path in candidates:
+                if path.is_file():
+                    _lib = _declare(ctypes.CDLL(str(path), mode=os.RTLD_LOCAL))
+                    break
+            else:
+                tried = ", ".join(str(p) for p in candidates)
+                raise TideError(
+                    f"libtide.so not found (tried: {tried}). Build it with `make` in the "
+                    "source tree, install tide with `pip install .`, or set TIDE_LIBRARY to "
+                    "its path."
+                )
+        return _lib
+
+
+def _declare(cdll: ctypes.CDLL) -> ctypes.CDLL:
+    cdll.tide_version.restype = ctypes.c_char_p
+    cdll.tide_version.argtypes = []
+    cdll.tide_last_error.restype = ctypes.c_char_p
+    cdll.tide_last_error.argtypes = []
+    cdll.tide_driver_info.restype = ctypes.c_int
+    cdll.tide_driver_info.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    cdll.tide_device_memory.restype = ctypes.c_int
+    cdll.tide_device_memory.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    return cdll
+
+
+def check(status: int) -> None:
+    """Raises TideError with tide's message unless `status` is TIDE_OK."""
+    if status != TIDE_OK:
+        raise TideError(lib().tide_last_error().decode(), status)
+
+
+def version() -> str:
+    return lib().tide_version().decode()
+
+
+def driver_info() -> dict:
+    """The CUDA driver tide loaded: number of devices and the driver's CUDA version."""
+    count = ctypes.c_int()
+    driver_version = ctypes.c_int()
+    check(lib().tide_driver_info(ctypes.byref(count), ctypes.byref(driver_version)))
+    return {"device_count": count.value, "driver_version": driver_version.value}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what building and testing tide needs, skipping what is already there:
+# Debian packages (apt), a deb-src entry (jemalloc is built from Debian's source package), and
+# the project's Python environment .venv (python/requirements.txt).
+#
+# usage: scripts/bootstrap.sh [--python]    (--python: also the .venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "bootstrap: $*"; }
+as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev
+          libbenchmark-dev libunwind-dev clang-format clang-tidy python3-venv)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+deb_src=/etc/apt/sources.list.d/tide-deb-src.sources
+need_update=0
+if ! grep -rqs "deb-src" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+  log "adding a deb-src entry ($deb_src) for jemalloc's source package"
+  as_root tee "$deb_src" >/dev/null <<SOURCES
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+  need_update=1
+fi
+if [[ ${#missing[@]} -gt 0 || $need_update -eq 1 ]]; then
+  log "apt-get update"
+  as_root apt-get update -qq || log "apt-get update reported errors; continuing"
+fi
+if [[ ${#missing[@]} -gt 0 ]]; then
+  log "installing ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The CUDA toolkit (nvcc and cuda.h, 12.0 or newer) compiles the kernels; no driver is needed.
+if ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "bootstrap: the CUDA toolkit (nvcc, 12.0 or newer) is missing: install it from" \
+       "NVIDIA's packages, or put its bin/ on PATH" >&2
+  exit 1
+fi
+
+if [[ ${1:-} == --python ]]; then
+  venv=.venv
+  stamp=$venv/.requirements
+  if [[ ! -x $venv/bin/python ]]; then
+    log "creating $venv"
+    python3 -m venv "$venv"
+  fi
+  if ! cmp -s python/requirements.txt "$stamp"; then
+    log "installing python/requirements.txt into $venv (PyTorch is large: minutes on a fresh machine)"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r python/requirements.txt
+    cp python/requirements.txt "$stamp"
+  fi
+  # The package itself, from the source tree (an editable install without a second C++ build:
+  # tide finds build/lib/libtide.so next to the sources).
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$PWD/python" >"$site/tide-source.pth"
+fi

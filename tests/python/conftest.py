@@ -1,0 +1,49 @@
+"""Shared set-up for tide's Python tests.
+
+Tests run against the build tree (build/lib/libtide.so, found by tide._lib) and, when the machine
+has no CUDA driver, against the host stand-in driver, exactly as `make run` does.
+"""
+
+import ctypes.util
+import os
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("TIDE_BUILD_DIR", REPO / "build"))
+STANDIN = BUILD / "lib" / "libtide_standin_cuda.so"
+
+sys.path.insert(0, str(REPO / "python"))
+
+
+def real_driver_present() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+if "TIDE_CUDA_DRIVER" not in os.environ and not real_driver_present():
+    os.environ["TIDE_CUDA_DRIVER"] = str(STANDIN)
+
+
+def pytest_collection_modifyitems(config, items):
+    if real_driver_present():
+        return
+    skip = pytest.mark.skip(reason="needs a real GPU and CUDA driver")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def repo() -> pathlib.Path:
+    return REPO
+
+
+@pytest.fixture
+def build_dir() -> pathlib.Path:
+    return BUILD
