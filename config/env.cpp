@@ -21,7 +21,9 @@ std::string format_value(std::string_view value) {
 bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    auto lower = [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; };
+    auto lower = [](char c) {
+      return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+    };
     if (lower(a[i]) != lower(b[i])) return false;
   }
   return true;
@@ -69,11 +71,20 @@ std::uint64_t parse_bytes(std::string_view name, std::string_view text) {
     std::string_view name;
     double factor;
   };
-  static constexpr Unit kUnits[] = {
-      {"", 1},           {"B", 1},           {"KB", 1e3},          {"MB", 1e6},
-      {"GB", 1e9},       {"TB", 1e12},       {"KiB", 1024.0},      {"MiB", 1048576.0},
-      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}, {"K", 1024.0}, {"M", 1048576.0},
-      {"G", 1073741824.0},   {"T", 1099511627776.0}};
+  static constexpr Unit kUnits[] = {{"", 1},
+                                    {"B", 1},
+                                    {"KB", 1e3},
+                                    {"MB", 1e6},
+                                    {"GB", 1e9},
+                                    {"TB", 1e12},
+                                    {"KiB", 1024.0},
+                                    {"MiB", 1048576.0},
+                                    {"GiB", 1073741824.0},
+                                    {"TiB", 1099511627776.0},
+                                    {"K", 1024.0},
+                                    {"M", 1048576.0},
+                                    {"G", 1073741824.0},
+                                    {"T", 1099511627776.0}};
   if (!number) throw EnvError(name, text, kAccepts);
   for (const Unit& u : kUnits) {
     if (iequals(unit, u.name)) {
@@ -104,8 +115,7 @@ std::int64_t parse_int(std::string_view name, std::string_view text, std::int64_
   const std::string_view s = trim(text);
   std::int64_t value = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || value < min ||
-      value > max) {
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || value < min || value > max) {
     throw EnvError(name, text,
                    "an integer from " + std::to_string(min) + " to " + std::to_string(max));
   }

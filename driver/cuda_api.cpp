@@ -60,10 +60,10 @@ CudaApi load_driver(const std::string& library) {
 
   CudaApi api;
   api.library = library;
-#define TIDE_CUDA_RESOLVE(name, symbol, required)                                         \
+#define TIDE_CUDA_RESOLVE(name, symbol, required)                                            \
   api.name = reinterpret_cast<decltype(api.name)>(resolve(handle, get_proc, #name, symbol)); \
-  if ((required) && api.name == nullptr) {                                                  \
-    throw DriverNotFound(not_found_message(library, "it has no " symbol));                  \
+  if ((required) && api.name == nullptr) {                                                   \
+    throw DriverNotFound(not_found_message(library, "it has no " symbol));                   \
   }
   TIDE_CUDA_FUNCTIONS(TIDE_CUDA_RESOLVE)
 #undef TIDE_CUDA_RESOLVE

@@ -14,57 +14,57 @@ namespace tide::driver {
 
 // X(name, symbol_for_dlsym, required). `name` is the cuda.h name (which cuda.h may #define to a
 // versioned symbol: the member's type follows). Optional functions may be null.
-#define TIDE_CUDA_FUNCTIONS(X)                                      \
-  X(cuInit, "cuInit", true)                                         \
-  X(cuDriverGetVersion, "cuDriverGetVersion", true)                 \
-  X(cuGetErrorName, "cuGetErrorName", true)                         \
-  X(cuGetErrorString, "cuGetErrorString", true)                     \
-  X(cuDeviceGet, "cuDeviceGet", true)                               \
-  X(cuDeviceGetCount, "cuDeviceGetCount", true)                     \
-  X(cuDeviceGetName, "cuDeviceGetName", true)                       \
-  X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", true)                  \
-  X(cuDeviceGetAttribute, "cuDeviceGetAttribute", true)             \
-  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", true)     \
-  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", true) \
-  X(cuCtxSetCurrent, "cuCtxSetCurrent", true)                       \
-  X(cuCtxGetCurrent, "cuCtxGetCurrent", true)                       \
-  X(cuCtxSynchronize, "cuCtxSynchronize", true)                     \
-  X(cuMemGetInfo, "cuMemGetInfo_v2", true)                          \
-  X(cuMemAlloc, "cuMemAlloc_v2", true)                              \
-  X(cuMemFree, "cuMemFree_v2", true)                                \
-  X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", true)                          \
-  X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", true)                          \
-  X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", true)                \
-  X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", true)                \
-  X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", true)                \
-  X(cuMemsetD8Async, "cuMemsetD8Async", true)                       \
-  X(cuMemHostRegister, "cuMemHostRegister_v2", true)                \
-  X(cuMemHostUnregister, "cuMemHostUnregister", true)               \
-  X(cuMemHostAlloc, "cuMemHostAlloc", true)                         \
-  X(cuMemFreeHost, "cuMemFreeHost", true)                           \
-  X(cuStreamCreate, "cuStreamCreate", true)                         \
-  X(cuStreamDestroy, "cuStreamDestroy_v2", true)                    \
-  X(cuStreamSynchronize, "cuStreamSynchronize", true)               \
-  X(cuStreamQuery, "cuStreamQuery", true)                           \
-  X(cuStreamWaitEvent, "cuStreamWaitEvent", true)                   \
-  X(cuLaunchHostFunc, "cuLaunchHostFunc", true)                     \
-  X(cuEventCreate, "cuEventCreate", true)                           \
-  X(cuEventRecord, "cuEventRecord", true)                           \
-  X(cuEventQuery, "cuEventQuery", true)                             \
-  X(cuEventSynchronize, "cuEventSynchronize", true)                 \
-  X(cuEventDestroy, "cuEventDestroy_v2", true)                      \
-  X(cuEventElapsedTime, "cuEventElapsedTime", true)                 \
-  X(cuModuleLoadData, "cuModuleLoadData", true)                     \
-  X(cuModuleUnload, "cuModuleUnload", true)                         \
-  X(cuModuleGetFunction, "cuModuleGetFunction", true)               \
-  X(cuLaunchKernel, "cuLaunchKernel", true)                         \
+#define TIDE_CUDA_FUNCTIONS(X)                                             \
+  X(cuInit, "cuInit", true)                                                \
+  X(cuDriverGetVersion, "cuDriverGetVersion", true)                        \
+  X(cuGetErrorName, "cuGetErrorName", true)                                \
+  X(cuGetErrorString, "cuGetErrorString", true)                            \
+  X(cuDeviceGet, "cuDeviceGet", true)                                      \
+  X(cuDeviceGetCount, "cuDeviceGetCount", true)                            \
+  X(cuDeviceGetName, "cuDeviceGetName", true)                              \
+  X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", true)                         \
+  X(cuDeviceGetAttribute, "cuDeviceGetAttribute", true)                    \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", true)            \
+  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", true)       \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", true)                              \
+  X(cuCtxGetCurrent, "cuCtxGetCurrent", true)                              \
+  X(cuCtxSynchronize, "cuCtxSynchronize", true)                            \
+  X(cuMemGetInfo, "cuMemGetInfo_v2", true)                                 \
+  X(cuMemAlloc, "cuMemAlloc_v2", true)                                     \
+  X(cuMemFree, "cuMemFree_v2", true)                                       \
+  X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", true)                                 \
+  X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", true)                                 \
+  X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", true)                       \
+  X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", true)                       \
+  X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", true)                       \
+  X(cuMemsetD8Async, "cuMemsetD8Async", true)                              \
+  X(cuMemHostRegister, "cuMemHostRegister_v2", true)                       \
+  X(cuMemHostUnregister, "cuMemHostUnregister", true)                      \
+  X(cuMemHostAlloc, "cuMemHostAlloc", true)                                \
+  X(cuMemFreeHost, "cuMemFreeHost", true)                                  \
+  X(cuStreamCreate, "cuStreamCreate", true)                                \
+  X(cuStreamDestroy, "cuStreamDestroy_v2", true)                           \
+  X(cuStreamSynchronize, "cuStreamSynchronize", true)                      \
+  X(cuStreamQuery, "cuStreamQuery", true)                                  \
+  X(cuStreamWaitEvent, "cuStreamWaitEvent", true)                          \
+  X(cuLaunchHostFunc, "cuLaunchHostFunc", true)                            \
+  X(cuEventCreate, "cuEventCreate", true)                                  \
+  X(cuEventRecord, "cuEventRecord", true)                                  \
+  X(cuEventQuery, "cuEventQuery", true)                                    \
+  X(cuEventSynchronize, "cuEventSynchronize", true)                        \
+  X(cuEventDestroy, "cuEventDestroy_v2", true)                             \
+  X(cuEventElapsedTime, "cuEventElapsedTime", true)                        \
+  X(cuModuleLoadData, "cuModuleLoadData", true)                            \
+  X(cuModuleUnload, "cuModuleUnload", true)                                \
+  X(cuModuleGetFunction, "cuModuleGetFunction", true)                      \
+  X(cuLaunchKernel, "cuLaunchKernel", true)                                \
   X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", false) \
-  X(cuMemAddressReserve, "cuMemAddressReserve", false)              \
-  X(cuMemAddressFree, "cuMemAddressFree", false)                    \
-  X(cuMemCreate, "cuMemCreate", false)                              \
-  X(cuMemRelease, "cuMemRelease", false)                            \
-  X(cuMemMap, "cuMemMap", false)                                    \
-  X(cuMemUnmap, "cuMemUnmap", false)                                \
+  X(cuMemAddressReserve, "cuMemAddressReserve", false)                     \
+  X(cuMemAddressFree, "cuMemAddressFree", false)                           \
+  X(cuMemCreate, "cuMemCreate", false)                                     \
+  X(cuMemRelease, "cuMemRelease", false)                                   \
+  X(cuMemMap, "cuMemMap", false)                                           \
+  X(cuMemUnmap, "cuMemUnmap", false)                                       \
   X(cuMemSetAccess, "cuMemSetAccess", false)
 
 struct CudaApi {

@@ -16,7 +16,8 @@ std::string describe(CUresult result) {
   } catch (const std::exception&) {
     // No driver: fall through to the number.
   }
-  std::string out = name != nullptr ? name : "CUDA error " + std::to_string(static_cast<int>(result));
+  std::string out =
+      name != nullptr ? name : "CUDA error " + std::to_string(static_cast<int>(result));
   if (text != nullptr) out += std::string(" (") + text + ")";
   return out;
 }

@@ -1,5 +1,6 @@
 // Errors from the driver layer. Every failed driver call becomes a CudaError that names the call,
-// the error's name and its text, e.g. "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)".
+// the error's name and its text, e.g. "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY (out of
+// memory)".
 #pragma once
 
 #include <cuda.h>

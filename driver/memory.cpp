@@ -8,9 +8,7 @@
 
 namespace tide::driver {
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-  TIDE_CU(cuMemAlloc, &ptr_, bytes);
-}
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) { TIDE_CU(cuMemAlloc, &ptr_, bytes); }
 
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_ != 0) cuda().cuMemFree(ptr_);

@@ -23,8 +23,7 @@ bool has_virtual_memory() { return cuda().has_vmm(); }
 std::size_t allocation_granularity(int device) {
   const CUmemAllocationProp prop = device_memory_properties(device);
   std::size_t granularity = 0;
-  TIDE_CU(cuMemGetAllocationGranularity, &granularity, &prop,
-          CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  TIDE_CU(cuMemGetAllocationGranularity, &granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   return granularity;
 }
 

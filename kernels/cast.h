@@ -12,7 +12,7 @@ struct CastParams {
   std::uint64_t src;  // const float*: device address (CUdeviceptr)
   std::uint64_t dst;  // uint16_t*: device address
   std::uint64_t count;
-  Dtype dst_dtype;    // kBFloat16 or kFloat16
+  Dtype dst_dtype;  // kBFloat16 or kFloat16
 };
 
 inline constexpr const char* kCastKernel = "tide_cast_f32_to_half";

@@ -23,7 +23,7 @@ struct HostGrid {
 using HostKernel = void (*)(const HostGrid& grid, void** params);
 
 struct HostKernelEntry {
-  std::string_view name;    // the kernel's extern "C" name
+  std::string_view name;  // the kernel's extern "C" name
   HostKernel run;
   std::size_t param_bytes;  // sizeof the parameter struct: a launch copies it, as CUDA does
 };

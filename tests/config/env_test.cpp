@@ -20,8 +20,8 @@ TEST(ParseBytes, AcceptsUnitsAndPlainNumbers) {
 }
 
 TEST(ParseBytes, RejectsWhatIsNotASize) {
-  for (const char* bad : {"", "GiB", "-1", "1.5", "1.5B", "8 GiBs", "1e3", "0x10", "abc", "1..2",
-                          "99999999999TiB"}) {
+  for (const char* bad :
+       {"", "GiB", "-1", "1.5", "1.5B", "8 GiBs", "1e3", "0x10", "abc", "1..2", "99999999999TiB"}) {
     EXPECT_THROW(parse_bytes("TIDE_TEST_SIZE", bad), EnvError) << bad;
   }
 }
