@@ -68,6 +68,7 @@ namespace tide::driver {
   X(cuMemSetAccess, "cuMemSetAccess", false)
 
 struct CudaApi {
+// NOLINTNEXTLINE(bugprone-macro-parentheses): `name` is a declarator, not an expression
 #define TIDE_CUDA_MEMBER(name, symbol, required) decltype(&::name) name = nullptr;
   TIDE_CUDA_FUNCTIONS(TIDE_CUDA_MEMBER)
 #undef TIDE_CUDA_MEMBER

@@ -78,4 +78,33 @@ TIDE_HOST_DEVICE std::uint16_t float_to_fp16(float f) {
   return static_cast<std::uint16_t>(sign | ((rebiased + round) >> 13));
 }
 
+TIDE_HOST_DEVICE constexpr unsigned dtype_size(Dtype dtype) {
+  return dtype == Dtype::kFloat32 ? 4u : 2u;
+}
+
+// Storage type and conversions of each dtype, for code templated on the dtype.
+template <Dtype D>
+struct DtypeTraits;
+
+template <>
+struct DtypeTraits<Dtype::kFloat32> {
+  using Storage = float;
+  static TIDE_HOST_DEVICE float to_float(float x) { return x; }
+  static TIDE_HOST_DEVICE float from_float(float x) { return x; }
+};
+
+template <>
+struct DtypeTraits<Dtype::kBFloat16> {
+  using Storage = std::uint16_t;
+  static TIDE_HOST_DEVICE float to_float(std::uint16_t x) { return bf16_to_float(x); }
+  static TIDE_HOST_DEVICE std::uint16_t from_float(float x) { return float_to_bf16(x); }
+};
+
+template <>
+struct DtypeTraits<Dtype::kFloat16> {
+  using Storage = std::uint16_t;
+  static TIDE_HOST_DEVICE float to_float(std::uint16_t x) { return fp16_to_float(x); }
+  static TIDE_HOST_DEVICE std::uint16_t from_float(float x) { return float_to_fp16(x); }
+};
+
 }  // namespace tide::kernels
