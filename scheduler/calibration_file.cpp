@@ -1,0 +1,274 @@
+#include "scheduler/calibration_file.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <sstream>
+#include <system_error>
+#include <thread>
+
+#include "config/env.h"
+#include "scheduler/json.h"
+
+namespace tide::scheduler {
+namespace {
+
+constexpr std::size_t kMaxFileBytes = 1 << 20;  // a calibration is a few hundred bytes
+
+class Reader {
+ public:
+  explicit Reader(std::string_view origin) : origin_(origin) {}
+
+  [[noreturn]] void fail(std::string_view where, const std::string& what) const {
+    std::string message = "calibration " + std::string(origin_) + ": ";
+    if (!where.empty()) message += std::string(where) + ": ";
+    throw CalibrationError(message + what);
+  }
+
+  const json::Value& object(const json::Value& value, std::string_view where) const {
+    if (value.kind() != json::Value::Kind::object) {
+      fail(where, std::string("must be an object, not ") + json::kind_name(value.kind()));
+    }
+    return value;
+  }
+
+  // Rejects members outside `known`: a misspelt rate must not fall back to a default unnoticed.
+  void only(const json::Value& object, std::string_view where,
+            std::initializer_list<std::string_view> known) const {
+    for (const auto& [key, value] : object.members()) {
+      bool ok = false;
+      for (std::string_view k : known) ok = ok || key == k;
+      if (!ok) {
+        std::string list;
+        for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+        fail(where, "unknown member \"" + key + "\" (expected: " + list + ")");
+      }
+    }
+  }
+
+  const json::Value* member(const json::Value& object, std::string_view prefix,
+                            std::string_view key, bool required) const {
+    const json::Value* value = object.find(key);
+    if (value == nullptr && required) fail(path(prefix, key), "missing");
+    return value;
+  }
+
+  std::string string(const json::Value& object, std::string_view prefix, std::string_view key,
+                     bool required) const {
+    const json::Value* value = member(object, prefix, key, required);
+    if (value == nullptr) return {};
+    if (value->kind() != json::Value::Kind::string) {
+      fail(path(prefix, key),
+           std::string("must be a string, not ") + json::kind_name(value->kind()));
+    }
+    return value->string();
+  }
+
+  // A whole number in [min, max]; `fallback` when optional and absent.
+  double integer(const json::Value& object, std::string_view prefix, std::string_view key,
+                 bool required, double min, double max, double fallback) const {
+    const json::Value* value = member(object, prefix, key, required);
+    if (value == nullptr) return fallback;
+    if (value->kind() != json::Value::Kind::number ||
+        value->number() != std::floor(value->number()) || value->number() < min ||
+        value->number() > max) {
+      std::ostringstream range;
+      range << "must be a whole number from " << json::number(min) << " to " << json::number(max);
+      fail(path(prefix, key), range.str());
+    }
+    return value->number();
+  }
+
+  static std::string path(std::string_view prefix, std::string_view key) {
+    return prefix.empty() ? std::string(key) : std::string(prefix) + "." + std::string(key);
+  }
+
+ private:
+  std::string_view origin_;
+};
+
+}  // namespace
+
+Calibration parse_calibration(std::string_view text, std::string_view origin) {
+  const Reader reader(origin);
+  json::Value root;
+  try {
+    root = json::parse(text);
+  } catch (const json::ParseError& e) {
+    reader.fail("", std::string("not valid JSON: ") + e.what());
+  }
+  reader.object(root, "the top level");
+  reader.only(root, "the top level", {"format", "version", "measured_at", "machine", "rates"});
+  if (reader.string(root, "", "format", true) != kCalibrationFormat) {
+    reader.fail("format", "must be \"" + std::string(kCalibrationFormat) + "\"");
+  }
+  const json::Value* version = reader.member(root, "", "version", true);
+  if (version->kind() != json::Value::Kind::number || version->number() != kCalibrationVersion) {
+    reader.fail("version", "this tide reads version " + std::to_string(kCalibrationVersion) +
+                               " (measure again with `tide calibrate`)");
+  }
+
+  Calibration calibration;
+  calibration.measured_at = reader.string(root, "", "measured_at", false);
+
+  const json::Value& machine = reader.object(*reader.member(root, "", "machine", true), "machine");
+  reader.only(
+      machine, "machine",
+      {"hostname", "cpu_model", "cpu_threads", "gpu_name", "gpu_memory_bytes", "ranks_per_host"});
+  MachineInfo& m = calibration.machine;
+  m.hostname = reader.string(machine, "machine", "hostname", true);
+  m.cpu_model = reader.string(machine, "machine", "cpu_model", false);
+  m.cpu_threads =
+      static_cast<int>(reader.integer(machine, "machine", "cpu_threads", true, 1, 1 << 20, 0));
+  m.gpu_name = reader.string(machine, "machine", "gpu_name", false);
+  m.gpu_memory_bytes = static_cast<std::uint64_t>(
+      reader.integer(machine, "machine", "gpu_memory_bytes", false, 0, 9.0e15, 0));
+  m.ranks_per_host =
+      static_cast<int>(reader.integer(machine, "machine", "ranks_per_host", false, 1, 4096, 1));
+
+  const json::Value& rates = reader.object(*reader.member(root, "", "rates", true), "rates");
+  for (const RateInfo& info : rate_infos()) {
+    const std::string where = Reader::path("rates", info.key);
+    const json::Value* value = rates.find(info.key);
+    if (value == nullptr) reader.fail(where, "missing");
+    if (value->kind() != json::Value::Kind::number || !(value->number() > 0)) {
+      reader.fail(where, "must be a number > 0 (" +
+                             std::string(info.scale == 1.0 ? "params/s" : "bytes/s") + ")");
+    }
+    calibration.rates.*info.member = value->number();
+  }
+  for (const auto& [key, value] : rates.members()) {
+    bool known = false;
+    for (const RateInfo& info : rate_infos()) known = known || key == info.key;
+    if (!known) reader.fail("rates", "unknown member \"" + key + "\"");
+  }
+  return calibration;
+}
+
+std::string format_calibration(const Calibration& c) {
+  validate(c.rates, "calibration");
+  if (c.machine.cpu_threads < 1 || c.machine.ranks_per_host < 1) {
+    throw CalibrationError(
+        "calibration: machine.cpu_threads and machine.ranks_per_host must be >= 1");
+  }
+  std::ostringstream out;
+  out << "{\n  \"format\": " << json::quote(kCalibrationFormat)
+      << ",\n  \"version\": " << kCalibrationVersion << ",\n";
+  if (!c.measured_at.empty()) out << "  \"measured_at\": " << json::quote(c.measured_at) << ",\n";
+  out << "  \"machine\": {\n    \"hostname\": " << json::quote(c.machine.hostname);
+  if (!c.machine.cpu_model.empty()) {
+    out << ",\n    \"cpu_model\": " << json::quote(c.machine.cpu_model);
+  }
+  out << ",\n    \"cpu_threads\": " << c.machine.cpu_threads;
+  if (!c.machine.gpu_name.empty())
+    out << ",\n    \"gpu_name\": " << json::quote(c.machine.gpu_name);
+  if (c.machine.gpu_memory_bytes != 0) {
+    out << ",\n    \"gpu_memory_bytes\": " << c.machine.gpu_memory_bytes;
+  }
+  out << ",\n    \"ranks_per_host\": " << c.machine.ranks_per_host << "\n  },\n  \"rates\": {\n";
+  bool first = true;
+  for (const RateInfo& info : rate_infos()) {
+    out << (first ? "" : ",\n") << "    " << json::quote(info.key) << ": "
+        << json::number(c.rates.*info.member);
+    first = false;
+  }
+  out << "\n  }\n}\n";
+  return out.str();
+}
+
+Calibration load_calibration(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw CalibrationError("calibration " + path.string() +
+                           ": cannot be read: " + std::generic_category().message(errno));
+  }
+  std::string text;
+  char buffer[4096];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxFileBytes) {
+      throw CalibrationError("calibration " + path.string() +
+                             ": larger than 1 MiB, not a calibration file");
+    }
+  }
+  return parse_calibration(text, path.string());
+}
+
+void save_calibration(const std::filesystem::path& path, const Calibration& calibration) {
+  const std::string text = format_calibration(calibration);
+  std::error_code ec;
+  if (path.has_parent_path()) {
+    std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec) {
+      throw CalibrationError("calibration " + path.string() +
+                             ": cannot create its folder: " + ec.message());
+    }
+  }
+  // Same folder, so that the rename is atomic; the pid keeps concurrent ranks apart.
+  std::filesystem::path temporary = path;
+  temporary += ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::filesystem::remove(temporary, ec);
+      throw CalibrationError("calibration " + path.string() + ": cannot write " +
+                             temporary.string());
+    }
+  }
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw CalibrationError("calibration " + path.string() + ": cannot replace it: " + ec.message());
+  }
+}
+
+std::filesystem::path default_calibration_path() {
+  if (auto file = config::env_text("TIDE_CALIBRATION_FILE")) return *file;
+  if (auto cache = config::env_text("XDG_CACHE_HOME");
+      cache && !cache->empty() && cache->front() == '/') {
+    return std::filesystem::path(*cache) / "tide" / "calibration.json";
+  }
+  if (auto home = config::env_text("HOME")) {
+    return std::filesystem::path(*home) / ".cache" / "tide" / "calibration.json";
+  }
+  throw CalibrationError(
+      "no calibration file path: set TIDE_CALIBRATION_FILE (or HOME or XDG_CACHE_HOME)");
+}
+
+MachineInfo this_machine() {
+  MachineInfo m;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) m.hostname = host;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) {
+        auto begin = line.find_first_not_of(" \t", colon + 1);
+        if (begin != std::string::npos) m.cpu_model = line.substr(begin);
+      }
+      break;
+    }
+  }
+  m.cpu_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return m;
+}
+
+std::string utc_timestamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buffer;
+}
+
+}  // namespace tide::scheduler

@@ -1,0 +1,92 @@
+// The calibration file: the rates `tide calibrate` measured, and the machine it measured them on.
+//
+// Format (JSON, version 1; every member below is required unless marked optional, and unknown
+// members are rejected so that a typo cannot silently fall back to a default):
+//
+//   {
+//     "format": "tide-calibration",
+//     "version": 1,
+//     "measured_at": "2025-01-31T12:00:00Z",        // optional: when, UTC, ISO 8601
+//     "machine": {
+//       "hostname": "node17",
+//       "cpu_model": "AMD EPYC 9654 96-Core Processor",   // optional
+//       "cpu_threads": 24,          // threads the CPU update used (its rate depends on them)
+//       "gpu_name": "NVIDIA H100 80GB HBM3",              // optional
+//       "gpu_memory_bytes": 85520809984,                  // optional
+//       "ranks_per_host": 4         // optional (default 1): ranks that ran while measuring
+//     },
+//     "rates": {                    // per rank; each a finite number > 0
+//       "cpu_update_params_per_s": 2.2e9,
+//       "cpu_update_contended_params_per_s": 2.0e9,
+//       "h2d_bytes_per_s": 25e9,
+//       "d2h_bytes_per_s": 25e9,
+//       "h2d_duplex_bytes_per_s": 23e9,
+//       "d2h_duplex_bytes_per_s": 23e9,
+//       "gpu_update_params_per_s": 5e10
+//     }
+//   }
+//
+// Where it lives: $TIDE_CALIBRATION_FILE if set, else $XDG_CACHE_HOME/tide/calibration.json
+// (when XDG_CACHE_HOME is an absolute path), else $HOME/.cache/tide/calibration.json.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "scheduler/rates.h"
+
+namespace tide::scheduler {
+
+inline constexpr std::string_view kCalibrationFormat = "tide-calibration";
+inline constexpr int kCalibrationVersion = 1;
+
+struct MachineInfo {
+  std::string hostname;
+  std::string cpu_model;  // empty: unknown
+  int cpu_threads = 0;
+  std::string gpu_name;                // empty: unknown
+  std::uint64_t gpu_memory_bytes = 0;  // 0: unknown
+  int ranks_per_host = 1;
+
+  bool operator==(const MachineInfo&) const = default;
+};
+
+struct Calibration {
+  MachineInfo machine;
+  std::string measured_at;  // empty: unknown
+  Rates rates;
+
+  bool operator==(const Calibration&) const = default;
+};
+
+// A file that cannot be read or is not a valid calibration. The message names the file, where
+// in it (line and column, or the member's path such as rates.h2d_bytes_per_s) and what is wrong.
+class CalibrationError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// Text ↔ Calibration. `origin` labels errors (a path, or "<text>").
+Calibration parse_calibration(std::string_view text, std::string_view origin);
+std::string format_calibration(const Calibration& calibration);
+
+Calibration load_calibration(const std::filesystem::path& path);
+// Writes atomically (a temporary file in the same folder, then rename), creating the folder.
+void save_calibration(const std::filesystem::path& path, const Calibration& calibration);
+
+// The path described above. Throws if neither TIDE_CALIBRATION_FILE nor HOME nor an absolute
+// XDG_CACHE_HOME is set.
+std::filesystem::path default_calibration_path();
+
+// What can be learnt about this host without a GPU: hostname, CPU model (/proc/cpuinfo) and
+// hardware threads. The GPU fields are left for the caller (it knows the device).
+MachineInfo this_machine();
+
+// The current time as ISO 8601 UTC ("2025-01-31T12:00:00Z"), for measured_at.
+std::string utc_timestamp();
+
+}  // namespace tide::scheduler

@@ -1,0 +1,118 @@
+// The performance model: how long one rank's update phase takes for a given placement.
+//
+// ---------------------------------------------------------------------------------------------
+// The timing model
+//
+// Rates (scheduler/rates.h): r_c CPU update, r_cc CPU update while copies run (taken as
+// min(r_cc, r_c)), B_h / B_d host→GPU / GPU→host copy alone, B_h2 / B_d2 the same while the other
+// direction also runs (full duplex), r_g GPU update. Bytes per parameter (Footprint): a copied in
+// per GPU subgroup parameter (fp32 p, m, v = 12, plus the gradient when it comes from host
+// memory), b copied out (12).
+//
+// GPU side. The GPU subgroups s_1..s_g (params) run, in their order, through three engines —
+// copy in, update kernel, copy out — each taking one subgroup at a time in order. A subgroup
+// occupies one of D buffers from the start of its copy-in to the end of its copy-out, so the
+// copy-in of s_j waits for the copy-out of s_{j-D}. With
+//     h_j = a·s_j / B_h(j),   u_j = s_j / r_g,   d_j = b·s_j / B_d(j)
+// the completion times are
+//     H_j = max(H_{j-1}, E_{j-D}) + h_j         copy-in ends  (E_{j-D} = 0 for j ≤ D)
+//     U_j = max(U_{j-1}, H_j)     + u_j         update ends
+//     E_j = max(E_{j-1}, U_j)     + d_j         copy-out ends, the buffer is free
+//     T_gpu = E_g.
+// Copy rates: with D ≥ 2 and g ≥ 2 both directions overlap in steady state, so copies run at the
+// duplex rates B_h2, B_d2, except the first copy-in and the last copy-out, which have the link to
+// themselves (B_h, B_d). With D = 1 (or g = 1) nothing overlaps and every copy runs alone.
+//
+// CPU side. The CPU update threads work through the W_c parameters of the CPU subgroups together
+// (one subgroup at a time, all threads on it), at r_cc while the GPU side runs and r_c after:
+//     T_cpu = W_c / r_cc                            if W_c ≤ r_cc · T_gpu
+//           = T_gpu + (W_c − r_cc · T_gpu) / r_c    otherwise
+//
+// Phase. T = max(T_cpu, T_gpu); all-CPU: W / r_c (W all parameters).
+//
+// What it leaves out, on purpose: per-launch latencies (microseconds against tens of
+// milliseconds per subgroup of 1e8), the upload of CPU subgroups' low-precision weights (folded
+// into the measured CPU rate), and a slowdown of copies by the CPU update (the contention is
+// charged to the CPU, whose rate while copies run is measured). Measured subgroup times refine
+// the rates (scheduler/refine.h), which absorbs what the formulas miss.
+// ---------------------------------------------------------------------------------------------
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "scheduler/rates.h"
+
+namespace tide::scheduler {
+
+// What a GPU subgroup moves and holds, per parameter.
+struct Footprint {
+  std::uint32_t state_bytes_per_param = 12;    // fp32 p, m, v: copied in and out, one buffer
+  std::uint32_t gradient_bytes_per_param = 2;  // bf16 gradient
+  // GPU subgroups keep their gradient on the GPU from the backward pass (it is memory held during
+  // the phase, nothing to copy) instead of copying it in from pinned host memory with the state.
+  bool gradients_on_gpu = true;
+
+  std::uint64_t h2d_bytes_per_param() const {
+    return state_bytes_per_param + (gradients_on_gpu ? 0u : gradient_bytes_per_param);
+  }
+  std::uint64_t d2h_bytes_per_param() const { return state_bytes_per_param; }
+  // One buffer holds what is copied in.
+  std::uint64_t buffer_bytes(std::uint64_t params) const { return params * h2d_bytes_per_param(); }
+  // Held on the GPU for the whole phase by a GPU subgroup.
+  std::uint64_t resident_bytes(std::uint64_t params) const {
+    return gradients_on_gpu ? params * gradient_bytes_per_param : 0;
+  }
+
+  bool operator==(const Footprint&) const = default;
+};
+
+// Predicted times of one GPU subgroup, seconds from the start of the phase.
+struct GpuTimes {
+  double h2d_start = 0;
+  double h2d_end = 0;
+  double update_end = 0;
+  double d2h_end = 0;
+};
+
+class PerformanceModel {
+ public:
+  // Throws std::invalid_argument for rates that are not finite and > 0, or a footprint that
+  // copies nothing.
+  PerformanceModel(const Rates& rates, const Footprint& footprint);
+
+  const Rates& rates() const { return rates_; }
+  const Footprint& footprint() const { return footprint_; }
+
+  // T_gpu of GPU subgroups `sizes` (params, in pipeline order) with `buffers` ≥ 1 buffers.
+  // `times`, if given, receives each subgroup's times (resized to sizes.size()). `scratch` keeps
+  // the planner's inner loop free of allocations.
+  double gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers,
+                  std::vector<double>& scratch, std::vector<GpuTimes>* times = nullptr) const;
+  double gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers) const;
+  // T_gpu with one buffer in closed form: nothing overlaps, so it is the sum of every stage at
+  // the alone rates, whatever the order (equal to gpu_side(sizes, 1) up to rounding).
+  double serial_gpu_side(double gpu_params) const;
+
+  // T_cpu for `cpu_params` given the GPU side's duration; also when the CPU side has done its
+  // first `cpu_params` (it is monotone), which gives each CPU subgroup's predicted times.
+  double cpu_side(double cpu_params, double gpu_side) const;
+
+  double phase(double cpu_params, double gpu_side) const;
+  double all_cpu(double params) const { return params / rates_.cpu_update; }
+
+  // Per-subgroup stage times, in seconds.
+  double h2d_time(double params, bool duplex) const;
+  double d2h_time(double params, bool duplex) const;
+  double update_time(double params) const { return params / rates_.gpu_update; }
+  // The CPU rate while copies run, as the model uses it (never above the free rate).
+  double contended_cpu_rate() const;
+
+ private:
+  Rates rates_;
+  Footprint footprint_;
+};
+
+}  // namespace tide::scheduler

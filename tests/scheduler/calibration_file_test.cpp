@@ -1,0 +1,254 @@
+#include "scheduler/calibration_file.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "config/env.h"
+#include "scheduler/rate_sources.h"
+
+namespace tide::scheduler {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh folder per test, removed after; the calibration variables cleared around each test.
+class CalibrationFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tide_calibration_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const char* name : kVariables) {
+      if (const char* v = std::getenv(name)) saved_.emplace_back(name, v);
+      unsetenv(name);
+    }
+    setenv("XDG_CACHE_HOME", (dir_ / "cache").c_str(), 1);
+  }
+  void TearDown() override {
+    for (const char* name : kVariables) unsetenv(name);
+    for (const auto& [name, value] : saved_) setenv(name.c_str(), value.c_str(), 1);
+    fs::remove_all(dir_);
+  }
+  fs::path write(const std::string& name, const std::string& text) {
+    const fs::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  static constexpr const char* kVariables[] = {"TIDE_CALIBRATION_FILE", "XDG_CACHE_HOME", "HOME",
+                                               "TIDE_RATE_CPU_UPDATE", "TIDE_RATE_H2D_GBPS"};
+  fs::path dir_;
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+Calibration sample() {
+  Calibration c;
+  c.machine.hostname = "node17";
+  c.machine.cpu_model = "AMD EPYC 9654 \"96-Core\" Processor";
+  c.machine.cpu_threads = 24;
+  c.machine.gpu_name = "NVIDIA H100 80GB HBM3";
+  c.machine.gpu_memory_bytes = 85'520'809'984;
+  c.machine.ranks_per_host = 4;
+  c.measured_at = "2025-01-31T12:00:00Z";
+  c.rates = builtin_rates();
+  c.rates.cpu_update = 2.123456789012345e9;  // full precision survives the round trip
+  return c;
+}
+
+// The example of calibration_file.h, comments removed.
+constexpr const char* kDocumented = R"({
+  "format": "tide-calibration",
+  "version": 1,
+  "measured_at": "2025-01-31T12:00:00Z",
+  "machine": {
+    "hostname": "node17",
+    "cpu_model": "AMD EPYC 9654 96-Core Processor",
+    "cpu_threads": 24,
+    "gpu_name": "NVIDIA H100 80GB HBM3",
+    "gpu_memory_bytes": 85520809984,
+    "ranks_per_host": 4
+  },
+  "rates": {
+    "cpu_update_params_per_s": 2.2e9,
+    "cpu_update_contended_params_per_s": 2.0e9,
+    "h2d_bytes_per_s": 25e9,
+    "d2h_bytes_per_s": 25e9,
+    "h2d_duplex_bytes_per_s": 23e9,
+    "d2h_duplex_bytes_per_s": 23e9,
+    "gpu_update_params_per_s": 5e10
+  }
+})";
+
+TEST_F(CalibrationFile, TheDocumentedExampleParses) {
+  const Calibration c = parse_calibration(kDocumented, "doc");
+  EXPECT_EQ(c.rates, builtin_rates());
+  EXPECT_EQ(c.machine.hostname, "node17");
+  EXPECT_EQ(c.machine.cpu_threads, 24);
+  EXPECT_EQ(c.machine.ranks_per_host, 4);
+  EXPECT_EQ(c.machine.gpu_memory_bytes, 85'520'809'984u);
+}
+
+TEST_F(CalibrationFile, RoundTripsThroughTextAndDisk) {
+  const Calibration c = sample();
+  EXPECT_EQ(parse_calibration(format_calibration(c), "text"), c);
+  const fs::path path = dir_ / "deeper" / "calibration.json";
+  save_calibration(path, c);
+  EXPECT_EQ(load_calibration(path), c);
+  // Saving again replaces it and leaves no temporary file behind.
+  Calibration changed = c;
+  changed.rates.h2d = 30e9;
+  save_calibration(path, changed);
+  EXPECT_EQ(load_calibration(path), changed);
+  EXPECT_EQ(std::distance(fs::directory_iterator(path.parent_path()), fs::directory_iterator()), 1);
+}
+
+TEST_F(CalibrationFile, OptionalMembersMayBeLeftOut) {
+  Calibration c;
+  c.machine.hostname = "h";
+  c.machine.cpu_threads = 1;
+  c.rates = builtin_rates();
+  const std::string text = format_calibration(c);
+  EXPECT_EQ(text.find("gpu_name"), std::string::npos);
+  EXPECT_EQ(parse_calibration(text, "text"), c);
+}
+
+// Each malformed text must fail with a message that contains `where` (what is wrong, where).
+TEST_F(CalibrationFile, RejectsMalformedFiles) {
+  const std::string good = kDocumented;
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "not valid JSON: line 1, column 1"},
+      {"{", "not valid JSON"},
+      {"[]", "the top level: must be an object"},
+      {good + "x", "unexpected text after the JSON value"},
+      {replaced("\"version\": 1,", "\"version\": 1,,"), "line 3"},
+      {replaced("tide-calibration", "tide-calibratio"), "format: must be \"tide-calibration\""},
+      {replaced("\"version\": 1", "\"version\": 2"), "version: this tide reads version 1"},
+      {replaced("\"version\": 1,", ""), "version: missing"},
+      {replaced("\"h2d_bytes_per_s\": 25e9,", ""), "rates.h2d_bytes_per_s: missing"},
+      {replaced("\"h2d_bytes_per_s\"", "\"h2d_bytes_per_sec\""), "rates.h2d_bytes_per_s: missing"},
+      {replaced("\"h2d_bytes_per_s\": 25e9,", "\"h2d_bytes_per_s\": 25e9, \"h2d_gbps\": 25,"),
+       "unknown member \"h2d_gbps\""},
+      {replaced("25e9,\n    \"d2h_bytes", "-25e9,\n    \"d2h_bytes"),
+       "rates.h2d_bytes_per_s: must be a number > 0"},
+      {replaced("25e9,\n    \"d2h_bytes", "0,\n    \"d2h_bytes"),
+       "rates.h2d_bytes_per_s: must be a number > 0"},
+      {replaced("25e9,\n    \"d2h_bytes", "\"25e9\",\n    \"d2h_bytes"),
+       "rates.h2d_bytes_per_s: must be a number > 0"},
+      {replaced("25e9,\n    \"d2h_bytes", "1e999,\n    \"d2h_bytes"), "number out of range"},
+      {replaced("25e9,\n    \"d2h_bytes", "NaN,\n    \"d2h_bytes"), "expected a JSON value"},
+      {replaced("\"cpu_threads\": 24", "\"cpu_threads\": 0"),
+       "machine.cpu_threads: must be a whole number"},
+      {replaced("\"cpu_threads\": 24", "\"cpu_threads\": 2.5"),
+       "machine.cpu_threads: must be a whole number"},
+      {replaced("\"hostname\": \"node17\"", "\"hostname\": 17"),
+       "machine.hostname: must be a string"},
+      {replaced("\"hostname\": \"node17\",", ""), "machine.hostname: missing"},
+      {replaced("\"ranks_per_host\": 4", "\"ranks_per_host\": 4, \"ranks_per_host\": 2"),
+       "duplicate member \"ranks_per_host\""},
+      {replaced("\"ranks_per_host\": 4", "\"rank_per_host\": 4"),
+       "unknown member \"rank_per_host\""},
+      {replaced("\"machine\": {", "\"machine\": [{"), "expected ',' or ']'"},
+  };
+  for (const auto& [text, where] : cases) {
+    try {
+      parse_calibration(text, "/some/file.json");
+      ADD_FAILURE() << "accepted:\n" << text;
+    } catch (const CalibrationError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("calibration /some/file.json: "), std::string::npos) << message;
+      EXPECT_NE(message.find(where), std::string::npos) << message << "\nwanted: " << where;
+    }
+  }
+}
+
+TEST_F(CalibrationFile, MissingAndHugeFilesFailClearly) {
+  try {
+    load_calibration(dir_ / "absent.json");
+    FAIL() << "no error";
+  } catch (const CalibrationError& e) {
+    EXPECT_NE(std::string(e.what()).find("absent.json: cannot be read"), std::string::npos)
+        << e.what();
+  }
+  const fs::path big = write("big.json", std::string(2 << 20, ' '));
+  EXPECT_THROW(load_calibration(big), CalibrationError);
+}
+
+TEST_F(CalibrationFile, DefaultPath) {
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  setenv("HOME", "/home/me", 1);
+  EXPECT_EQ(default_calibration_path(), fs::path("/xdg/tide/calibration.json"));
+  setenv("XDG_CACHE_HOME", "relative/ignored", 1);  // the XDG spec: only absolute paths count
+  EXPECT_EQ(default_calibration_path(), fs::path("/home/me/.cache/tide/calibration.json"));
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(default_calibration_path(), fs::path("/home/me/.cache/tide/calibration.json"));
+  setenv("TIDE_CALIBRATION_FILE", "/etc/tide.json", 1);
+  EXPECT_EQ(default_calibration_path(), fs::path("/etc/tide.json"));
+  unsetenv("TIDE_CALIBRATION_FILE");
+  unsetenv("HOME");
+  EXPECT_THROW(default_calibration_path(), CalibrationError);
+}
+
+TEST_F(CalibrationFile, ResolveRatesLayersDefaultsFileAndEnvironment) {
+  // No file: built-in defaults, labelled so.
+  ResolvedRates r = resolve_rates(std::nullopt);
+  EXPECT_TRUE(r.all_builtin());
+  EXPECT_FALSE(r.calibration_path.has_value());
+  EXPECT_EQ(r.rates, builtin_rates());
+
+  // The default file, once it exists.
+  Calibration c = sample();
+  save_calibration(default_calibration_path(), c);
+  r = resolve_rates(std::nullopt);
+  EXPECT_EQ(r.rates, c.rates);
+  EXPECT_EQ(r.source[0], RateSource::calibration);
+  EXPECT_EQ(r.calibration_path, default_calibration_path());
+
+  // A variable overrides one rate (GB/s → bytes/s).
+  setenv("TIDE_RATE_H2D_GBPS", "12.5", 1);
+  r = resolve_rates(std::nullopt);
+  EXPECT_EQ(r.rates.h2d, 12.5e9);
+  EXPECT_EQ(r.source[static_cast<std::size_t>(RateKind::h2d)], RateSource::environment);
+  EXPECT_EQ(r.source[static_cast<std::size_t>(RateKind::d2h)], RateSource::calibration);
+  unsetenv("TIDE_RATE_H2D_GBPS");
+
+  // An explicit file must exist; a broken default file is an error, not silent defaults.
+  EXPECT_THROW(resolve_rates(dir_ / "absent.json"), CalibrationError);
+  setenv("TIDE_CALIBRATION_FILE", (dir_ / "absent.json").c_str(), 1);
+  try {
+    resolve_rates(std::nullopt);
+    ADD_FAILURE() << "no error";
+  } catch (const config::EnvError& e) {
+    EXPECT_NE(std::string(e.what()).find("TIDE_CALIBRATION_FILE=\"" +
+                                         (dir_ / "absent.json").string() + "\" is not valid"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("TIDE_CALIBRATION_FILE");
+  write("cache/tide/calibration.json", "{\"format\": \"tide-calibration\"}");
+  EXPECT_THROW(resolve_rates(std::nullopt), CalibrationError);
+}
+
+TEST_F(CalibrationFile, ThisMachineKnowsItsCpu) {
+  const MachineInfo m = this_machine();
+  EXPECT_FALSE(m.hostname.empty());
+  EXPECT_GE(m.cpu_threads, 1);
+  const std::string stamp = utc_timestamp();
+  EXPECT_EQ(stamp.size(), 20u);
+  EXPECT_EQ(stamp.back(), 'Z');
+}
+
+}  // namespace
+}  // namespace tide::scheduler

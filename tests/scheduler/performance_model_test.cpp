@@ -1,0 +1,177 @@
+#include "scheduler/performance_model.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "scheduler/plan.h"
+
+namespace tide::scheduler {
+namespace {
+
+// Round numbers so that every expected time is exact arithmetic.
+Rates round_rates() {
+  Rates r;
+  r.cpu_update = 1e9;
+  r.cpu_update_contended = 0.5e9;
+  r.h2d = 12e9;  // 1e9 params of 12 bytes in 1 s
+  r.d2h = 12e9;
+  r.h2d_duplex = 6e9;  // half as fast when both directions run
+  r.d2h_duplex = 6e9;
+  r.gpu_update = 4e9;
+  return r;
+}
+
+Footprint state_only() {
+  Footprint f;
+  f.gradients_on_gpu = true;
+  return f;
+}
+
+TEST(PerformanceModel, OneSubgroupIsCopyInUpdateCopyOut) {
+  const PerformanceModel model(round_rates(), state_only());
+  const std::vector<std::uint64_t> one = {1'000'000'000};
+  // 1 s in, 0.25 s update, 1 s out; alone on the link whatever the buffer count.
+  EXPECT_DOUBLE_EQ(model.gpu_side(one, 1), 2.25);
+  EXPECT_DOUBLE_EQ(model.gpu_side(one, 4), 2.25);
+}
+
+TEST(PerformanceModel, OneBufferSerialisesEverything) {
+  const PerformanceModel model(round_rates(), state_only());
+  const std::vector<std::uint64_t> three(3, 1'000'000'000);
+  EXPECT_DOUBLE_EQ(model.gpu_side(three, 1), 3 * 2.25);
+}
+
+TEST(PerformanceModel, BuffersOverlapCopiesAtDuplexRates) {
+  const PerformanceModel model(round_rates(), state_only());
+  const std::vector<std::uint64_t> three(3, 1'000'000'000);
+  // D = 3: in 1 (alone), 2, 2 (duplex): H = 1, 3, 5; U = 1.25, 3.25, 5.25;
+  // out 2 (duplex), 2, 1 (alone): E = 3.25, 5.25, 6.25.
+  EXPECT_DOUBLE_EQ(model.gpu_side(three, 3), 6.25);
+  // D = 2: the third copy-in waits for the first copy-out (3.25): H3 = 5.25, U3 = 5.5, E3 = 6.5.
+  EXPECT_DOUBLE_EQ(model.gpu_side(three, 2), 6.5);
+  std::vector<double> scratch;
+  std::vector<GpuTimes> times;
+  model.gpu_side(three, 2, scratch, &times);
+  ASSERT_EQ(times.size(), 3u);
+  EXPECT_DOUBLE_EQ(times[2].h2d_start, 3.25);
+  EXPECT_DOUBLE_EQ(times[2].h2d_end, 5.25);
+  EXPECT_DOUBLE_EQ(times[2].update_end, 5.5);
+  EXPECT_DOUBLE_EQ(times[2].d2h_end, 6.5);
+}
+
+TEST(PerformanceModel, GradientsFromHostAreCopiedInWithTheState) {
+  Footprint f;
+  f.gradients_on_gpu = false;
+  f.gradient_bytes_per_param = 4;
+  const PerformanceModel model(round_rates(), f);
+  const std::vector<std::uint64_t> one = {1'000'000'000};
+  // 16 bytes/param in at 12e9: 4/3 s.
+  EXPECT_DOUBLE_EQ(model.gpu_side(one, 1), 16.0 / 12.0 + 0.25 + 1.0);
+  EXPECT_EQ(f.buffer_bytes(10), 160u);
+  EXPECT_EQ(f.resident_bytes(10), 0u);
+  f.gradients_on_gpu = true;
+  EXPECT_EQ(f.buffer_bytes(10), 120u);
+  EXPECT_EQ(f.resident_bytes(10), 40u);
+}
+
+TEST(PerformanceModel, CpuIsContendedWhileTheGpuSideRuns) {
+  const PerformanceModel model(round_rates(), state_only());
+  // No GPU side: the free rate.
+  EXPECT_DOUBLE_EQ(model.cpu_side(2e9, 0), 2.0);
+  // All of it while copies run: half rate.
+  EXPECT_DOUBLE_EQ(model.cpu_side(1e9, 3), 2.0);
+  // 1 s contended (0.5e9 done), the remaining 1.5e9 at the free rate.
+  EXPECT_DOUBLE_EQ(model.cpu_side(2e9, 1), 2.5);
+  EXPECT_DOUBLE_EQ(model.phase(2e9, 1), 2.5);
+  EXPECT_DOUBLE_EQ(model.phase(0.1e9, 3), 3.0);
+  EXPECT_DOUBLE_EQ(model.all_cpu(3e9), 3.0);
+}
+
+TEST(PerformanceModel, ContendedRateNeverExceedsTheFreeRate) {
+  Rates r = round_rates();
+  r.cpu_update_contended = 2e9;  // a noisy calibration
+  const PerformanceModel model(r, state_only());
+  EXPECT_DOUBLE_EQ(model.contended_cpu_rate(), 1e9);
+  EXPECT_DOUBLE_EQ(model.cpu_side(1e9, 5), 1.0);
+}
+
+TEST(PerformanceModel, RejectsBadRates) {
+  Rates r = round_rates();
+  r.h2d_duplex = 0;
+  try {
+    PerformanceModel model(r, state_only());
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("h2d_duplex_bytes_per_s"), std::string::npos);
+  }
+  r = round_rates();
+  r.gpu_update = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(PerformanceModel(r, state_only()), std::invalid_argument);
+}
+
+TEST(Evaluate, GivesEachSubgroupItsDeviceOrderBufferAndTimes) {
+  Workload w;
+  w.subgroup_params = {1'000'000'000, 1'000'000'000, 1'000'000'000, 1'000'000'000};
+  w.headroom_bytes = 100'000'000'000;
+  const Plan p = evaluate(w, round_rates(), Placement{{3, 1}, 2});
+  EXPECT_EQ(p.gpu_order, (std::vector<std::size_t>{3, 1}));
+  EXPECT_EQ(p.cpu_order, (std::vector<std::size_t>{0, 2}));
+  EXPECT_EQ(p.subgroups[3].device, Device::gpu);
+  EXPECT_EQ(p.subgroups[3].position, 0u);
+  EXPECT_EQ(p.subgroups[3].buffer, 0u);
+  EXPECT_EQ(p.subgroups[1].position, 1u);
+  EXPECT_EQ(p.subgroups[1].buffer, 1u);
+  EXPECT_EQ(p.subgroups[0].device, Device::cpu);
+  EXPECT_EQ(p.subgroups[0].buffer, kNoBuffer);
+  EXPECT_EQ(p.buffers, 2u);
+  EXPECT_EQ(p.buffer_bytes, 12'000'000'000u);
+  EXPECT_EQ(p.resident_bytes, 4'000'000'000u);
+  EXPECT_EQ(p.gpu_bytes(), 28'000'000'000u);
+  EXPECT_TRUE(p.fits());
+  // GPU: in 1, out 2 (duplex) / in 2 (duplex), out 1 → E = 3.25, 4.25.
+  EXPECT_DOUBLE_EQ(p.predicted.gpu_side_s, 4.25);
+  // CPU: 2e9 params, 4.25 s contended would do 2.125e9: all contended, 4 s.
+  EXPECT_DOUBLE_EQ(p.predicted.cpu_side_s, 4.0);
+  EXPECT_DOUBLE_EQ(p.predicted.phase_s, 4.25);
+  EXPECT_DOUBLE_EQ(p.predicted.all_cpu_s, 4.0);
+  EXPECT_DOUBLE_EQ(p.subgroups[0].start_s, 0.0);
+  EXPECT_DOUBLE_EQ(p.subgroups[0].end_s, 2.0);
+  EXPECT_DOUBLE_EQ(p.subgroups[2].start_s, 2.0);
+  EXPECT_DOUBLE_EQ(p.subgroups[2].end_s, 4.0);
+  EXPECT_DOUBLE_EQ(p.subgroups[1].end_s, 4.25);
+}
+
+TEST(Evaluate, ClampsBuffersToTheGpuSubgroups) {
+  Workload w;
+  w.subgroup_params = {10, 10, 10};
+  const Plan p = evaluate(w, round_rates(), Placement{{0}, 5});
+  EXPECT_EQ(p.buffers, 1u);
+  EXPECT_FALSE(p.fits());  // no headroom given
+}
+
+TEST(Evaluate, RejectsMalformedPlacements) {
+  Workload w;
+  w.subgroup_params = {10, 10, 10};
+  EXPECT_THROW(evaluate(w, round_rates(), Placement{{3}, 1}), std::invalid_argument);
+  EXPECT_THROW(evaluate(w, round_rates(), Placement{{1, 1}, 1}), std::invalid_argument);
+  EXPECT_THROW(evaluate(w, round_rates(), Placement{{1}, 0}), std::invalid_argument);
+  w.subgroup_params = {10, 0};
+  EXPECT_THROW(evaluate(w, round_rates(), Placement{}), std::invalid_argument);
+  w.subgroup_params = {std::uint64_t{1} << 41};
+  EXPECT_THROW(evaluate(w, round_rates(), Placement{}), std::invalid_argument);
+  w.subgroup_params = {10};
+  w.footprint.state_bytes_per_param = 0;
+  EXPECT_THROW(evaluate(w, round_rates(), Placement{}), std::invalid_argument);
+}
+
+TEST(Evaluate, GpuBytesSaturates) {
+  Plan p;
+  p.buffers = std::size_t{1} << 40;
+  p.buffer_bytes = std::uint64_t{1} << 40;
+  EXPECT_EQ(p.gpu_bytes(), std::numeric_limits<std::uint64_t>::max());
+}
+
+}  // namespace
+}  // namespace tide::scheduler

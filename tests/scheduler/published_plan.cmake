@@ -1,0 +1,33 @@
+# `tide plan --json` in the published setting (DESIGN.md; the numbers are explained in
+# published_test.cpp): a third to a half of the parameters on the GPU, an update phase within 25%
+# of the measured 1.30 s, all-CPU within 5% of the measured 2.27 s.
+set(args plan --params 20e9 --ranks 4 --subgroup-params 1e8 --gpu-memory 80GB --free-memory 48GB
+    --cpu-update 2.2e9 --cpu-update-contended 2.0e9 --h2d-gbps 25 --d2h-gbps 25
+    --h2d-duplex-gbps 23 --d2h-duplex-gbps 23 --gpu-update 5e10)
+execute_process(COMMAND ${TIDE} ${args} --json RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "tide plan --json failed (${rc}): ${err}")
+endif()
+string(JSON phase GET "${out}" plan predicted phase_s)
+string(JSON all_cpu GET "${out}" plan predicted all_cpu_s)
+string(JSON gpu_params GET "${out}" plan gpu_params)
+string(JSON per_rank GET "${out}" workload params_per_rank)
+string(JSON gpu_subgroups GET "${out}" plan gpu_subgroups)
+math(EXPR permille "${gpu_params} * 1000 / ${per_rank}")
+message(STATUS "GPU: ${gpu_subgroups} subgroups, ${permille} per mille of the parameters; "
+               "update phase ${phase} s (measured 1.30 s); all-CPU ${all_cpu} s (measured 2.27 s)")
+if(permille LESS 333 OR permille GREATER 500)
+  message(FATAL_ERROR "the plan puts ${permille} per mille of the parameters on the GPU, not a third to a half")
+endif()
+if(phase LESS 0.975 OR phase GREATER 1.625)
+  message(FATAL_ERROR "predicted update phase ${phase} s is not within 25% of 1.30 s")
+endif()
+if(all_cpu LESS 2.1565 OR all_cpu GREATER 2.3835)
+  message(FATAL_ERROR "predicted all-CPU phase ${all_cpu} s is not within 5% of 2.27 s")
+endif()
+execute_process(COMMAND ${TIDE} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE table ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT table MATCHES "update phase +[0-9.]+ s predicted")
+  message(FATAL_ERROR "tide plan (table) failed (${rc}): ${err}\n${table}")
+endif()
+message(STATUS "\n${table}")
