@@ -1,0 +1,139 @@
+#include "standin/copies.h"
+
+#include <cstring>
+#include <thread>
+
+#include "standin/bandwidth.h"
+#include "standin/contexts.h"
+#include "standin/device_memory.h"
+#include "standin/devices.h"
+#include "standin/faults.h"
+#include "standin/host_memory.h"
+#include "standin/stats.h"
+#include "standin/virtual_memory.h"
+
+namespace tide::standin {
+namespace {
+
+enum class Mode { kSync, kAsync };
+
+struct Copy {
+  Direction direction;
+  void* dst;
+  const void* src;
+  std::size_t bytes;
+};
+
+// The work of one copy on the worker: the memcpy, then, with a simulated rate, a sleep until the
+// device's link for that direction would have moved the bytes.
+std::function<void()> copy_work(const Copy& copy, Device& device) {
+  const double bytes_per_s = rate(copy.direction);
+  Link* link = copy.direction == Direction::kHostToDevice   ? &device.h2d
+               : copy.direction == Direction::kDeviceToHost ? &device.d2h
+                                                            : nullptr;
+  return [copy, bytes_per_s, link] {
+    const auto done = bytes_per_s > 0 && link != nullptr ? link->book(copy.bytes, bytes_per_s)
+                                                         : Link::Clock::time_point{};
+    std::memmove(copy.dst, copy.src, copy.bytes);
+    std::this_thread::sleep_until(done);
+  };
+}
+
+CUresult submit_copy(const Copy& copy, Mode mode, CUstream handle, DefaultStream fallback) {
+  std::shared_ptr<Stream> stream;
+  if (mode == Mode::kSync) {
+    // A synchronous copy needs a current context and goes through its default stream.
+    Context* context = nullptr;
+    if (CUresult r = current_context(&context); r != CUDA_SUCCESS) return r;
+    handle = nullptr;
+  }
+  if (CUresult r = resolve_stream(handle, fallback, &stream); r != CUDA_SUCCESS) return r;
+  if (copy.bytes == 0) return CUDA_SUCCESS;
+  const auto dst = reinterpret_cast<std::uintptr_t>(copy.dst);
+  const auto src = reinterpret_cast<std::uintptr_t>(copy.src);
+  const bool host_dst = copy.direction == Direction::kDeviceToHost;
+  const bool host_src = copy.direction == Direction::kHostToDevice;
+  if ((host_dst ? dst == 0 : !is_device_range(dst, copy.bytes, true)) ||
+      (host_src ? src == 0 : !is_device_range(src, copy.bytes, false))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (inject_copy_failure()) return CUDA_ERROR_LAUNCH_FAILED;
+
+  bool wait = mode == Mode::kSync;
+  if (mode == Mode::kAsync && (host_dst || host_src)) {
+    const void* host = host_dst ? copy.dst : copy.src;
+    if (!is_page_locked(host, copy.bytes)) {
+      count(Counter::kPageableAsyncCopies);
+      wait = true;
+    }
+  }
+  switch (copy.direction) {
+    case Direction::kHostToDevice:
+      count(Counter::kCopiesH2D);
+      count(Counter::kBytesH2D, copy.bytes);
+      break;
+    case Direction::kDeviceToHost:
+      count(Counter::kCopiesD2H);
+      count(Counter::kBytesD2H, copy.bytes);
+      break;
+    case Direction::kDeviceToDevice:
+      count(Counter::kCopiesD2D);
+      count(Counter::kBytesD2D, copy.bytes);
+      break;
+  }
+  Device& device = *find_device(stream->context().device());
+  const Position position = stream->submit(copy_work(copy, device));
+  if (wait) position.timeline->wait(position.seq);
+  return CUDA_SUCCESS;
+}
+
+void* host_pointer(CUdeviceptr ptr) { return reinterpret_cast<void*>(ptr); }
+
+}  // namespace
+
+bool is_device_range(std::uintptr_t ptr, std::size_t bytes, bool write) {
+  if (ptr == 0) return false;
+  return in_allocation(ptr, bytes) || vmm_accessible(ptr, bytes, write);
+}
+
+CUresult copy_to_device(CUdeviceptr dst, const void* src, std::size_t bytes,
+                        DefaultStream fallback) {
+  return submit_copy(Copy{Direction::kHostToDevice, host_pointer(dst), src, bytes}, Mode::kSync,
+                     nullptr, fallback);
+}
+
+CUresult copy_to_host(void* dst, CUdeviceptr src, std::size_t bytes, DefaultStream fallback) {
+  return submit_copy(Copy{Direction::kDeviceToHost, dst, host_pointer(src), bytes}, Mode::kSync,
+                     nullptr, fallback);
+}
+
+CUresult copy_to_device_async(CUdeviceptr dst, const void* src, std::size_t bytes, CUstream stream,
+                              DefaultStream fallback) {
+  return submit_copy(Copy{Direction::kHostToDevice, host_pointer(dst), src, bytes}, Mode::kAsync,
+                     stream, fallback);
+}
+
+CUresult copy_to_host_async(void* dst, CUdeviceptr src, std::size_t bytes, CUstream stream,
+                            DefaultStream fallback) {
+  return submit_copy(Copy{Direction::kDeviceToHost, dst, host_pointer(src), bytes}, Mode::kAsync,
+                     stream, fallback);
+}
+
+CUresult copy_on_device_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, CUstream stream,
+                              DefaultStream fallback) {
+  return submit_copy(Copy{Direction::kDeviceToDevice, host_pointer(dst), host_pointer(src), bytes},
+                     Mode::kAsync, stream, fallback);
+}
+
+CUresult memset_d8_async(CUdeviceptr dst, unsigned char value, std::size_t bytes, CUstream handle,
+                         DefaultStream fallback) {
+  std::shared_ptr<Stream> stream;
+  if (CUresult r = resolve_stream(handle, fallback, &stream); r != CUDA_SUCCESS) return r;
+  if (bytes == 0) return CUDA_SUCCESS;
+  if (!is_device_range(dst, bytes, true)) return CUDA_ERROR_INVALID_VALUE;
+  stream->submit([p = host_pointer(dst), value, bytes] { std::memset(p, value, bytes); });
+  count(Counter::kMemsets);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace tide::standin

@@ -1,0 +1,54 @@
+#include "standin/stats.h"
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+
+#include "standin/device_memory.h"
+#include "standin/host_memory.h"
+
+namespace tide::standin {
+namespace {
+
+constexpr std::size_t kCounters = static_cast<std::size_t>(Counter::kCount);
+
+// Relaxed atomics: counters are statistics, read after the calls they count have returned.
+std::array<std::atomic<std::uint64_t>, kCounters>& counters() {
+  static auto* values = new std::array<std::atomic<std::uint64_t>, kCounters>{};
+  return *values;
+}
+
+}  // namespace
+
+void count(Counter counter, std::uint64_t n) {
+  counters()[static_cast<std::size_t>(counter)].fetch_add(n, std::memory_order_relaxed);
+}
+
+tide_standin_stats snapshot() {
+  // The counter fields come first in tide_standin_stats, in Counter order.
+  static_assert(offsetof(tide_standin_stats, injected_faults) ==
+                (kCounters - 1) * sizeof(std::uint64_t));
+  static_assert(offsetof(tide_standin_stats, device_bytes_in_use) ==
+                kCounters * sizeof(std::uint64_t));
+  std::uint64_t values[kCounters];
+  for (std::size_t i = 0; i < kCounters; ++i) {
+    values[i] = counters()[i].load(std::memory_order_relaxed);
+  }
+  tide_standin_stats stats{};
+  std::memcpy(&stats, values, sizeof values);
+  const DeviceBytes bytes = device_bytes();
+  stats.device_bytes_in_use = bytes.used;
+  stats.device_bytes_peak = bytes.peak;
+  const PinnedBytes pinned = pinned_bytes();
+  stats.registered_host_bytes = pinned.registered;
+  stats.host_alloc_bytes = pinned.allocated;
+  return stats;
+}
+
+void reset_counters() {
+  for (auto& counter : counters()) counter.store(0, std::memory_order_relaxed);
+  reset_device_peak();
+}
+
+}  // namespace tide::standin
