@@ -1,0 +1,52 @@
+"""tide for PyTorch: the device caching allocator and its memory telemetry (tide.torch.allocator).
+
+Kept a plain export list: each part of tide.torch lives in its own module.
+"""
+
+from tide.torch.allocator import (
+    AllocatorError,
+    empty_cache,
+    export_timeline,
+    headroom,
+    is_using_allocator,
+    iteration_stats,
+    last_oom,
+    mark_phase,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    record_stream,
+    reset_accumulated_memory_stats,
+    reset_peak_memory_stats,
+    set_per_process_memory_fraction,
+    start_trace,
+    stop_trace,
+    timeline,
+    use_allocator,
+)
+
+__all__ = [
+    "AllocatorError",
+    "empty_cache",
+    "export_timeline",
+    "headroom",
+    "is_using_allocator",
+    "iteration_stats",
+    "last_oom",
+    "mark_phase",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "record_stream",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
+    "start_trace",
+    "stop_trace",
+    "timeline",
+    "use_allocator",
+]
