@@ -1,0 +1,271 @@
+// The executor's part of the C ABI (include/tide/tide.h, "executor"): the offloading optimizer's
+// state, gradient offload and update phase, for the Python layer.
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "capi/status.h"
+#include "scheduler/executor.h"
+#include "scheduler/gradient_stats.h"
+#include "scheduler/rate_sources.h"
+#include "tide/tide.h"
+
+struct tide_optimizer {
+  // Held for the whole life of the state: the pinned arena's registrations belong to it.
+  std::unique_ptr<tide::driver::PrimaryContext> context;
+  std::unique_ptr<tide::scheduler::OptimizerState> state;
+  std::unique_ptr<tide::scheduler::Executor> executor;
+};
+
+namespace {
+
+using namespace tide::scheduler;
+using tide::kernels::Dtype;
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument(message);
+}
+
+Dtype dtype_of(int32_t d, const char* what) {
+  require(d == TIDE_FLOAT32 || d == TIDE_BFLOAT16 || d == TIDE_FLOAT16,
+          std::string("tide_optimizer: ") + what + " is not a tide_dtype");
+  return static_cast<Dtype>(d);
+}
+
+Rates from_c(const tide_rates& r) {
+  return Rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
+               r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
+}
+
+Policy policy_of(const tide_placement_policy* policy) {
+  if (policy == nullptr) return policy_from_env(Policy::automatic_policy());
+  switch (policy->kind) {
+    case TIDE_PLACEMENT_AUTO:
+      return Policy::automatic_policy();
+    case TIDE_PLACEMENT_CPU:
+      return Policy::all_cpu();
+    case TIDE_PLACEMENT_GPU:
+      return Policy::all_gpu();
+    case TIDE_PLACEMENT_INTERLEAVE:
+      require(policy->k >= 1, "tide_optimizer: TIDE_PLACEMENT_INTERLEAVE needs k >= 1");
+      return Policy::every(static_cast<std::size_t>(policy->k));
+    default:
+      throw std::invalid_argument("tide_optimizer: unknown placement policy kind " +
+                                  std::to_string(policy->kind));
+  }
+}
+
+tide_optimizer& checked(tide_optimizer* optimizer) {
+  require(optimizer != nullptr, "tide_optimizer: null optimizer");
+  return *optimizer;
+}
+const tide_optimizer& checked(const tide_optimizer* optimizer) {
+  require(optimizer != nullptr, "tide_optimizer: null optimizer");
+  return *optimizer;
+}
+
+tide::kernels::AdamHyper hyper_of(const tide_adam_hyper& h) {
+  tide::kernels::AdamHyper out;
+  out.lr = h.lr;
+  out.beta1 = h.beta1;
+  out.beta2 = h.beta2;
+  out.eps = h.eps;
+  out.weight_decay = h.weight_decay;
+  out.grad_scale = h.grad_scale;
+  out.step = h.step;
+  out.decoupled = h.decoupled != 0;
+  out.maximize = h.maximize != 0;
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options) {
+  return tide::capi::guard([&] {
+    require(options != nullptr, "tide_optimizer_options_default: null pointer");
+    *options = tide_optimizer_options{};
+    options->grad_dtype = TIDE_BFLOAT16;
+    options->param_dtype = TIDE_BFLOAT16;
+    options->refine = 1;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size_t count,
+                                           const tide_param_slice* slices, size_t slice_count,
+                                           const tide_optimizer_options* options,
+                                           tide_optimizer** optimizer) {
+  return tide::capi::guard([&] {
+    require(optimizer != nullptr, "tide_optimizer_create: null output pointer");
+    require(count > 0 && subgroup_params != nullptr, "tide_optimizer_create: no subgroups");
+    require(slice_count == 0 || slices != nullptr, "tide_optimizer_create: null slices");
+    tide_optimizer_options o;
+    if (options != nullptr) {
+      o = *options;
+    } else {
+      tide_optimizer_options_default(&o);
+    }
+    std::vector<SubgroupSpec> specs(count);
+    for (size_t i = 0; i < count; ++i) specs[i].params = subgroup_params[i];
+    for (size_t i = 0; i < slice_count; ++i) {
+      const tide_param_slice& s = slices[i];
+      require(s.subgroup < count, "tide_optimizer_create: slice " + std::to_string(i) +
+                                      " names subgroup " + std::to_string(s.subgroup) + " of " +
+                                      std::to_string(count));
+      specs[s.subgroup].slices.push_back(ParamSlice{s.offset, s.count, s.device_ptr});
+    }
+    StateOptions so;
+    so.grad_dtype = dtype_of(o.grad_dtype, "grad_dtype");
+    so.param_dtype = dtype_of(o.param_dtype, "param_dtype");
+    ExecutorOptions eo;
+    eo.device = o.device;
+    if (o.use_rates) eo.rates = from_c(o.rates);
+    eo.gradients_on_gpu = o.gradients_on_gpu != 0;
+    eo.planner.max_buffers = o.max_buffers;
+    eo.refine = o.refine != 0;
+    auto result = std::make_unique<tide_optimizer>();
+    result->context = std::make_unique<tide::driver::PrimaryContext>(o.device);
+    result->state = std::make_unique<OptimizerState>(std::move(specs), so);
+    result->executor = std::make_unique<Executor>(*result->state, eo);
+    *optimizer = result.release();
+  });
+}
+
+TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer) {
+  return tide::capi::guard([&] {
+    if (optimizer == nullptr) return;
+    optimizer->executor->make_current();
+    optimizer->executor.reset();
+    optimizer->state.reset();
+    delete optimizer;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t subgroup,
+                                            tide_subgroup_buffers* buffers) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(buffers != nullptr, "tide_optimizer_buffers: null output pointer");
+    require(subgroup < o.state->size(), "tide_optimizer_buffers: subgroup " +
+                                            std::to_string(subgroup) + " of " +
+                                            std::to_string(o.state->size()));
+    *buffers = tide_subgroup_buffers{o.state->param(subgroup), o.state->exp_avg(subgroup),
+                                     o.state->exp_avg_sq(subgroup), o.state->grad(subgroup),
+                                     o.state->params(subgroup)};
+  });
+}
+
+TIDE_API tide_status tide_optimizer_offload_gradient(tide_optimizer* optimizer, size_t subgroup,
+                                                     uint64_t offset, uint64_t src, uint64_t count,
+                                                     int32_t dtype, void* stream) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    o.executor->make_current();
+    o.executor->offload().offload(subgroup, offset, src, count, dtype_of(dtype, "dtype"),
+                                  static_cast<CUstream>(stream));
+  });
+}
+
+TIDE_API tide_status tide_optimizer_offload_stream(tide_optimizer* optimizer, void** stream) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(stream != nullptr, "tide_optimizer_offload_stream: null output pointer");
+    *stream = o.executor->offload().stream().get();
+  });
+}
+
+TIDE_API tide_status tide_optimizer_grad_stats(tide_optimizer* optimizer, double* sum_squares,
+                                               uint64_t* nonfinite) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    o.executor->make_current();
+    const GradientStats stats = gradient_stats(*o.state, o.executor->offload());
+    if (sum_squares) *sum_squares = stats.sum_squares;
+    if (nonfinite) *nonfinite = stats.nonfinite;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
+                                            const tide_placement_policy* policy,
+                                            uint64_t headroom_bytes) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    o.executor->prepare(policy_of(policy), headroom_bytes);
+  });
+}
+
+TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_adam_hyper* hyper,
+                                         const tide_placement_policy* policy,
+                                         uint64_t headroom_bytes, tide_phase_report* report) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(hyper != nullptr, "tide_optimizer_step: null hyperparameters");
+    const PhaseReport& r = o.executor->run(hyper_of(*hyper), policy_of(policy), headroom_bytes);
+    if (report == nullptr) return;
+    tide_phase_report out{};
+    out.seconds = r.seconds;
+    out.predicted_seconds = r.ran.predicted.phase_s;
+    out.all_cpu_seconds = r.ran.predicted.all_cpu_s;
+    out.cpu_busy_seconds = r.cpu_seconds;
+    out.gpu_subgroups = r.ran.gpu_order.size();
+    out.cpu_subgroups = r.ran.cpu_order.size();
+    out.fallback_subgroups = r.fallback_subgroups;
+    out.gpu_params = r.ran.gpu_params;
+    out.buffers = r.ran.buffers;
+    out.nonfinite = r.nonfinite;
+    out.headroom_cap = r.headroom_cap;
+    *report = out;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_last_plan(const tide_optimizer* optimizer, uint8_t* device,
+                                              uint32_t* order, tide_plan_summary* summary) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    const Plan& p = o.executor->last_report().ran;
+    require(!p.subgroups.empty(), "tide_optimizer_last_plan: no update phase has run yet");
+    require(device != nullptr && order != nullptr, "tide_optimizer_last_plan: null array");
+    for (std::size_t i = 0; i < p.subgroups.size(); ++i) {
+      device[i] = p.subgroups[i].device == Device::gpu ? 1 : 0;
+      order[i] = static_cast<uint32_t>(p.subgroups[i].position);
+    }
+    if (summary) {
+      *summary = tide_plan_summary{p.predicted.phase_s,
+                                   p.predicted.cpu_side_s,
+                                   p.predicted.gpu_side_s,
+                                   p.predicted.all_cpu_s,
+                                   p.buffers,
+                                   p.buffer_bytes,
+                                   p.gpu_bytes(),
+                                   p.optimal ? 1 : 0};
+    }
+  });
+}
+
+TIDE_API tide_status tide_optimizer_last_timings(const tide_optimizer* optimizer,
+                                                 tide_subgroup_timing* timings, size_t count) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    const auto& t = o.executor->last_report().timings;
+    require(count == 0 || timings != nullptr, "tide_optimizer_last_timings: null array");
+    for (std::size_t i = 0; i < count && i < t.size(); ++i) {
+      timings[i] =
+          tide_subgroup_timing{t[i].cpu_update_s, t[i].h2d_s, t[i].gpu_update_s, t[i].d2h_s};
+    }
+  });
+}
+
+TIDE_API tide_status tide_optimizer_rates(const tide_optimizer* optimizer, tide_rates* rates) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    require(rates != nullptr, "tide_optimizer_rates: null output pointer");
+    const Rates& r = o.executor->rates();
+    *rates = tide_rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
+                        r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
+  });
+}
+
+}  // extern "C"

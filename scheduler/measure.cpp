@@ -1,0 +1,173 @@
+#include "scheduler/measure.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "allocator/pinned_arena.h"
+#include "driver/memory.h"
+#include "driver/stream.h"
+#include "kernels/adam_gpu.h"
+#include "kernels/cpu_adam.h"
+
+namespace tide::scheduler {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Pinned host buffers of one subgroup, released with the arena.
+struct HostSubgroup {
+  explicit HostSubgroup(allocator::PinnedArena& arena, std::uint64_t n) : arena_(arena), n_(n) {
+    state = static_cast<float*>(arena.allocate(12 * n));
+    grad = arena.allocate(2 * n);
+    copy = arena.allocate(2 * n);
+    std::memset(state, 0, 12 * n);
+    std::memset(grad, 0, 2 * n);  // bf16 zeros: finite
+    std::memset(copy, 0, 2 * n);
+  }
+  ~HostSubgroup() {
+    arena_.deallocate(state, 12 * n_);
+    arena_.deallocate(grad, 2 * n_);
+    arena_.deallocate(copy, 2 * n_);
+  }
+  kernels::AdamSubgroup adam() const {
+    kernels::AdamSubgroup s;
+    s.grad = grad;
+    s.param = state;
+    s.exp_avg = state + n_;
+    s.exp_avg_sq = state + 2 * n_;
+    s.param_copy = copy;
+    s.count = n_;
+    s.grad_dtype = kernels::Dtype::kBFloat16;
+    return s;
+  }
+  allocator::PinnedArena& arena_;
+  std::uint64_t n_;
+  float* state;
+  void* grad;
+  void* copy;
+};
+
+template <typename F>
+double best_of(int repeats, F&& once) {
+  double best = 1e300;
+  for (int i = 0; i < repeats; ++i) best = std::min(best, once());
+  return best;
+}
+
+}  // namespace
+
+Rates measure_rates(const MeasureOptions& options) {
+  if (options.params < 1024 || options.repeats < 1) {
+    throw std::invalid_argument("tide: measure_rates: at least 1024 parameters and one repeat");
+  }
+  const std::uint64_t n = options.params;
+  const std::uint64_t bytes = 12 * n;
+  const double nd = static_cast<double>(n), bytesd = static_cast<double>(bytes);
+  allocator::PinnedArena arena;
+  HostSubgroup a(arena, n), b(arena, n);
+  driver::DeviceBuffer d_in(bytes), d_out(bytes), d_grad(2 * n), d_copy(2 * n), counters(8);
+  driver::Stream s1, s2;
+  kernels::AdamHyper hyper;
+  Rates r;
+  auto report = [&](RateKind kind) {
+    if (options.progress) options.progress(kind, rate_of(r, kind));
+  };
+
+  auto cpu_once = [&] {
+    const auto t0 = Clock::now();
+    kernels::cpu_adam_step(a.adam(), hyper);
+    return seconds_since(t0);
+  };
+  cpu_once();  // warm: pages, the thread pool
+  r.cpu_update = nd / best_of(options.repeats, cpu_once);
+  report(RateKind::cpu_update);
+
+  auto copy_once = [&](bool h2d, bool d2h) {
+    const auto t0 = Clock::now();
+    if (h2d) driver::copy_to_device_async(d_in.get(), b.state, bytes, s1);
+    if (d2h) driver::copy_to_host_async(a.state, d_out.get(), bytes, s2);
+    s1.synchronize();
+    s2.synchronize();
+    return seconds_since(t0);
+  };
+  copy_once(true, true);
+  r.h2d = bytesd / best_of(options.repeats, [&] { return copy_once(true, false); });
+  report(RateKind::h2d);
+  r.d2h = bytesd / best_of(options.repeats, [&] { return copy_once(false, true); });
+  report(RateKind::d2h);
+  // Both at once: each direction's rate is its bytes over the time both took.
+  const double duplex = best_of(options.repeats, [&] { return copy_once(true, true); });
+  r.h2d_duplex = std::min(r.h2d, bytesd / duplex);
+  r.d2h_duplex = std::min(r.d2h, bytesd / duplex);
+  report(RateKind::h2d_duplex);
+  report(RateKind::d2h_duplex);
+
+  // The CPU update while copies of another subgroup's state run in both directions.
+  {
+    std::atomic<bool> stop{false};
+    std::exception_ptr copy_error;
+    std::thread copier([&] {
+      try {
+        while (!stop.load()) {
+          driver::copy_to_device_async(d_in.get(), b.state, bytes, s1);
+          driver::copy_to_host_async(b.state, d_out.get(), bytes, s2);
+          s1.synchronize();
+          s2.synchronize();
+        }
+      } catch (...) {
+        copy_error = std::current_exception();
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    double contended = 0;
+    try {
+      contended = best_of(options.repeats, cpu_once);
+    } catch (...) {
+      stop = true;
+      copier.join();
+      throw;
+    }
+    stop = true;
+    copier.join();
+    if (copy_error) std::rethrow_exception(copy_error);
+    r.cpu_update_contended = std::min(r.cpu_update, nd / contended);
+    report(RateKind::cpu_update_contended);
+  }
+
+  // The fused kernel over the subgroup in device memory.
+  {
+    driver::copy_to_device(d_in.get(), a.state, bytes);
+    driver::copy_to_device(d_grad.get(), a.grad, 2 * n);
+    const kernels::AdamGpu adam;
+    kernels::AdamGpuSubgroup g;
+    g.grad = d_grad.get();
+    g.param = d_in.get();
+    g.exp_avg = d_in.get() + 4 * n;
+    g.exp_avg_sq = d_in.get() + 8 * n;
+    g.param_copy = d_copy.get();
+    g.count = n;
+    auto gpu_once = [&] {
+      driver::Event start(driver::Event::Timing::kEnabled), end(driver::Event::Timing::kEnabled);
+      start.record(s1);
+      adam.step({&g, 1}, kernels::AdamGpuDtypes{}, hyper, counters.get(), s1);
+      end.record(s1);
+      end.synchronize();
+      return std::max(1e-9, end.elapsed_ms(start) / 1e3);
+    };
+    gpu_once();
+    r.gpu_update = nd / best_of(options.repeats, gpu_once);
+    report(RateKind::gpu_update);
+  }
+  validate(r, "measured");
+  return r;
+}
+
+}  // namespace tide::scheduler

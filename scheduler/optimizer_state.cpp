@@ -1,0 +1,88 @@
+#include "scheduler/optimizer_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "allocator/pinned_arena.h"
+
+namespace tide::scheduler {
+namespace {
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument("tide: optimizer state: " + message);
+}
+
+bool known(kernels::Dtype d) {
+  return d == kernels::Dtype::kFloat32 || d == kernels::Dtype::kBFloat16 ||
+         d == kernels::Dtype::kFloat16;
+}
+
+}  // namespace
+
+OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateOptions& options)
+    : specs_(std::move(subgroups)), options_(options) {
+  require(!specs_.empty(), "no subgroups");
+  require(known(options_.grad_dtype), "unknown gradient dtype");
+  require(known(options_.param_dtype), "unknown parameter dtype");
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    SubgroupSpec& s = specs_[i];
+    const std::string which = "subgroup " + std::to_string(i);
+    require(s.params >= 1 && s.params <= (std::uint64_t{1} << 40),
+            which + " has " + std::to_string(s.params) + " parameters (1 to 2^40)");
+    std::sort(s.slices.begin(), s.slices.end(),
+              [](const ParamSlice& a, const ParamSlice& b) { return a.offset < b.offset; });
+    std::uint64_t next = 0;
+    for (const ParamSlice& slice : s.slices) {
+      require(slice.offset == next && slice.count >= 1,
+              which + ": its parameter slices must cover elements 0 to " +
+                  std::to_string(s.params) + " without gap or overlap (at element " +
+                  std::to_string(next) + ")");
+      require(slice.device_ptr != 0 && slice.device_ptr % param_bytes() == 0,
+              which + ": a slice's device pointer is null or not aligned to its element size");
+      next += slice.count;
+    }
+    require(next == s.params, which + ": its parameter slices cover " + std::to_string(next) +
+                                  " of " + std::to_string(s.params) + " elements");
+  }
+  arena_ = std::make_unique<allocator::PinnedArena>();
+  buffers_.resize(specs_.size());
+  try {
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      const std::uint64_t n = specs_[i].params;
+      Buffers& b = buffers_[i];
+      b.state = arena_->allocate(12 * n);
+      std::memset(b.state, 0, 12 * n);
+      b.grad = arena_->allocate(n * grad_bytes());
+      std::memset(b.grad, 0, n * grad_bytes());
+      if (low_precision_params()) {
+        b.copy = arena_->allocate(n * param_bytes());
+        std::memset(b.copy, 0, n * param_bytes());
+      }
+    }
+  } catch (...) {
+    buffers_.clear();  // the arena's destructor releases everything
+    throw;
+  }
+}
+
+OptimizerState::~OptimizerState() {
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    const std::uint64_t n = specs_[i].params;
+    arena_->deallocate(buffers_[i].state, 12 * n);
+    arena_->deallocate(buffers_[i].grad, n * grad_bytes());
+    if (buffers_[i].copy) arena_->deallocate(buffers_[i].copy, n * param_bytes());
+  }
+}
+
+std::vector<std::uint64_t> OptimizerState::sizes() const {
+  std::vector<std::uint64_t> out;
+  out.reserve(specs_.size());
+  for (const SubgroupSpec& s : specs_) out.push_back(s.params);
+  return out;
+}
+
+bool OptimizerState::contiguous(std::size_t i) const { return spec(i).slices.size() == 1; }
+
+}  // namespace tide::scheduler

@@ -1,0 +1,85 @@
+// The optimizer state of one rank, split into subgroups: each subgroup's fp32 master weights and
+// moments and its gradient buffer live in pinned host memory (a pinned arena), and its model
+// parameters (bf16, fp16 or fp32) live in device memory, described as slices.
+//
+// Host layout of one subgroup of n parameters: param, exp_avg and exp_avg_sq back to back (12n
+// bytes: one copy each way moves the whole state), the gradient (n elements of the gradient
+// dtype), and, when the model's parameters are low precision, the host copy of the updated
+// weights that CPU updates upload (n elements of the parameter dtype).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace tide::allocator {
+class PinnedArena;
+}
+
+namespace tide::scheduler {
+
+// Elements [offset, offset + count) of a subgroup are the model parameters at device_ptr.
+struct ParamSlice {
+  std::uint64_t offset = 0;
+  std::uint64_t count = 0;
+  CUdeviceptr device_ptr = 0;
+};
+
+struct SubgroupSpec {
+  std::uint64_t params = 0;
+  std::vector<ParamSlice> slices;  // disjoint; together they cover [0, params)
+};
+
+struct StateOptions {
+  kernels::Dtype grad_dtype = kernels::Dtype::kBFloat16;
+  kernels::Dtype param_dtype = kernels::Dtype::kBFloat16;  // of the model's parameters
+};
+
+class OptimizerState {
+ public:
+  // Validates the specs (sizes, slices that tile each subgroup, aligned device pointers) and
+  // allocates the pinned buffers, zeroed. Throws std::invalid_argument naming the problem.
+  OptimizerState(std::vector<SubgroupSpec> subgroups, const StateOptions& options);
+  ~OptimizerState();
+  OptimizerState(const OptimizerState&) = delete;
+  OptimizerState& operator=(const OptimizerState&) = delete;
+
+  std::size_t size() const { return specs_.size(); }
+  const SubgroupSpec& spec(std::size_t i) const { return specs_.at(i); }
+  std::uint64_t params(std::size_t i) const { return specs_.at(i).params; }
+  std::vector<std::uint64_t> sizes() const;
+  const StateOptions& options() const { return options_; }
+
+  float* param(std::size_t i) const { return static_cast<float*>(buffers_.at(i).state); }
+  float* exp_avg(std::size_t i) const { return param(i) + params(i); }
+  float* exp_avg_sq(std::size_t i) const { return param(i) + 2 * params(i); }
+  void* grad(std::size_t i) const { return buffers_.at(i).grad; }
+  // Null when the model's parameters are fp32 (param() itself is uploaded).
+  void* weight_copy(std::size_t i) const { return buffers_.at(i).copy; }
+
+  unsigned grad_bytes() const { return kernels::dtype_size(options_.grad_dtype); }
+  unsigned param_bytes() const { return kernels::dtype_size(options_.param_dtype); }
+  bool low_precision_params() const { return options_.param_dtype != kernels::Dtype::kFloat32; }
+  // One slice covering the whole subgroup: the GPU kernel writes the parameters directly.
+  bool contiguous(std::size_t i) const;
+
+  allocator::PinnedArena& arena() const { return *arena_; }
+
+ private:
+  struct Buffers {
+    void* state = nullptr;
+    void* grad = nullptr;
+    void* copy = nullptr;
+  };
+  std::vector<SubgroupSpec> specs_;
+  StateOptions options_;
+  std::unique_ptr<allocator::PinnedArena> arena_;
+  std::vector<Buffers> buffers_;
+};
+
+}  // namespace tide::scheduler

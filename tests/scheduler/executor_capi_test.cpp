@@ -1,0 +1,164 @@
+// The executor's C ABI, driven the way the Python optimizer drives it, and its bad inputs
+// (TIDE_PLACEMENT included): every rejection names what is wrong.
+#include <cstdlib>
+#include <string>
+
+#include "capi/status.h"
+#include "config/env.h"
+#include "executor_fixture.h"
+#include "tide/tide.h"
+
+namespace tide::scheduler::testing {
+namespace {
+
+TEST(ExecutorCapi, AStepThroughTheCAbiMatchesTheReference) {
+  driver::PrimaryContext context;
+  const std::vector<std::uint64_t> sizes = {3000, 5000, 4096, 100};
+  Model model(sizes);  // for its device buffers, gradients and initial values
+  Reference ref(*model.state);
+
+  tide_optimizer_options options;
+  ASSERT_EQ(tide_optimizer_options_default(&options), TIDE_OK);
+  options.use_rates = 1;
+  const Rates r = test_rates();
+  options.rates = tide_rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
+                             r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
+  std::vector<tide_param_slice> slices;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    slices.push_back({i, 0, sizes[i], model.params[i].get()});
+  }
+  tide_optimizer* opt = nullptr;
+  ASSERT_EQ(tide_optimizer_create(sizes.data(), sizes.size(), slices.data(), slices.size(),
+                                  &options, &opt),
+            TIDE_OK)
+      << tide::capi::last_error_text();
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    tide_subgroup_buffers b;
+    ASSERT_EQ(tide_optimizer_buffers(opt, i, &b), TIDE_OK);
+    ASSERT_EQ(b.count, sizes[i]);
+    std::memcpy(b.param, model.state->param(i), sizes[i] * 4);
+    std::memcpy(b.exp_avg, model.state->exp_avg(i), sizes[i] * 4);
+    std::memcpy(b.exp_avg_sq, model.state->exp_avg_sq(i), sizes[i] * 4);
+  }
+  auto grads = model.make_gradients(1);
+  void* side = nullptr;
+  ASSERT_EQ(tide_optimizer_offload_stream(opt, &side), TIDE_OK);
+  EXPECT_NE(side, nullptr);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_EQ(tide_optimizer_offload_gradient(opt, i, 0, model.grads[i].get(), sizes[i],
+                                              TIDE_BFLOAT16, nullptr),
+              TIDE_OK)
+        << tide::capi::last_error_text();
+  }
+  double sum_squares = 0;
+  std::uint64_t nonfinite = 1;
+  ASSERT_EQ(tide_optimizer_grad_stats(opt, &sum_squares, &nonfinite), TIDE_OK);
+  EXPECT_EQ(nonfinite, 0u);
+  EXPECT_GT(sum_squares, 0);
+
+  const kernels::AdamHyper h = hyper(1);
+  const tide_adam_hyper ch{h.lr,         h.beta1, h.beta2, h.eps, h.weight_decay,
+                           h.grad_scale, h.step,  1,       0};
+  const tide_placement_policy policy{TIDE_PLACEMENT_INTERLEAVE, 2};
+  tide_phase_report report;
+  ASSERT_EQ(tide_optimizer_step(opt, &ch, &policy, 1 << 30, &report), TIDE_OK)
+      << tide::capi::last_error_text();
+  EXPECT_EQ(report.gpu_subgroups, 2u);
+  EXPECT_EQ(report.cpu_subgroups, 2u);
+  EXPECT_GT(report.seconds, 0);
+  EXPECT_GT(report.predicted_seconds, 0);
+
+  ref.step(grads, h);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    tide_subgroup_buffers b;
+    ASSERT_EQ(tide_optimizer_buffers(opt, i, &b), TIDE_OK);
+    EXPECT_EQ(0, std::memcmp(b.param, ref.p[i].data(), sizes[i] * 4));
+    EXPECT_EQ(0, std::memcmp(b.exp_avg_sq, ref.v[i].data(), sizes[i] * 4));
+    EXPECT_EQ(model.device_params(i), ref.copy[i]);
+  }
+  std::vector<uint8_t> device(sizes.size());
+  std::vector<uint32_t> order(sizes.size());
+  tide_plan_summary summary;
+  ASSERT_EQ(tide_optimizer_last_plan(opt, device.data(), order.data(), &summary), TIDE_OK);
+  EXPECT_EQ(device, (std::vector<uint8_t>{1, 0, 1, 0}));
+  std::vector<tide_subgroup_timing> timings(sizes.size());
+  ASSERT_EQ(tide_optimizer_last_timings(opt, timings.data(), timings.size()), TIDE_OK);
+  EXPECT_GT(timings[0].h2d, 0);
+  EXPECT_GT(timings[1].cpu_update, 0);
+  tide_rates rates;
+  ASSERT_EQ(tide_optimizer_rates(opt, &rates), TIDE_OK);
+  EXPECT_GT(rates.cpu_update, 0);
+  EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+}
+
+TEST(ExecutorCapi, RejectsBadArguments) {
+  driver::PrimaryContext context;
+  driver::DeviceBuffer params(4096);
+  const std::uint64_t sizes[] = {1000};
+  tide_optimizer* opt = nullptr;
+  // A gap in the slices.
+  tide_param_slice gap{0, 0, 500, params.get()};
+  EXPECT_EQ(tide_optimizer_create(sizes, 1, &gap, 1, nullptr, &opt), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("cover"), std::string::npos)
+      << tide::capi::last_error_text();
+  tide_param_slice wrong{3, 0, 1000, params.get()};
+  EXPECT_EQ(tide_optimizer_create(sizes, 1, &wrong, 1, nullptr, &opt), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("subgroup 3"), std::string::npos);
+  tide_optimizer_options options;
+  tide_optimizer_options_default(&options);
+  options.grad_dtype = 9;
+  tide_param_slice whole{0, 0, 1000, params.get()};
+  EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("grad_dtype"), std::string::npos);
+
+  ASSERT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, nullptr, &opt), TIDE_OK)
+      << tide::capi::last_error_text();
+  tide_adam_hyper h{1e-3, 0.9, 0.999, 1e-8, 0, 1, 1, 1, 0};
+  const tide_placement_policy bad_k{TIDE_PLACEMENT_INTERLEAVE, 0};
+  EXPECT_EQ(tide_optimizer_step(opt, &h, &bad_k, 0, nullptr), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("k >= 1"), std::string::npos);
+  const tide_placement_policy bad_kind{42, 0};
+  EXPECT_EQ(tide_optimizer_step(opt, &h, &bad_kind, 0, nullptr), TIDE_ERROR_INVALID_ARGUMENT);
+  h.beta1 = 1.5;
+  EXPECT_EQ(tide_optimizer_step(opt, &h, nullptr, 0, nullptr), TIDE_ERROR_INVALID_ARGUMENT);
+  h.beta1 = 0.9;
+  EXPECT_EQ(tide_optimizer_offload_gradient(opt, 0, 0, params.get(), 10, TIDE_FLOAT16, nullptr),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("dtype"), std::string::npos);
+  tide_subgroup_buffers b;
+  EXPECT_EQ(tide_optimizer_buffers(opt, 1, &b), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(tide_optimizer_step(nullptr, &h, nullptr, 0, nullptr), TIDE_ERROR_INVALID_ARGUMENT);
+
+  // TIDE_PLACEMENT: the default policy, strictly parsed.
+  for (const char* bad : {"0", "fast", "-2", "k", "2x", "gpu "}) {
+    ::setenv("TIDE_PLACEMENT", bad, 1);
+    EXPECT_EQ(tide_optimizer_step(opt, &h, nullptr, 0, nullptr), TIDE_ERROR_INVALID_ARGUMENT)
+        << bad;
+    const std::string message = tide::capi::last_error_text();
+    EXPECT_NE(message.find("TIDE_PLACEMENT"), std::string::npos) << message;
+    EXPECT_NE(message.find("auto, cpu, gpu"), std::string::npos) << message;
+  }
+  for (const char* good : {"auto", "cpu", "gpu", "3", "k2"}) {
+    ::setenv("TIDE_PLACEMENT", good, 1);
+    EXPECT_EQ(tide_optimizer_step(opt, &h, nullptr, 1 << 20, nullptr), TIDE_OK)
+        << good << ": " << tide::capi::last_error_text();
+    ++h.step;
+  }
+  ::unsetenv("TIDE_PLACEMENT");
+  EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+}
+
+TEST(ExecutorPolicy, ParsesAndNames) {
+  EXPECT_EQ(policy_name(parse_policy("auto")), "auto");
+  EXPECT_EQ(policy_name(parse_policy("cpu")), "cpu");
+  EXPECT_EQ(policy_name(parse_policy("gpu")), "gpu");
+  EXPECT_EQ(policy_name(parse_policy("4")), "k4");
+  EXPECT_EQ(policy_name(parse_policy("k2")), "k2");
+  for (const char* bad : {"", "0", "k0", "K", "two", "1.5", "99999999999999999999"}) {
+    EXPECT_THROW(parse_policy(bad), std::invalid_argument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace tide::scheduler::testing

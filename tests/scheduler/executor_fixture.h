@@ -1,0 +1,193 @@
+// Shared pieces of the executor's tests: a model whose parameters live in (stand-in) device
+// memory, its optimizer state, gradients produced on the device, and the reference update (the
+// CPU kernel run directly on a copy of the state).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "driver/context.h"
+#include "driver/memory.h"
+#include "driver/stream.h"
+#include "kernels/adam_kernel.h"
+#include "kernels/cpu_adam.h"
+#include "kernels/dtype.h"
+#include "scheduler/executor.h"
+#include "scheduler/optimizer_state.h"
+#include "tests/allocator/device_standin.h"
+
+namespace tide::scheduler::testing {
+
+using kernels::Dtype;
+
+inline float value_at(std::uint64_t seed, std::uint64_t i, float scale) {
+  std::uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xBF58476D1CE4E5B9ull);
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return scale * (static_cast<float>(x % 20001) / 10000.0f - 1.0f);
+}
+
+// A model of `sizes` subgroups; subgroup i is split into `slices_of(i)` parameter tensors.
+struct Model {
+  // `init` false: zero state (timing tests, where the values do not matter).
+  Model(std::vector<std::uint64_t> sizes, std::size_t split_every = 0, std::size_t pieces = 3,
+        bool init = true)
+      : sizes_(std::move(sizes)) {
+    std::vector<SubgroupSpec> specs(sizes_.size());
+    for (std::size_t i = 0; i < sizes_.size(); ++i) {
+      const std::uint64_t n = sizes_[i];
+      params.emplace_back(n * 2);
+      grads.emplace_back(n * 2);
+      specs[i].params = n;
+      const std::size_t k = (split_every && i % split_every == 0 && n >= pieces) ? pieces : 1;
+      for (std::size_t p = 0; p < k; ++p) {
+        const std::uint64_t begin = n * p / k, end = n * (p + 1) / k;
+        specs[i].slices.push_back(ParamSlice{begin, end - begin, params[i].get() + 2 * begin});
+      }
+    }
+    state = std::make_unique<OptimizerState>(std::move(specs), StateOptions{});
+    for (std::size_t i = 0; init && i < sizes_.size(); ++i) {
+      for (std::uint64_t e = 0; e < sizes_[i]; ++e) {
+        state->param(i)[e] = value_at(i, e, 1.0f);
+        state->exp_avg(i)[e] = value_at(i + 100, e, 0.01f);
+        state->exp_avg_sq(i)[e] = std::abs(value_at(i + 200, e, 0.001f));
+      }
+    }
+  }
+
+  // Gradients of step `step` written to device memory (as the backward pass would produce them).
+  std::vector<std::vector<std::uint16_t>> make_gradients(int step) {
+    std::vector<std::vector<std::uint16_t>> g(sizes_.size());
+    for (std::size_t i = 0; i < sizes_.size(); ++i) {
+      g[i].resize(sizes_[i]);
+      for (std::uint64_t e = 0; e < sizes_[i]; ++e) {
+        g[i][e] = kernels::float_to_bf16(value_at(1000 * step + i, e, 0.5f));
+      }
+      driver::copy_to_device(grads[i].get(), g[i].data(), sizes_[i] * 2);
+    }
+    return g;
+  }
+
+  // Offloads every subgroup's device gradient, in two pieces each (as two tensors would).
+  void offload_all(Executor& executor, CUstream producer = nullptr) {
+    for (std::size_t i = 0; i < sizes_.size(); ++i) {
+      const std::uint64_t n = sizes_[i], half = n / 2;
+      if (half) executor.offload().offload(i, 0, grads[i].get(), half, Dtype::kBFloat16, producer);
+      executor.offload().offload(i, half, grads[i].get() + 2 * half, n - half, Dtype::kBFloat16,
+                                 producer);
+    }
+  }
+
+  std::vector<std::uint16_t> device_params(std::size_t i) const {
+    std::vector<std::uint16_t> out(sizes_[i]);
+    driver::copy_to_host(out.data(), params[i].get(), sizes_[i] * 2);
+    return out;
+  }
+
+  std::vector<std::uint64_t> sizes_;
+  std::vector<driver::DeviceBuffer> params;  // bf16 model parameters
+  std::vector<driver::DeviceBuffer> grads;   // bf16 gradients, as backward leaves them
+  std::unique_ptr<OptimizerState> state;
+};
+
+// The reference: the CPU kernel run directly, subgroup by subgroup, on host copies.
+struct Reference {
+  explicit Reference(const OptimizerState& s) {
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const std::uint64_t n = s.params(i);
+      p.emplace_back(s.param(i), s.param(i) + n);
+      m.emplace_back(s.exp_avg(i), s.exp_avg(i) + n);
+      v.emplace_back(s.exp_avg_sq(i), s.exp_avg_sq(i) + n);
+      copy.emplace_back(n);
+    }
+  }
+  std::uint64_t step(const std::vector<std::vector<std::uint16_t>>& grads,
+                     const kernels::AdamHyper& hyper) {
+    std::uint64_t nonfinite = 0;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      kernels::AdamSubgroup sub;
+      sub.grad = grads[i].data();
+      sub.param = p[i].data();
+      sub.exp_avg = m[i].data();
+      sub.exp_avg_sq = v[i].data();
+      sub.param_copy = copy[i].data();
+      sub.count = p[i].size();
+      sub.grad_dtype = Dtype::kBFloat16;
+      nonfinite += kernels::cpu_adam_step(sub, hyper).nonfinite;
+    }
+    return nonfinite;
+  }
+  std::vector<std::vector<float>> p, m, v;
+  std::vector<std::vector<std::uint16_t>> copy;
+};
+
+inline void expect_matches(const Model& model, const Reference& ref) {
+  for (std::size_t i = 0; i < ref.p.size(); ++i) {
+    const std::uint64_t n = ref.p[i].size();
+    ASSERT_EQ(0, std::memcmp(model.state->param(i), ref.p[i].data(), n * 4)) << "param " << i;
+    ASSERT_EQ(0, std::memcmp(model.state->exp_avg(i), ref.m[i].data(), n * 4)) << "exp_avg " << i;
+    ASSERT_EQ(0, std::memcmp(model.state->exp_avg_sq(i), ref.v[i].data(), n * 4))
+        << "exp_avg_sq " << i;
+    ASSERT_EQ(model.device_params(i), ref.copy[i]) << "device weights " << i;
+  }
+}
+
+inline kernels::AdamHyper hyper(int step) {
+  kernels::AdamHyper h;
+  h.lr = 1e-3 * step;
+  h.weight_decay = 0.01;
+  h.step = step;
+  return h;
+}
+
+// Rates that make the planner use the GPU (tests of placement force their own).
+inline Rates test_rates() {
+  Rates r;
+  r.cpu_update = 1e8;
+  r.cpu_update_contended = 9e7;
+  r.h2d = r.d2h = 2e9;
+  r.h2d_duplex = r.d2h_duplex = 1.8e9;
+  r.gpu_update = 1e10;
+  return r;
+}
+
+// A stand-in "GPU" whose Adam kernel takes count / rate seconds of sleep and computes nothing:
+// for timing tests only, so that the host twin's arithmetic does not compete with the CPU
+// update for this machine's cores as a real GPU never would.
+inline double& simulated_gpu_rate() {
+  static double rate = 5e9;
+  return rate;
+}
+inline void sleeping_adam(const tide_standin_grid*, void** params) {
+  const auto* p = static_cast<const kernels::AdamKernelParams*>(params[0]);
+  std::uint64_t n = 0;
+  for (std::uint32_t i = 0; i < p->subgroup_count; ++i) n += p->subgroups[i].count;
+  std::this_thread::sleep_for(
+      std::chrono::duration<double>(static_cast<double>(n) / simulated_gpu_rate()));
+}
+
+// Replaces the stand-in's Adam kernel by sleeping_adam (for the process).
+inline void use_sleeping_gpu(double params_per_s) {
+  simulated_gpu_rate() = params_per_s;
+  const char* path = std::getenv("TIDE_CUDA_DRIVER");
+  ASSERT_NE(path, nullptr);
+  void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);  // kept open: the kernel stays registered
+  ASSERT_NE(handle, nullptr);
+  auto reg = reinterpret_cast<int (*)(const char*, tide_standin_kernel, size_t)>(
+      dlsym(handle, "tide_standin_register_kernel"));
+  ASSERT_NE(reg, nullptr);
+  ASSERT_EQ(reg(kernels::kAdamKernel, &sleeping_adam, sizeof(kernels::AdamKernelParams)), 0);
+}
+
+}  // namespace tide::scheduler::testing
