@@ -9,6 +9,9 @@ std::span<const Knob> knobs() {
        "build/lib/libtide_standin_cuda.so)"},
       {"TIDE_LIBRARY", "a path to libtide.so",
        "Python: the libtide.so to load instead of the package's own or the build tree's"},
+      {"TIDE_CPU_THREADS", "an integer from 1 to 1024",
+       "threads of the CPU optimizer kernels (default: the CPUs this process may run on, "
+       "sched_getaffinity)"},
       {"TIDE_STANDIN_MEMORY", "a size (e.g. 8GiB)",
        "stand-in driver: device memory capacity (default 8GiB)"},
       {"TIDE_STANDIN_DEVICES", "an integer from 1 to 16",
@@ -24,6 +27,86 @@ std::span<const Knob> knobs() {
       {"TIDE_STANDIN_DEVICE_LOST", "an integer >= 1",
        "stand-in driver: from the Nth driver call on, every call fails with "
        "CUDA_ERROR_DEVICE_UNAVAILABLE (device lost)"},
+      {"TIDE_PINNED_CHUNK", "a size (e.g. 256MiB), at least 4MiB",
+       "pinned host arenas: largest size of a regular chunk (each chunk is one registration with "
+       "the driver; chunks start at 4 MiB and grow with the arena) (default 256MiB)"},
+      {"TIDE_PINNED_DIRECT", "a size (e.g. 1MiB), at least 16KiB",
+       "pinned host arenas: requests of at least this size skip jemalloc's size classes and are "
+       "placed in chunks rounded up to a page only (default 1MiB)"},
+      {"TIDE_PINNED_RETAIN", "a size (e.g. 256MiB; 0: keep none)",
+       "pinned host arenas: wholly free chunks kept registered for reuse, at most; beyond that "
+       "a chunk is unregistered and unmapped as soon as it is free (default 256MiB)"},
+      {"TIDE_PINNED_NUMA_NODE", "an integer from -1 to 1023",
+       "pinned host arenas: NUMA node their chunks are bound to (mbind); -1: no binding "
+       "(default -1)"},
+      {"TIDE_PINNED_HUGEPAGES", "a boolean (1/0, true/false, yes/no, on/off)",
+       "pinned host arenas: ask for transparent huge pages on chunks (default on)"},
+      {"TIDE_PINNED_TOUCH_THREADS", "an integer from 0 to 256",
+       "pinned host arenas: threads that touch a new chunk's pages before it is registered; 0: "
+       "min(8, cores) (default 0)"},
+      {"TIDE_MEMORY_LIMIT", "a size (e.g. 20GiB)",
+       "interposer (tide run --limit): device memory limit per device for the process: "
+       "cuMemGetInfo and cuDeviceTotalMem report it, allocations beyond it fail with "
+       "CUDA_ERROR_OUT_OF_MEMORY (default: none)"},
+      {"TIDE_REPORT", "a path; %p becomes the process id",
+       "interposer (tide run --report): where a process that used CUDA writes its memory report "
+       "at exit (JSON), with the Perfetto trace next to it as *.trace.json (default: no file, a "
+       "one-line summary on stderr; tide run's default is tide-report.%p.json)"},
+      {"TIDE_STACKS", "a boolean (1/0, true/false, yes/no, on/off)",
+       "interposer (tide run --stacks): capture device allocation call stacks with libunwind "
+       "for the report's top allocation sites (default off)"},
+      {"TIDE_STACK_SAMPLE", "an integer from 1 to 1000000000",
+       "interposer: with TIDE_STACKS, capture the call stack of one device allocation in N "
+       "(default 1: every one)"},
+      {"TIDE_CALIBRATION_FILE", "a path to an existing calibration file",
+       "scheduler: the calibration file to read (and `tide calibrate` to write) instead of "
+       "$XDG_CACHE_HOME/tide/calibration.json or ~/.cache/tide/calibration.json; it must exist "
+       "when set"},
+      {"TIDE_RATE_CPU_UPDATE", "a number of params/s from 1e3 to 1e15",
+       "scheduler: CPU update rate, per rank, with no copies running (overrides the calibration)"},
+      {"TIDE_RATE_CPU_UPDATE_CONTENDED", "a number of params/s from 1e3 to 1e15",
+       "scheduler: CPU update rate, per rank, while host-GPU copies run"},
+      {"TIDE_RATE_H2D_GBPS", "a number of GB/s from 0.001 to 1e5",
+       "scheduler: pinned host to GPU copy bandwidth, per rank, alone on the link"},
+      {"TIDE_RATE_D2H_GBPS", "a number of GB/s from 0.001 to 1e5",
+       "scheduler: GPU to pinned host copy bandwidth, per rank, alone on the link"},
+      {"TIDE_RATE_H2D_DUPLEX_GBPS", "a number of GB/s from 0.001 to 1e5",
+       "scheduler: host to GPU copy bandwidth while a GPU to host copy also runs"},
+      {"TIDE_RATE_D2H_DUPLEX_GBPS", "a number of GB/s from 0.001 to 1e5",
+       "scheduler: GPU to host copy bandwidth while a host to GPU copy also runs"},
+      {"TIDE_RATE_GPU_UPDATE", "a number of params/s from 1e3 to 1e15",
+       "scheduler: GPU (fused Adam kernel) update rate"},
+      {"TIDE_ALLOC_MEMORY_FRACTION", "a number greater than 0 and at most 1",
+       "device caching allocator: cap on the device memory it holds, as a fraction of the "
+       "device's (as torch.cuda.set_per_process_memory_fraction) (default: no cap)"},
+      {"TIDE_ALLOC_MAX_BYTES", "a size (e.g. 20GiB)",
+       "device caching allocator: cap on the device memory it holds, in bytes (the smaller of "
+       "this and TIDE_ALLOC_MEMORY_FRACTION applies) (default: no cap)"},
+      {"TIDE_ALLOC_ROUND_DIVISIONS", "an integer from 0 to 64",
+       "device caching allocator: requests above 1 MiB are rounded up to one of N equal steps per "
+       "power of two, so that blocks of nearby sizes serve each other; 0: 512-byte multiples "
+       "only (default 0)"},
+      {"TIDE_ALLOC_GROWABLE", "a boolean (1/0, true/false, yes/no, on/off)",
+       "device caching allocator: grow the large pool as one address range backed page by page "
+       "(cuMemAddressReserve/cuMemCreate/cuMemMap) where the driver supports it (default on)"},
+      {"TIDE_ALLOC_THREAD_CACHE", "a size (e.g. 4MiB; 0: none)",
+       "device caching allocator: free small blocks (up to 1 MiB) each thread keeps for itself, "
+       "reused without the allocator's lock (default 4MiB)"},
+      {"TIDE_TELEMETRY_SAMPLES", "an integer from 1024 to 67108864",
+       "memory telemetry: samples of the live/reserved timeline kept per device (default 65536)"},
+      {"TIDE_TELEMETRY_RESOLUTION", "a size (e.g. 1MiB; 0: automatic)",
+       "memory telemetry: change of live or reserved bytes that makes a new timeline sample "
+       "(default: the device's memory / 16384, at least 64KiB)"},
+      {"TIDE_HEADROOM_MARGIN", "a number from 0 to 0.5",
+       "headroom forecast: safety margin, as a fraction of the device memory limit, kept free "
+       "below the update phase's forecast peak (default 0.02)"},
+      {"TIDE_HEADROOM_ITERATIONS", "an integer from 1 to 1000",
+       "headroom forecast: recent iterations whose highest update-phase peak it forecasts "
+       "(default 5)"},
+      {"TIDE_PLACEMENT", "auto, cpu, gpu, or an integer K >= 1",
+       "executor: where the update phase runs its subgroups when the caller names no policy: "
+       "auto (the planner's choice within the headroom), cpu (all on the CPU), gpu (all on the "
+       "GPU), K (one GPU subgroup every K) (default auto)"},
   };
   return kKnobs;
 }

@@ -14,5 +14,9 @@ struct Command {
 
 int info_command(int argc, char** argv);
 int env_command(int argc, char** argv);
+int replay_command(int argc, char** argv);
+int run_command(int argc, char** argv);
+int plan_command(int argc, char** argv);
+int calibrate_command(int argc, char** argv);
 
 }  // namespace tide::tools

@@ -19,6 +19,14 @@ constexpr Command kCommands[] = {
      &tide::tools::info_command},
     {"env", "every TIDE_* environment variable: what it accepts and does, and its value",
      &tide::tools::env_command},
+    {"plan", "the scheduler's plan for a described workload and machine",
+     &tide::tools::plan_command},
+    {"calibrate", "measure this machine's rates and write the calibration file",
+     &tide::tools::calibrate_command},
+    {"run", "run a program under tide's interposer: memory telemetry, limit, report",
+     &tide::tools::run_command},
+    {"replay", "run an allocation-event trace through tide's device caching allocator",
+     &tide::tools::replay_command},
     {"version", "tide's version", &version_command},
 };
 

@@ -38,6 +38,520 @@ TIDE_API tide_status tide_driver_info(int* device_count, int* driver_version);
 /* Free and total device memory of `device`, as the driver reports them. */
 TIDE_API tide_status tide_device_memory(int device, size_t* free_bytes, size_t* total_bytes);
 
+/* ---- pinned host arenas ---- */
+
+/* Host memory page-locked (registered with the CUDA driver, portable) in large chunks, for
+ * optimizer state, gradient buffers and staging buffers: a jemalloc arena whose extents come from
+ * those chunks, plus direct buffers for large requests, placed without jemalloc's size classes.
+ * Without a CUDA driver an arena still works, on ordinary host memory (stats.pinned is 0), and
+ * says so once on stderr. Allocating and freeing are thread-safe. */
+typedef struct tide_pinned_arena tide_pinned_arena;
+
+/* Fill with tide_pinned_options_default() (which reads the TIDE_PINNED_* variables), then change
+ * what you need. New fields go at the end. */
+typedef struct tide_pinned_options {
+  /* Regular chunks grow up to this (TIDE_PINNED_CHUNK, 256 MiB). */
+  size_t chunk_bytes;
+  /* Requests from this size up skip jemalloc's size classes (TIDE_PINNED_DIRECT, 1 MiB). */
+  size_t direct_bytes;
+  /* Wholly free chunks kept registered for reuse, at most (TIDE_PINNED_RETAIN, 256 MiB). */
+  size_t retain_bytes;
+  /* Bind chunks to this NUMA node; -1: no binding (TIDE_PINNED_NUMA_NODE, -1). */
+  int numa_node;
+  /* Whose primary context registers the chunks (0). */
+  int device;
+  /* 1: madvise(MADV_HUGEPAGE) on chunks, 0: not (TIDE_PINNED_HUGEPAGES, 1). */
+  int huge_pages;
+  /* Threads that touch a new chunk's pages; 0: min(8, cores) (TIDE_PINNED_TOUCH_THREADS, 0). */
+  int touch_threads;
+} tide_pinned_options;
+
+/* Statistics of one arena: bytes, counts, nanoseconds. New fields go at the end. */
+typedef struct tide_pinned_stats {
+  /* Live allocations: what callers asked for, and its peak. */
+  uint64_t requested_bytes;
+  uint64_t peak_requested_bytes;
+  /* What live allocations occupy: jemalloc's size classes plus direct buffers. */
+  uint64_t allocated_bytes;
+  /* jemalloc's own count of its live allocations in the arena. */
+  uint64_t jemalloc_allocated_bytes;
+  /* Extents jemalloc holds: its allocations, what it caches, its metadata. */
+  uint64_t jemalloc_extent_bytes;
+  /* Direct buffers (requests of at least direct_bytes), page-rounded. */
+  uint64_t direct_bytes;
+  /* Chunks registered with the driver (only mapped, when not pinned), and the peak. */
+  uint64_t pinned_bytes;
+  uint64_t peak_pinned_bytes;
+  /* Wholly free chunks kept for reuse. */
+  uint64_t free_chunk_bytes;
+  /* Chunks now; made since the arena was created; unregistered and unmapped since. */
+  uint64_t chunks;
+  uint64_t chunks_mapped;
+  uint64_t chunks_released;
+  uint64_t unregister_failures;
+  uint64_t allocations;
+  uint64_t frees;
+  /* Time in cuMemHostRegister, in cuMemHostUnregister, and touching new chunks' pages. */
+  uint64_t register_ns;
+  uint64_t unregister_ns;
+  uint64_t touch_ns;
+  /* 1: registered with a CUDA driver; 0: ordinary host memory (no driver). */
+  uint64_t pinned;
+} tide_pinned_stats;
+
+TIDE_API tide_status tide_pinned_options_default(tide_pinned_options* options);
+
+/* `options` NULL: the defaults. Registers a first small chunk (jemalloc's metadata). */
+TIDE_API tide_status tide_pinned_arena_create(const tide_pinned_options* options,
+                                              tide_pinned_arena** arena);
+
+/* Unregisters and unmaps everything: memory still allocated from the arena is gone. NULL: no-op. */
+TIDE_API tide_status tide_pinned_arena_destroy(tide_pinned_arena* arena);
+
+/* `bytes` aligned to `alignment` (a power of two up to 2 MiB; 0: 64) in *ptr. bytes 0: *ptr is
+ * NULL. TIDE_ERROR_OUT_OF_MEMORY when the host has no memory; TIDE_ERROR_CUDA when registering a
+ * new chunk fails. */
+TIDE_API tide_status tide_pinned_alloc(tide_pinned_arena* arena, size_t bytes, size_t alignment,
+                                       void** ptr);
+
+/* `bytes` must be the size given to tide_pinned_alloc for `ptr` (sized deallocation: the arena
+ * keeps no per-allocation record for small sizes). NULL ptr: no-op. */
+TIDE_API tide_status tide_pinned_free(tide_pinned_arena* arena, void* ptr, size_t bytes);
+
+/* Returns cached memory to the chunks and unregisters and unmaps wholly free chunks now. */
+TIDE_API tide_status tide_pinned_arena_trim(tide_pinned_arena* arena);
+
+TIDE_API tide_status tide_pinned_arena_stats(const tide_pinned_arena* arena,
+                                             tide_pinned_stats* stats);
+
+/* ---- optimizer kernels ---- */
+/* The CPU Adam/AdamW update of one subgroup (kernels/cpu_adam.h): one pass that reads the
+ * gradients, updates the fp32 master weights and both moments in place, and writes the
+ * low-precision copy of the weights, on the CPU thread pool (TIDE_CPU_THREADS) with the widest
+ * instruction set the CPU has. Same formula as torch.optim.Adam/AdamW. */
+
+/* Element types of optimizer buffers. */
+typedef enum tide_dtype { TIDE_FLOAT32 = 0, TIDE_BFLOAT16 = 1, TIDE_FLOAT16 = 2 } tide_dtype;
+
+/* Instruction sets of the CPU kernels. */
+typedef enum tide_cpu_isa {
+  TIDE_CPU_ISA_AUTO = 0, /* the widest this CPU supports */
+  TIDE_CPU_ISA_SCALAR = 1,
+  TIDE_CPU_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
+  TIDE_CPU_ISA_AVX512 = 3  /* AVX-512 F, BW, VL, DQ */
+} tide_cpu_isa;
+
+/* The hyperparameters of one step, as torch.optim.Adam/AdamW name them; they may change from
+ * step to step. */
+typedef struct tide_adam_hyper {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;
+  double grad_scale;  /* the loss scale the gradients carry: they are multiplied by
+                         (float)(1 / grad_scale), as GradScaler.unscale_ does; 1: unscaled */
+  int64_t step;       /* this step's number, from 1: torch's state["step"] after its increment */
+  int32_t decoupled;  /* 1: AdamW (decoupled weight decay); 0: Adam (L2 added to the gradient) */
+  int32_t maximize;   /* 1: maximize the objective (the gradient is negated) */
+} tide_adam_hyper;
+
+/* One subgroup: `count` elements in each buffer, each buffer aligned to its element size, no
+ * two overlapping. */
+typedef struct tide_adam_subgroup {
+  const void* grad;    /* grad_dtype: TIDE_FLOAT32, TIDE_BFLOAT16 or TIDE_FLOAT16 */
+  float* param;        /* fp32 master weights, updated in place */
+  void* exp_avg;       /* first moment, state_dtype: TIDE_FLOAT32 or TIDE_BFLOAT16 */
+  void* exp_avg_sq;    /* second moment, state_dtype */
+  void* param_copy;    /* output: the updated weights in copy_dtype (TIDE_BFLOAT16 or
+                          TIDE_FLOAT16); NULL for none */
+  uint64_t count;
+  int32_t grad_dtype;
+  int32_t state_dtype;
+  int32_t copy_dtype;
+  int32_t reserved;    /* 0 */
+} tide_adam_subgroup;
+
+/* How a CPU kernel runs; all zeros (or a NULL pointer) means the defaults. */
+typedef struct tide_cpu_options {
+  int32_t threads;    /* at most this many threads; 0: the pool's size (TIDE_CPU_THREADS) */
+  int32_t isa;        /* a tide_cpu_isa; one the CPU lacks is TIDE_ERROR_INVALID_ARGUMENT */
+  int32_t skip_subgroup_on_nonfinite; /* 1: check every gradient first and write nothing if
+                                          one is not finite (one extra read of the gradients) */
+  int32_t reserved;   /* 0 */
+} tide_cpu_options;
+
+typedef struct tide_adam_result {
+  /* Elements left unchanged because their gradient (or their update) was not finite: their
+   * weight, moments and copy keep their old values, so nothing non-finite is ever written.
+   * With skip_subgroup_on_nonfinite and applied == 0: the number of non-finite gradients. */
+  uint64_t nonfinite;
+  int32_t applied; /* 0: skip_subgroup_on_nonfinite found a non-finite gradient, nothing written */
+  int32_t reserved;
+} tide_adam_result;
+
+/* What the CPU kernels will use. */
+typedef struct tide_cpu_info {
+  int32_t best_isa;       /* the tide_cpu_isa TIDE_CPU_ISA_AUTO picks */
+  int32_t supported_isas; /* bit (1 << isa) set for each tide_cpu_isa this CPU can run */
+  int32_t threads;        /* the pool's size: TIDE_CPU_THREADS, else the CPUs this process may
+                             run on */
+  int32_t reserved;
+} tide_cpu_info;
+
+/* One Adam/AdamW step over the subgroup. `options` NULL: defaults; `result` may be NULL. A
+ * non-finite gradient is not an error: it is reported in `result`. */
+TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
+                                        const tide_adam_hyper* hyper,
+                                        const tide_cpu_options* options,
+                                        tide_adam_result* result);
+
+/* The number of NaN and infinite values among `count` values of `dtype` (a loss scaler's
+ * check, e.g. of each subgroup's gradients as they arrive). */
+TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype, uint64_t count,
+                                              const tide_cpu_options* options,
+                                              uint64_t* nonfinite);
+
+/* fp32 → bf16/fp16 with round-to-nearest-even (NaN stays NaN, overflow gives infinity). */
+TIDE_API tide_status tide_cpu_cast(const float* src, void* dst, int32_t dst_dtype,
+                                   uint64_t count, const tide_cpu_options* options);
+
+TIDE_API tide_status tide_cpu_kernels_info(tide_cpu_info* info);
+
+/* ---- device caching allocator ---- */
+/* tide's device caching allocator (allocator/caching_allocator.h): one per device, created on
+ * first use with the TIDE_ALLOC_* configuration, with its memory telemetry. PyTorch uses it
+ * through torch.cuda.memory.CUDAPluggableAllocator (python: tide.torch.use_allocator()). A
+ * `stream` is a CUstream / cudaStream_t (the same handle), as void* here; NULL is the default
+ * (legacy) stream. */
+
+/* PyTorch's pluggable-allocator functions, with the signatures it calls. tide_alloc returns NULL
+ * when the device (or the configured limit) is out of memory, after giving cached memory back
+ * and retrying; tide_last_error() then says what was asked and what was held, and the failure is
+ * recorded (tide_alloc_last_oom). `size` 0: NULL. tide_free takes the size and stream the memory
+ * was allocated with (PyTorch passes them); a bad pointer is reported on stderr. */
+TIDE_API void* tide_alloc(size_t size, int device, void* stream);
+TIDE_API void tide_free(void* ptr, size_t size, int device, void* stream);
+
+/* PyTorch's optional pluggable-allocator hooks (CUDAPluggableAllocator::set_init_fn,
+ * set_reset_fn, set_memory_fraction_fn, set_record_stream_fn; C++ only: PyTorch's Python API
+ * cannot set them). Errors go to tide_last_error() and stderr. */
+TIDE_API void tide_alloc_hook_init(int device_count);
+TIDE_API void tide_alloc_hook_reset(void); /* empty cache, every device */
+TIDE_API void tide_alloc_hook_memory_fraction(double fraction, int device);
+TIDE_API void tide_alloc_hook_record_stream(void* ptr, void* stream);
+
+/* One statistic: its current value, its peak since the last peak reset, and the totals added
+ * and removed since the last reset of accumulated statistics. */
+typedef struct tide_alloc_stat {
+  uint64_t current;
+  uint64_t peak;
+  uint64_t allocated;
+  uint64_t freed;
+} tide_alloc_stat;
+
+/* The allocator's statistics, as PyTorch's torch.cuda.memory_stats() names them. Arrays: [0] all
+ * pools, [1] the small pool (blocks up to 1 MiB), [2] the large pool. New fields go at the end. */
+typedef struct tide_alloc_stats {
+  tide_alloc_stat allocated_bytes[3]; /* blocks handed out (rounded to 512 B) */
+  tide_alloc_stat requested_bytes[3]; /* what callers asked for */
+  tide_alloc_stat reserved_bytes[3];  /* held from the driver */
+  tide_alloc_stat active_bytes[3];    /* allocated, or freed and awaiting other streams */
+  tide_alloc_stat allocation[3];      /* number of blocks handed out */
+  tide_alloc_stat active[3];
+  tide_alloc_stat segment[3];         /* number of segments */
+  uint64_t inactive_split_bytes[3];   /* free bytes in partly used segments */
+  uint64_t inactive_split[3];
+  uint64_t num_alloc_retries;    /* allocations that released the cache and retried */
+  uint64_t num_ooms;             /* allocations that failed */
+  uint64_t num_sync_all_streams; /* waits for all streams' pending frees */
+  uint64_t num_device_alloc;     /* driver allocation calls (cuMemAlloc, cuMemCreate) */
+  uint64_t num_device_free;      /* driver free calls (cuMemFree, page unmaps) */
+  uint64_t memory_limit;         /* cap on reserved bytes */
+  uint64_t thread_cached_bytes;  /* small free blocks in threads' caches */
+  uint64_t largest_free_block;
+  uint64_t growable;             /* 1: the large pool grows one range through VMM */
+} tide_alloc_stats;
+
+TIDE_API tide_status tide_alloc_get_stats(int device, tide_alloc_stats* stats);
+TIDE_API tide_status tide_alloc_reset_peak_stats(int device);
+TIDE_API tide_status tide_alloc_reset_accumulated_stats(int device);
+/* Gives cached free memory back to the driver (after waiting for pending frees). -1: every
+ * device whose allocator exists. */
+TIDE_API tide_status tide_alloc_empty_cache(int device);
+/* Caps the memory the allocator holds at `fraction` (0 < fraction <= 1) of the device's. */
+TIDE_API tide_status tide_alloc_set_memory_fraction(int device, double fraction);
+/* The block at `ptr` is used on `stream` too: it is not reused before the work submitted there
+ * until it is freed has completed (torch.Tensor.record_stream). */
+TIDE_API tide_status tide_alloc_record_stream(void* ptr, void* stream);
+
+/* Phase marks. An iteration runs from one TIDE_PHASE_ITERATION_END to the next; marks of the
+ * phases within it are optional (what is not marked is detected from the memory curve; with no
+ * marks at all, iterations are detected too). */
+typedef enum tide_phase {
+  TIDE_PHASE_FORWARD = 0,
+  TIDE_PHASE_BACKWARD = 1,
+  TIDE_PHASE_UPDATE = 2,
+  TIDE_PHASE_ITERATION_END = 3
+} tide_phase;
+
+/* -1: every device whose allocator exists (device 0 if none does yet). */
+TIDE_API tide_status tide_alloc_mark_phase(int device, int phase);
+
+typedef struct tide_alloc_sample {
+  uint64_t t_ns; /* steady clock, nanoseconds */
+  uint64_t live_bytes;
+  uint64_t reserved_bytes;
+} tide_alloc_sample;
+
+/* One iteration. Phases: [0] forward, [1] backward, [2] update. */
+typedef struct tide_alloc_iteration {
+  uint64_t index;
+  uint64_t start_ns;
+  uint64_t end_ns;
+  uint64_t phase_start_ns[3];
+  uint64_t peak_live_bytes[3];
+  uint64_t peak_reserved_bytes[3];
+  uint64_t peak_live_all_bytes;
+  uint64_t min_live_bytes;
+  uint32_t phase_seen; /* bit p: phase p was marked or detected */
+  uint32_t detected;   /* 1: boundaries or phases come from the curve, not from marks */
+} tide_alloc_iteration;
+
+typedef struct tide_alloc_forecast {
+  uint64_t headroom_bytes;    /* what the coming update phase can use safely */
+  uint64_t update_peak_bytes; /* forecast peak live bytes of the update phase */
+  uint64_t limit_bytes;       /* what this process may hold on the device */
+  uint64_t margin_bytes;      /* safety margin (TIDE_HEADROOM_MARGIN of the limit) */
+  int32_t iterations;         /* recent iterations it comes from; 0: none seen yet */
+  int32_t detected;           /* 1: from detected phases */
+} tide_alloc_forecast;
+
+typedef struct tide_alloc_oom {
+  uint64_t t_ns;
+  uint64_t requested_bytes;
+  uint64_t block_bytes;
+  uint64_t live_bytes;
+  uint64_t reserved_bytes;
+  uint64_t limit_bytes;
+  uint64_t device_free_bytes;
+  uint64_t device_total_bytes;
+  uint64_t largest_free_block;
+  uint32_t limit_reached; /* 1: the configured limit refused, not the device */
+  uint32_t reserved_field;
+} tide_alloc_oom;
+
+/* The newest samples of the live/reserved timeline, oldest first: at most `capacity` into `out`,
+ * the number written in *count. out NULL: *count = the number of samples kept. */
+TIDE_API tide_status tide_alloc_timeline(int device, tide_alloc_sample* out, size_t capacity,
+                                         size_t* count);
+/* Recent iterations, oldest first, as tide_alloc_timeline. */
+TIDE_API tide_status tide_alloc_iterations(int device, tide_alloc_iteration* out, size_t capacity,
+                                           size_t* count);
+TIDE_API tide_status tide_alloc_headroom(int device, tide_alloc_forecast* forecast);
+/* The last out-of-memory failure: *found 0 if there was none. */
+TIDE_API tide_status tide_alloc_last_oom(int device, tide_alloc_oom* oom, int* found);
+/* The timeline, phases, marks and out-of-memory events as Chrome trace JSON (Perfetto). */
+TIDE_API tide_status tide_alloc_export_timeline(int device, const char* path);
+/* Records allocation events (the text format of allocator/trace.h; `tide replay` runs it back),
+ * at most `max_events`; stop writes them to `path` (NULL: discards them). */
+TIDE_API tide_status tide_alloc_trace_start(int device, size_t max_events);
+TIDE_API tide_status tide_alloc_trace_stop(int device, const char* path);
+
+/* ---- scheduler ---- */
+
+/* The performance model's rates, per rank: params/s for updates, bytes/s for copies. */
+typedef struct tide_rates {
+  double cpu_update;           /* CPU update, no copies running */
+  double cpu_update_contended; /* CPU update while copies run */
+  double h2d;                  /* pinned host -> GPU copy, alone */
+  double d2h;                  /* GPU -> pinned host copy, alone */
+  double h2d_duplex;           /* host -> GPU while GPU -> host also runs */
+  double d2h_duplex;           /* GPU -> host while host -> GPU also runs */
+  double gpu_update;           /* GPU update */
+} tide_rates;
+
+/* The rates tide uses: built-in defaults, then the calibration file (`calibration_path`, or the
+ * default path when NULL, read if it exists), then the TIDE_RATE_* variables. */
+TIDE_API tide_status tide_rates_resolve(const char* calibration_path, tide_rates* rates);
+
+/* What a GPU subgroup moves and holds per parameter (tide_plan_footprint_default: 12 state bytes,
+ * 2 gradient bytes, gradients kept on the GPU). */
+typedef struct tide_plan_footprint {
+  uint32_t state_bytes_per_param;    /* fp32 p, m, v: copied in and out */
+  uint32_t gradient_bytes_per_param; /* e.g. 2 for bf16 */
+  int gradients_on_gpu;              /* 1: kept on the GPU (memory); 0: copied in from host */
+} tide_plan_footprint;
+
+TIDE_API tide_plan_footprint tide_plan_footprint_default(void);
+
+typedef struct tide_plan_summary {
+  double phase_seconds;    /* predicted update phase */
+  double cpu_side_seconds; /* predicted CPU workers' time */
+  double gpu_side_seconds; /* predicted GPU pipeline's time */
+  double all_cpu_seconds;  /* predicted with every subgroup on the CPU */
+  uint64_t buffers;        /* GPU buffers in flight */
+  uint64_t buffer_bytes;   /* bytes of one buffer */
+  uint64_t gpu_bytes;      /* GPU memory the plan needs: buffers and kept gradients */
+  int optimal;             /* 1 when the search was exhaustive */
+} tide_plan_summary;
+
+/* Plans one update phase of `count` subgroups of `subgroup_params[i]` parameters with
+ * `headroom_bytes` of GPU memory. Writes, per subgroup i: device[i] (0 CPU, 1 GPU) and order[i]
+ * (its position in its device's order; GPU subgroup at position j uses buffer j % buffers).
+ * `footprint` and `rates` may be NULL (defaults; rates as tide_rates_resolve(NULL)). */
+TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
+                               uint64_t headroom_bytes, const tide_plan_footprint* footprint,
+                               const tide_rates* rates, uint8_t* device, uint32_t* order,
+                               tide_plan_summary* summary);
+
+/* ---- executor ---- */
+/* The offloading optimizer's core: the optimizer state of one rank in subgroups (fp32 master
+ * weights and moments and the gradients in pinned host memory, the model's parameters on the
+ * GPU), gradient offload during backward, and the update phase that runs a plan (some subgroups
+ * on the GPU through copy streams and the fused Adam kernel, the rest on the CPU, overlapped).
+ *
+ * How a torch.optim.Optimizer subclass drives it, per rank:
+ *   __init__:  flatten the parameters into subgroups (tide_optimizer_create with one slice per
+ *              parameter tensor or piece of one), then write the fp32 master weights (and any
+ *              loaded moments) through tide_optimizer_buffers' pointers.
+ *   each step: optionally tide_optimizer_prepare (before backward: plans the coming update so
+ *              that GPU subgroups can keep their gradients on the GPU); in each gradient hook,
+ *              tide_optimizer_offload_gradient (returns at once; mark the gradient tensor with
+ *              record_stream on tide_optimizer_offload_stream's stream); in step(),
+ *              tide_optimizer_grad_stats if a loss scaler or gradient clipping needs them,
+ *              then tide_optimizer_step with that step's hyperparameters (lr schedule,
+ *              grad_scale, step number) and the allocator's headroom (tide_alloc_headroom).
+ *   state_dict: read the pinned buffers (tide_optimizer_buffers).
+ * Every call but the offload must come from one thread at a time; offload calls may come from
+ * any thread. The updated low-precision weights are in the model's parameters when
+ * tide_optimizer_step returns. */
+
+typedef struct tide_optimizer tide_optimizer;
+
+/* Elements [offset, offset + count) of subgroup `subgroup` are the model parameters at
+ * `device_ptr` (param_dtype elements, aligned to their size). Each subgroup's slices must cover
+ * it exactly. */
+typedef struct tide_param_slice {
+  uint64_t subgroup;
+  uint64_t offset;
+  uint64_t count;
+  uint64_t device_ptr; /* a CUdeviceptr */
+} tide_param_slice;
+
+typedef struct tide_optimizer_options {
+  int32_t device;           /* CUDA device ordinal */
+  int32_t grad_dtype;       /* tide_dtype of the gradients (default TIDE_BFLOAT16) */
+  int32_t param_dtype;      /* tide_dtype of the model's parameters (default TIDE_BFLOAT16) */
+  int32_t gradients_on_gpu; /* 1: GPU subgroups of a prepared plan keep their gradients on the
+                               GPU (device-to-device offload) instead of copying them in */
+  uint64_t max_buffers;     /* cap on GPU buffers in flight; 0: as many as fit and help */
+  int32_t use_rates;        /* 1: start from `rates`; 0: tide_rates_resolve(NULL) */
+  int32_t refine;           /* 1: measured subgroup times refine the rates (default) */
+  tide_rates rates;
+} tide_optimizer_options;
+
+TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options);
+
+/* `count` subgroups of subgroup_params[i] parameters; `slices` (slice_count of them) place their
+ * elements in the model. `options` NULL: the defaults. Allocates the pinned buffers (zeroed). */
+TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size_t count,
+                                           const tide_param_slice* slices, size_t slice_count,
+                                           const tide_optimizer_options* options,
+                                           tide_optimizer** optimizer);
+/* Waits for work in flight, then frees everything. NULL: no-op. */
+TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer);
+
+/* A subgroup's pinned host buffers, `count` elements each. */
+typedef struct tide_subgroup_buffers {
+  float* param;      /* fp32 master weights */
+  float* exp_avg;    /* fp32 */
+  float* exp_avg_sq; /* fp32 */
+  void* grad;        /* grad_dtype: where offloaded gradients land */
+  uint64_t count;
+} tide_subgroup_buffers;
+
+TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t subgroup,
+                                            tide_subgroup_buffers* buffers);
+
+/* Copies `count` gradient elements (`dtype`, the optimizer's grad_dtype) at device pointer `src`,
+ * produced on `stream` (a CUstream; NULL: the legacy default stream), into elements
+ * [offset, offset + count) of `subgroup`'s gradient, asynchronously: returns without waiting
+ * for the gradient or the copy. Thread-safe. */
+TIDE_API tide_status tide_optimizer_offload_gradient(tide_optimizer* optimizer, size_t subgroup,
+                                                     uint64_t offset, uint64_t src,
+                                                     uint64_t count, int32_t dtype,
+                                                     void* stream);
+/* The side stream (a CUstream) the offload copies run on. */
+TIDE_API tide_status tide_optimizer_offload_stream(tide_optimizer* optimizer, void** stream);
+
+/* Waits for every offloaded gradient, then reads them: the sum of squares of all gradient
+ * elements (unscaled: divide by grad_scale^2 for the true norm^2) and the number that are not
+ * finite (a loss scaler skips the step when it is not 0). Reads every gradient once on the CPU
+ * (2 bytes per parameter for bf16: a few percent of an update phase). */
+TIDE_API tide_status tide_optimizer_grad_stats(tide_optimizer* optimizer, double* sum_squares,
+                                               uint64_t* nonfinite);
+
+/* Placement policies of the update phase. */
+typedef enum tide_placement {
+  TIDE_PLACEMENT_AUTO = 0,      /* the planner's plan within the headroom */
+  TIDE_PLACEMENT_CPU = 1,       /* every subgroup on the CPU */
+  TIDE_PLACEMENT_GPU = 2,       /* every subgroup on the GPU (buffers that fit) */
+  TIDE_PLACEMENT_INTERLEAVE = 3 /* one GPU subgroup every k */
+} tide_placement;
+
+typedef struct tide_placement_policy {
+  int32_t kind; /* tide_placement */
+  int32_t k;    /* TIDE_PLACEMENT_INTERLEAVE: k >= 1 */
+} tide_placement_policy;
+
+/* Plans the coming update phase now (call before backward). Optional; needed for
+ * gradients_on_gpu. `policy` NULL: TIDE_PLACEMENT, else auto. */
+TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
+                                            const tide_placement_policy* policy,
+                                            uint64_t headroom_bytes);
+
+typedef struct tide_phase_report {
+  double seconds;           /* measured update phase */
+  double predicted_seconds; /* the model's prediction for what ran */
+  double all_cpu_seconds;   /* the model's all-CPU prediction */
+  double cpu_busy_seconds;  /* the CPU updates' own time */
+  uint64_t gpu_subgroups;   /* updated on the GPU */
+  uint64_t cpu_subgroups;   /* updated on the CPU, fallbacks included */
+  uint64_t fallback_subgroups; /* planned on the GPU but updated on the CPU: no GPU memory */
+  uint64_t gpu_params;
+  uint64_t buffers;         /* GPU buffers in flight */
+  uint64_t nonfinite;       /* elements left unchanged: non-finite gradient or update */
+  uint64_t headroom_cap;    /* cap on the next plans' headroom after a fallback; 0: none */
+} tide_phase_report;
+
+/* One update phase: plans (unless prepared) with `headroom_bytes` of GPU memory, runs the plan,
+ * waits for its end (events only). `policy` NULL: TIDE_PLACEMENT, else auto. `report` may be
+ * NULL. Elements whose gradient is not finite are never written (their count is in the report);
+ * to skip the whole step instead, check tide_optimizer_grad_stats first. */
+TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_adam_hyper* hyper,
+                                         const tide_placement_policy* policy,
+                                         uint64_t headroom_bytes, tide_phase_report* report);
+
+/* The last phase's plan as it ran: per subgroup device[i] (0 CPU, 1 GPU) and order[i] (its
+ * position in its device's order); `summary` (may be NULL) holds its prediction. */
+TIDE_API tide_status tide_optimizer_last_plan(const tide_optimizer* optimizer, uint8_t* device,
+                                              uint32_t* order, tide_plan_summary* summary);
+
+/* Measured seconds of each subgroup in the last phase (0 where a stage did not run). */
+typedef struct tide_subgroup_timing {
+  double cpu_update;
+  double h2d;
+  double gpu_update;
+  double d2h;
+} tide_subgroup_timing;
+
+TIDE_API tide_status tide_optimizer_last_timings(const tide_optimizer* optimizer,
+                                                 tide_subgroup_timing* timings, size_t count);
+
+/* The rates the next plan uses (refined by the phases so far). */
+TIDE_API tide_status tide_optimizer_rates(const tide_optimizer* optimizer, tide_rates* rates);
+
 #ifdef __cplusplus
 }
 #endif

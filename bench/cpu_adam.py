@@ -1,0 +1,295 @@
+"""CPU Adam benchmark: tide against PyTorch (foreach, fused) and DeepSpeed's DeepSpeedCPUAdam.
+
+`make bench BENCH=cpu_adam` runs it. It prints one JSON line per case, size and implementation,
+after one line with the host memory bandwidth measured in the same run (build/bin/tide_membw,
+same thread count):
+
+  {"bench":"cpu_adam","impl":"bandwidth","threads":2,"gbps":44.1,...}
+  {"bench":"cpu_adam","case":"offload_step","impl":"tide","params":100000000,"threads":2,
+   "seconds":0.067,"params_per_s":1.49e9,"bytes_per_param":28,"fraction_of_bandwidth":0.95,...}
+
+Cases:
+  adam_fp32     fp32 gradients, fp32 weights and moments; no low-precision copy.
+  offload_step  what an offloaded step does: bf16 gradients in, fp32 state updated, bf16 weights
+                out. PyTorch and DeepSpeed take fp32 gradients and give fp32 weights, so their
+                time includes the casts (into preallocated buffers): bf16 → fp32 gradients before
+                the step, fp32 → bf16 weights after.
+
+The bandwidth line comes first; its "gbps" is the best of the measurements taken before, between
+and after the sizes ("measurements_gbps").
+
+Every implementation runs on the same buffers (PyTorch's and DeepSpeed's optimizer state is set
+to tide's moment tensors). `seconds` is the best of the timed repetitions (after a warm-up one),
+`median_seconds` their median; repetitions go round-robin over the implementations so that
+background load hits all of them alike, and each starts with the caches flushed (a buffer of twice
+the last-level cache written first), so that no implementation finds the previous one's data in
+cache. `bytes_per_param` is the traffic the case needs at least
+(28 bytes: adam_fp32 reads 4 B of gradient and reads and writes 8 B each of weight, first and
+second moment; offload_step reads 2 B of gradient, reads and writes the 24 B of fp32 state and
+writes 2 B of copy); `fraction_of_bandwidth` is params × bytes_per_param / seconds over the
+measured bandwidth, for every implementation alike (the peers move more bytes than that).
+
+DeepSpeed is installed from PyPI into this Python environment if missing, and builds its CPU Adam
+op on first use (cached by torch in ~/.cache/torch_extensions: a few minutes, once); where that
+fails, its lines carry "error" with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+
+import torch  # noqa: E402
+
+from tide import kernels  # noqa: E402
+
+BYTES_PER_PARAM = {"adam_fp32": 28, "offload_step": 28}
+LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def log(message: str) -> None:
+    print(f"cpu_adam: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Sends file descriptor 1 to stderr for a while: DeepSpeed prints from Python loggers bound
+    to stdout and from C++; stdout carries the JSON lines only."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def measure_bandwidth(build_dir: pathlib.Path, threads: int) -> dict:
+    membw = build_dir / "bin" / "tide_membw"
+    if not membw.is_file():
+        raise SystemExit(f"cpu_adam: {membw} not found: build it (cmake --build build)")
+    out = subprocess.run([str(membw), "--threads", str(threads)], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def ensure_deepspeed():
+    """DeepSpeedCPUAdam, installed and built if need be; raises with the reason otherwise."""
+    try:
+        with stdout_to_stderr():
+            import deepspeed  # noqa: F401
+    except ImportError:
+        log("installing deepspeed from PyPI into this environment")
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "deepspeed"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError("pip install deepspeed failed: " + done.stderr.strip()[-300:])
+    with stdout_to_stderr():
+        import logging
+
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        from deepspeed.utils import logger
+
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(sys.stderr)
+        log("building DeepSpeed's CPU Adam op if not cached (minutes, once)")
+        probe = torch.nn.Parameter(torch.zeros(16))
+        probe.grad = torch.ones(16)
+        DeepSpeedCPUAdam([probe], lr=LR).step()
+    return DeepSpeedCPUAdam
+
+
+def flush_bytes() -> int:
+    """Twice the largest CPU cache (sysfs), at least 512 MiB."""
+    largest = 0
+    for path in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        largest = max(largest, int(text.rstrip("KMG")) * scale)
+    return max(2 * largest, 512 << 20)
+
+
+class Buffers:
+    """One size's buffers, shared by every implementation."""
+
+    def __init__(self, n: int):
+        generator = torch.Generator().manual_seed(0)
+        self.n = n
+        self.param = torch.randn(n, generator=generator)
+        self.exp_avg = torch.zeros(n)
+        self.exp_avg_sq = torch.zeros(n)
+        self.grad32 = torch.randn(n, generator=generator)
+        self.grad16 = self.grad32.to(torch.bfloat16)
+        self.copy16 = torch.empty(n, dtype=torch.bfloat16)
+        self.parameter = torch.nn.Parameter(self.param, requires_grad=True)  # same storage
+        self.parameter.grad = self.grad32
+
+
+def make_tide(buffers: Buffers, case: str, threads: int):
+    step = [0]
+
+    def run():
+        step[0] += 1
+        kernels.cpu_adam_step(
+            buffers.param,
+            buffers.grad16 if case == "offload_step" else buffers.grad32,
+            buffers.exp_avg, buffers.exp_avg_sq, step=step[0], lr=LR, betas=BETAS, eps=EPS,
+            weight_decay=WEIGHT_DECAY,
+            param_copy=buffers.copy16 if case == "offload_step" else None, threads=threads)
+
+    return run
+
+
+def with_casts(buffers: Buffers, case: str, step):
+    if case != "offload_step":
+        return step
+
+    def run():
+        buffers.grad32.copy_(buffers.grad16)  # bf16 gradients as the peers need them
+        step()
+        buffers.copy16.copy_(buffers.param)  # the bf16 weights that go back to the GPU
+
+    return run
+
+
+def make_torch(buffers: Buffers, case: str, options: dict):
+    optimizer = torch.optim.AdamW([buffers.parameter], lr=LR, betas=BETAS, eps=EPS,
+                                  weight_decay=WEIGHT_DECAY, **options)
+    # Its state is tide's moments: the same buffers.
+    optimizer.state[buffers.parameter] = {
+        "step": torch.tensor(0.0),
+        "exp_avg": buffers.exp_avg,
+        "exp_avg_sq": buffers.exp_avg_sq,
+    }
+    return with_casts(buffers, case, optimizer.step)
+
+
+def make_deepspeed(buffers: Buffers, case: str, cpu_adam_class):
+    with stdout_to_stderr():
+        optimizer = cpu_adam_class([buffers.parameter], lr=LR, betas=BETAS, eps=EPS,
+                                   weight_decay=WEIGHT_DECAY, adamw_mode=True)
+    optimizer.state[buffers.parameter] = {
+        "step": 0,
+        "exp_avg": buffers.exp_avg,
+        "exp_avg_sq": buffers.exp_avg_sq,
+    }
+    return with_casts(buffers, case, optimizer.step)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build-dir", type=pathlib.Path, default=REPO / "build")
+    parser.add_argument("--sizes", default="1e7,1e8", help="parameter counts, comma-separated")
+    parser.add_argument("--reps", type=int, default=0,
+                        help="timed repetitions (default: 10 below 5e7 parameters, 5 above)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--skip-deepspeed", action="store_true")
+    args = parser.parse_args()
+    threads = args.threads
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # DeepSpeed's OpenMP loops
+
+    # The bandwidth is measured before, between and after the sizes, and the best counts: on a
+    # machine shared with other work, one measurement may fall in a busy moment. Lines are
+    # printed at the end, once it is known.
+    bandwidths = [measure_bandwidth(args.build_dir, threads)]
+    records = []
+
+    deepspeed_error = None
+    cpu_adam_class = None
+    if args.skip_deepspeed:
+        deepspeed_error = "skipped (--skip-deepspeed)"
+    else:
+        try:
+            cpu_adam_class = ensure_deepspeed()
+        except Exception as e:  # noqa: BLE001 - any failure is reported on its lines
+            deepspeed_error = f"{type(e).__name__}: {e}".strip()[:500]
+            log(traceback.format_exc())
+
+    # Written before every timed run: twice the last-level cache, so that the 1e7 case (280 MB)
+    # starts from memory as the 1e8 case does, whatever ran before it.
+    flush = torch.zeros(flush_bytes() // 4)
+    for size in (int(float(s)) for s in args.sizes.split(",")):
+        reps = args.reps or (10 if size < 5e7 else 5)
+        buffers = Buffers(size)
+        for case in ("adam_fp32", "offload_step"):
+            impls = {
+                "tide": lambda: make_tide(buffers, case, threads),
+                "torch_foreach": lambda: make_torch(buffers, case, {"foreach": True}),
+                "torch_fused": lambda: make_torch(buffers, case, {"fused": True}),
+            }
+            if cpu_adam_class is not None:
+                impls["deepspeed"] = lambda: make_deepspeed(buffers, case, cpu_adam_class)
+            runs, times, errors = {}, {}, {}
+            for name, make in impls.items():
+                try:
+                    runs[name] = make()
+                    runs[name]()  # warm-up: first-touch, lazy state, thread start
+                    times[name] = []
+                except Exception as e:  # noqa: BLE001
+                    errors[name] = f"{type(e).__name__}: {e}"[:500]
+                    runs.pop(name, None)
+            for _ in range(reps):
+                for name, run in runs.items():
+                    flush.add_(1.0)  # no implementation finds the previous one's data in cache
+                    start = time.perf_counter()
+                    run()
+                    times[name].append(time.perf_counter() - start)
+            base = {"bench": "cpu_adam", "case": case, "params": size, "threads": threads,
+                    "bytes_per_param": BYTES_PER_PARAM[case]}
+            for name in ("tide", "torch_foreach", "torch_fused", "deepspeed"):
+                if name in times:
+                    records.append({**base, "impl": name, "seconds": min(times[name]),
+                                    "median_seconds": statistics.median(times[name]),
+                                    "reps": reps})
+                else:
+                    records.append({**base, "impl": name,
+                                    "error": errors.get(name, deepspeed_error or "not run")})
+        del buffers
+        bandwidths.append(measure_bandwidth(args.build_dir, threads))
+
+    best = max(bandwidths, key=lambda b: b["gbps"])
+    gbps = best["gbps"]
+    info = kernels.cpu_info()
+    emit({"bench": "cpu_adam", "impl": "bandwidth", "threads": threads, "gbps": gbps,
+          "copy_gbps": best["copy_gbps"], "triad_gbps": best["triad_gbps"],
+          "update_gbps": best["update_gbps"],
+          "measurements_gbps": [b["gbps"] for b in bandwidths], "tide_isa": info["isa"],
+          "loadavg_1m": os.getloadavg()[0]})
+    for record in records:
+        if record["impl"] == "tide" and "seconds" in record:
+            peers = [r for r in records if r["impl"] != "tide" and "seconds" in r
+                     and (r["case"], r["params"]) == (record["case"], record["params"])]
+            if peers:
+                fastest = min(peers, key=lambda r: r["seconds"])
+                record["fastest_peer"] = fastest["impl"]
+                record["speedup_vs_fastest_peer"] = fastest["seconds"] / record["seconds"]
+    for record in records:
+        if "seconds" in record:
+            size, seconds = record["params"], record["seconds"]
+            record["params_per_s"] = size / seconds
+            record["fraction_of_bandwidth"] = (size * record["bytes_per_param"] / seconds
+                                               / (gbps * 1e9))
+        emit(record)
+
+
+if __name__ == "__main__":
+    main()

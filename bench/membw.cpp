@@ -1,0 +1,135 @@
+// tide_membw: the host's memory bandwidth, measured the way the CPU Adam benchmark needs it.
+//
+// Three STREAM-style kernels over arrays far larger than the caches, on N threads (each thread
+// a contiguous slice, first touched by the thread that uses it). Bandwidth counts the bytes the
+// kernel reads plus the bytes it writes, nothing else:
+//   copy    b[i] = a[i]                8 bytes per element
+//   triad   a[i] = b[i] + s·c[i]       12 bytes per element
+//   update  a[i] = a[i]·s + b[i]       12 bytes per element, in place (no write-allocate
+//                                      traffic: the line written was just read, as in Adam)
+// Each kernel runs `reps` times; its best time counts. The JSON line's "gbps" is the best of
+// the three: the ceiling an update pass over in-place buffers can reach on this machine.
+//
+// usage: tide_membw [--threads N] [--mib MiB-per-array] [--reps R]
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// Compiled for the widest vector unit this CPU has (the library itself never does this; a
+// measuring tool should not be held back by the baseline's 16-byte loads).
+#define TIDE_MEMBW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+TIDE_MEMBW_CLONES void copy_kernel(const float* __restrict a, float* __restrict b, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) b[i] = a[i];
+}
+
+TIDE_MEMBW_CLONES void triad_kernel(float* __restrict a, const float* __restrict b,
+                                    const float* __restrict c, float s, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+TIDE_MEMBW_CLONES void update_kernel(float* __restrict a, const float* __restrict b, float s,
+                                     std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) a[i] = a[i] * s + b[i];
+}
+
+struct Args {
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::size_t mib = 256;
+  int reps = 8;
+};
+
+Args parse(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i];
+    const long value = std::strtol(argv[i + 1], nullptr, 10);
+    if (value <= 0) {
+      std::fprintf(stderr, "tide_membw: %s needs a positive number\n", key.c_str());
+      std::exit(2);
+    }
+    if (key == "--threads") {
+      args.threads = static_cast<unsigned>(value);
+    } else if (key == "--mib") {
+      args.mib = static_cast<std::size_t>(value);
+    } else if (key == "--reps") {
+      args.reps = static_cast<int>(value);
+    } else {
+      std::fprintf(stderr, "usage: tide_membw [--threads N] [--mib MiB] [--reps R]\n");
+      std::exit(2);
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  const std::size_t n = args.mib * (std::size_t{1} << 20) / sizeof(float);
+  // Uninitialised on purpose: each thread first-touches its own slice.
+  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
+  const unsigned t = args.threads;
+  const char* names[] = {"copy", "triad", "update"};
+  const double bytes_per_element[] = {8, 12, 12};
+  double best[3] = {1e30, 1e30, 1e30};
+  // Every thread runs every repetition of every kernel between barriers; thread 0 times them.
+  std::barrier sync(static_cast<std::ptrdiff_t>(t));
+  auto worker = [&](unsigned id) {
+    const std::size_t begin = n * id / t, end = n * (id + 1) / t, len = end - begin;
+    for (std::size_t i = begin; i < end; ++i) {
+      a[i] = 1.0f;
+      b[i] = 2.0f;
+      c[i] = 0.5f;
+    }
+    for (int kernel = 0; kernel < 3; ++kernel) {
+      for (int rep = 0; rep < args.reps; ++rep) {
+        sync.arrive_and_wait();
+        const auto start = std::chrono::steady_clock::now();
+        switch (kernel) {
+          case 0:
+            copy_kernel(a.get() + begin, b.get() + begin, len);
+            break;
+          case 1:
+            triad_kernel(a.get() + begin, b.get() + begin, c.get() + begin, 0.999f, len);
+            break;
+          default:
+            update_kernel(a.get() + begin, b.get() + begin, 0.999f, len);
+            break;
+        }
+        sync.arrive_and_wait();
+        if (id == 0) {
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          best[kernel] = std::min(best[kernel], s);
+        }
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned id = 1; id < t; ++id) threads.emplace_back(worker, id);
+  worker(0);
+  for (auto& th : threads) th.join();
+
+  double gbps[3], top = 0;
+  for (int k = 0; k < 3; ++k) {
+    gbps[k] = bytes_per_element[k] * static_cast<double>(n) / best[k] / 1e9;
+    top = std::max(top, gbps[k]);
+  }
+  std::printf(
+      "{\"bench\":\"membw\",\"threads\":%u,\"array_mib\":%zu,\"reps\":%d,\"%s_gbps\":%.2f,"
+      "\"%s_gbps\":%.2f,\"%s_gbps\":%.2f,\"gbps\":%.2f}\n",
+      t, args.mib, args.reps, names[0], gbps[0], names[1], gbps[1], names[2], gbps[2], top);
+  // Keeps the stores observable.
+  return a[n / 2] == 12345.0f ? 3 : 0;
+}

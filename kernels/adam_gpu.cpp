@@ -1,0 +1,87 @@
+#include "kernels/adam_gpu.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "driver/cuda_api.h"
+#include "driver/error.h"
+#include "driver/stream.h"
+#include "kernels/fatbin.h"
+
+namespace tide::kernels {
+namespace {
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument("tide: AdamGpu: " + message);
+}
+
+void require_aligned(CUdeviceptr p, unsigned bytes, const char* name, std::size_t index) {
+  require(p != 0 && p % bytes == 0, std::string(name) + " of subgroup " + std::to_string(index) +
+                                        " is null or not aligned to its element size");
+}
+
+// Enough blocks per row to keep every SM of a large GPU streaming, fewer for small subgroups;
+// the kernel's loops stride over whatever remains.
+constexpr std::uint64_t kMaxBlocksPerLaunch = 4096;
+
+}  // namespace
+
+AdamGpu::AdamGpu() : module_(fatbin_image()), kernel_(module_.function(kAdamKernel)) {}
+
+driver::LaunchShape AdamGpu::shape(std::uint64_t max_count, unsigned rows) {
+  const std::uint64_t per_block = std::uint64_t{kAdamBlockThreads} * kAdamVectorElements;
+  const std::uint64_t wanted = std::max<std::uint64_t>(1, (max_count + per_block - 1) / per_block);
+  const std::uint64_t cap = std::max<std::uint64_t>(1, kMaxBlocksPerLaunch / std::max(rows, 1u));
+  driver::LaunchShape s;
+  s.grid_x = static_cast<unsigned>(std::min(wanted, cap));
+  s.grid_y = rows;
+  s.block_x = kAdamBlockThreads;
+  return s;
+}
+
+void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtypes& dtypes,
+                   const AdamHyper& hyper, CUdeviceptr nonfinite,
+                   const driver::Stream& stream) const {
+  require(dtypes.grad == Dtype::kFloat32 || dtypes.grad == Dtype::kBFloat16 ||
+              dtypes.grad == Dtype::kFloat16,
+          "unknown gradient dtype");
+  require(dtypes.state == Dtype::kFloat32 || dtypes.state == Dtype::kBFloat16,
+          "moments must be fp32 or bf16");
+  require(!dtypes.copy || *dtypes.copy == Dtype::kBFloat16 || *dtypes.copy == Dtype::kFloat16,
+          "the weight copy must be bf16 or fp16");
+  if (subgroups.empty()) return;
+  require(nonfinite != 0 && nonfinite % 8 == 0, "null or misaligned counters");
+  for (std::size_t i = 0; i < subgroups.size(); ++i) {
+    const AdamGpuSubgroup& s = subgroups[i];
+    if (s.count == 0) continue;
+    require_aligned(s.grad, dtype_size(dtypes.grad), "grad", i);
+    require_aligned(s.param, 4, "param", i);
+    require_aligned(s.exp_avg, dtype_size(dtypes.state), "exp_avg", i);
+    require_aligned(s.exp_avg_sq, dtype_size(dtypes.state), "exp_avg_sq", i);
+    if (dtypes.copy) require_aligned(s.param_copy, 2, "param_copy", i);
+  }
+
+  AdamKernelParams p{};
+  p.terms = adam_coefficients(hyper);
+  p.grad_dtype = dtypes.grad;
+  p.state_dtype = dtypes.state;
+  p.has_copy = dtypes.copy ? 1 : 0;
+  p.copy_dtype = dtypes.copy.value_or(Dtype::kBFloat16);
+  TIDE_CU(cuMemsetD8Async, nonfinite, 0, subgroups.size() * sizeof(std::uint64_t), stream.get());
+  for (std::size_t first = 0; first < subgroups.size(); first += kMaxAdamKernelSubgroups) {
+    const auto rows = static_cast<unsigned>(
+        std::min<std::size_t>(kMaxAdamKernelSubgroups, subgroups.size() - first));
+    std::uint64_t max_count = 0;
+    for (unsigned r = 0; r < rows; ++r) {
+      const AdamGpuSubgroup& s = subgroups[first + r];
+      p.subgroups[r] = {s.grad, s.param, s.exp_avg, s.exp_avg_sq, s.param_copy, s.count};
+      max_count = std::max(max_count, s.count);
+    }
+    p.subgroup_count = rows;
+    p.nonfinite = nonfinite + first * sizeof(std::uint64_t);
+    driver::launch(kernel_, shape(max_count, rows), stream, p);
+  }
+}
+
+}  // namespace tide::kernels

@@ -1,0 +1,64 @@
+// The launcher of the fused CUDA Adam kernel (kernels/cuda/adam.cu): loads the embedded fatbin
+// through driver/ and launches tide_adam_step on a stream. Against the host stand-in driver the
+// same calls run the kernel's host twin.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "driver/module.h"
+#include "kernels/adam_kernel.h"
+#include "kernels/adam_math.h"
+#include "kernels/dtype.h"
+
+namespace tide::driver {
+class Stream;
+}
+
+namespace tide::kernels {
+
+// One subgroup in device memory; every buffer `count` elements, aligned to its element size.
+struct AdamGpuSubgroup {
+  CUdeviceptr grad = 0;
+  CUdeviceptr param = 0;
+  CUdeviceptr exp_avg = 0;
+  CUdeviceptr exp_avg_sq = 0;
+  CUdeviceptr param_copy = 0;  // required when the launch has a copy dtype, else ignored
+  std::uint64_t count = 0;
+};
+
+// The dtypes every subgroup of one launch shares.
+struct AdamGpuDtypes {
+  Dtype grad = Dtype::kBFloat16;
+  Dtype state = Dtype::kFloat32;
+  std::optional<Dtype> copy = Dtype::kBFloat16;  // nullopt: no low-precision copy
+};
+
+class AdamGpu {
+ public:
+  // Loads the kernels' module into the current context (a driver::PrimaryContext made current
+  // on this thread).
+  AdamGpu();
+
+  // Enqueues one Adam/AdamW step over `subgroups` on `stream`: their weights, moments and
+  // copies are updated when the stream reaches this point. `nonfinite` is device memory for
+  // subgroups.size() unsigned 64-bit counters: zeroed here first, then each receives the
+  // number of its subgroup's elements left unchanged because their gradient or update was not
+  // finite (as cpu_adam_step reports). Launches ⌈n / kMaxAdamKernelSubgroups⌉ kernels.
+  // Throws std::invalid_argument for bad dtypes, pointers or hyperparameters, CudaError for a
+  // failed driver call.
+  void step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtypes& dtypes,
+            const AdamHyper& hyper, CUdeviceptr nonfinite, const driver::Stream& stream) const;
+
+  // The launch shape for subgroups of at most `max_count` elements, in `rows` grid rows.
+  static driver::LaunchShape shape(std::uint64_t max_count, unsigned rows);
+
+ private:
+  driver::Module module_;
+  CUfunction kernel_ = nullptr;
+};
+
+}  // namespace tide::kernels

@@ -1,0 +1,49 @@
+// The fused CUDA Adam kernel (kernels/cuda/adam.cu): its parameter struct, shared by the kernel,
+// its launcher (kernels/adam_gpu.h) and its host twin (kernels/adam_host.cpp).
+//
+// One launch updates up to kMaxAdamKernelSubgroups flat subgroups that share their dtypes: grid
+// row blockIdx.y works on subgroup blockIdx.y. The subgroup descriptors travel inside the
+// parameter struct (by value, as every tide kernel takes its parameters), so a launch needs no
+// descriptor upload.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/adam_math.h"
+#include "kernels/dtype.h"
+
+namespace tide::kernels {
+
+// One subgroup in device memory (CUdeviceptr addresses): `count` elements of each buffer.
+struct AdamKernelSubgroup {
+  std::uint64_t grad;        // grad_dtype
+  std::uint64_t param;       // float
+  std::uint64_t exp_avg;     // state_dtype
+  std::uint64_t exp_avg_sq;  // state_dtype
+  std::uint64_t param_copy;  // copy_dtype; unused when has_copy is 0
+  std::uint64_t count;
+};
+
+inline constexpr unsigned kMaxAdamKernelSubgroups = 32;
+
+struct AdamKernelParams {
+  AdamCoefficients terms;
+  // unsigned long long* in device memory: one counter per subgroup, which the kernel adds its
+  // rejected (non-finite) elements to. The launcher zeroes them first.
+  std::uint64_t nonfinite;
+  std::uint32_t subgroup_count;
+  Dtype grad_dtype;
+  Dtype state_dtype;  // kFloat32 or kBFloat16
+  Dtype copy_dtype;   // kBFloat16 or kFloat16
+  std::uint8_t has_copy;
+  AdamKernelSubgroup subgroups[kMaxAdamKernelSubgroups];
+};
+
+inline constexpr const char* kAdamKernel = "tide_adam_step";
+
+// Threads per block and elements per thread and step of the kernel's vector path (16-byte
+// loads of 16-bit values, two of fp32).
+inline constexpr unsigned kAdamBlockThreads = 256;
+inline constexpr unsigned kAdamVectorElements = 8;
+
+}  // namespace tide::kernels

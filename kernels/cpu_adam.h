@@ -1,0 +1,88 @@
+// The CPU Adam/AdamW update of one subgroup, at the host's memory bandwidth.
+//
+// One pass over the subgroup reads the gradients and the fp32 master weights and moments, and
+// writes the updated weights and moments and, in the same pass, the low-precision copy of the
+// weights that goes back to the GPU. The pass runs on the process's CPU thread pool
+// (kernels/thread_pool.h) with the widest instruction set the CPU has (AVX-512, AVX2 or
+// scalar, chosen at run time; every one computes the same bits).
+//
+// Non-finite values: an element whose gradient is not finite (or whose update overflows) keeps
+// its old weight, moments and copy; nothing non-finite that the gradient brings is ever written,
+// so there is nothing to roll back. The result counts such elements. A loss scaler that must skip
+// the whole step when any gradient is non-finite checks the gradients first
+// (cpu_count_nonfinite, cheap: it reads the gradients only, e.g. as each subgroup's gradients
+// arrive) or sets CpuAdamOptions::skip_subgroup_on_nonfinite.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "kernels/adam_math.h"
+#include "kernels/dtype.h"
+
+namespace tide::kernels {
+
+// One flat subgroup in host memory: `count` elements of each buffer, any alignment of the
+// element type's own (4 bytes for fp32, 2 for bf16/fp16).
+struct AdamSubgroup {
+  const void* grad = nullptr;  // Dtype grad_dtype: kFloat32, kBFloat16 or kFloat16
+  float* param = nullptr;      // fp32 master weights, updated in place
+  void* exp_avg = nullptr;     // first moment, Dtype state_dtype: kFloat32 or kBFloat16
+  void* exp_avg_sq = nullptr;  // second moment, same dtype
+  void* param_copy = nullptr;  // optional output: the weights cast to copy_dtype (kBFloat16 or
+                               // kFloat16); nullptr for none
+  std::size_t count = 0;
+  Dtype grad_dtype = Dtype::kFloat32;
+  Dtype state_dtype = Dtype::kFloat32;
+  Dtype copy_dtype = Dtype::kBFloat16;
+};
+
+// Instruction sets of the CPU implementation.
+enum class CpuIsa : std::uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+std::string_view isa_name(CpuIsa isa);
+// Whether this CPU (and OS) can run `isa`: AVX2 needs AVX2, FMA and F16C; AVX-512 needs
+// AVX-512 F, BW, VL and DQ.
+bool cpu_supports(CpuIsa isa);
+// The widest supported instruction set: what cpu_adam_step uses by default.
+CpuIsa best_cpu_isa();
+
+struct CpuAdamOptions {
+  // Threads to run on, 0 for all of the pool's (TIDE_CPU_THREADS, default: the CPUs this
+  // process may run on). Small subgroups use fewer.
+  unsigned threads = 0;
+  // Use this instruction set instead of the best one (tests); must be supported.
+  bool force_isa = false;
+  CpuIsa isa = CpuIsa::kScalar;
+  // Check every gradient before writing anything, and leave the whole subgroup untouched if one
+  // is non-finite. Costs one extra read of the gradients.
+  bool skip_subgroup_on_nonfinite = false;
+};
+
+struct AdamResult {
+  // Elements left as they were because their gradient or update was not finite; with
+  // skip_subgroup_on_nonfinite and applied == false, the number of non-finite gradients.
+  std::uint64_t nonfinite = 0;
+  // false when skip_subgroup_on_nonfinite found a non-finite gradient and nothing was written.
+  bool applied = true;
+};
+
+// Validates the subgroup (dtypes, null pointers, alignment) and throws std::invalid_argument
+// with a message naming the problem.
+void validate(const AdamSubgroup& subgroup);
+
+// One Adam/AdamW step over the subgroup.
+AdamResult cpu_adam_step(const AdamSubgroup& subgroup, const AdamHyper& hyper,
+                         const CpuAdamOptions& options = {});
+
+// The number of non-finite values (NaN, ±inf) among `count` gradients of `dtype`.
+std::uint64_t cpu_count_nonfinite(const void* grad, Dtype dtype, std::size_t count,
+                                  const CpuAdamOptions& options = {});
+
+// fp32 → bf16/fp16 with round-to-nearest-even, identical to kernels/dtype.h's conversions.
+void cpu_cast(const float* src, void* dst, Dtype dst_dtype, std::size_t count,
+              const CpuAdamOptions& options = {});
+
+}  // namespace tide::kernels

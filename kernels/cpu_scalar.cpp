@@ -1,0 +1,51 @@
+// The scalar variant of the CPU implementation: runs on any x86-64 (and any other) CPU.
+#include <cstdint>
+
+#include "kernels/cpu_variant.h"
+
+namespace tide::kernels {
+namespace {
+
+std::uint64_t adam(const AdamCoefficients& t, const AdamSubgroup& s, std::size_t begin,
+                   std::size_t end) {
+  return dispatch_dtypes(s, [&](auto g, auto st, auto c) {
+    return adam_scalar_range<decltype(g)::value, decltype(st)::value, decltype(c)::value>(
+        t, s, begin, end);
+  });
+}
+
+// A value is non-finite when its exponent bits are all ones.
+template <typename Storage>
+std::uint64_t count_exponent_all_ones(const Storage* x, Storage exponent, std::size_t begin,
+                                      std::size_t end) {
+  std::uint64_t n = 0;
+  for (std::size_t i = begin; i < end; ++i) n += (x[i] & exponent) == exponent;
+  return n;
+}
+
+std::uint64_t count_nonfinite(const void* values, Dtype dtype, std::size_t begin, std::size_t end) {
+  if (dtype == Dtype::kFloat32) {
+    return count_exponent_all_ones(static_cast<const std::uint32_t*>(values), 0x7f800000u, begin,
+                                   end);
+  }
+  const auto exponent = static_cast<std::uint16_t>(dtype == Dtype::kBFloat16 ? 0x7f80u : 0x7c00u);
+  return count_exponent_all_ones(static_cast<const std::uint16_t*>(values), exponent, begin, end);
+}
+
+void cast(const float* src, void* dst, Dtype dst_dtype, std::size_t begin, std::size_t end) {
+  auto* out = static_cast<std::uint16_t*>(dst);
+  if (dst_dtype == Dtype::kFloat16) {
+    for (std::size_t i = begin; i < end; ++i) out[i] = float_to_fp16(src[i]);
+  } else {
+    for (std::size_t i = begin; i < end; ++i) out[i] = float_to_bf16(src[i]);
+  }
+}
+
+}  // namespace
+
+const CpuKernels& scalar_kernels() {
+  static constexpr CpuKernels kKernels{CpuIsa::kScalar, &adam, &count_nonfinite, &cast};
+  return kKernels;
+}
+
+}  // namespace tide::kernels

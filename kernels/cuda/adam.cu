@@ -1,0 +1,186 @@
+// The fused Adam/AdamW step over one or many flat subgroups. The element math is
+// kernels/adam_math.h's, with DeviceMath (every operation rounded once, as on the CPU), and the
+// casts are kernels/dtype.h's: the kernel's outputs are bit for bit the CPU path's.
+//
+// Each thread steps 8 elements at a time with 16-byte loads and stores, once every buffer of
+// the subgroup is at a common 8-element boundary; the elements before it (the head), after the
+// last full step (the tail), and whole subgroups whose buffers are not mutually aligned go one
+// element at a time.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/adam_kernel.h"
+#include "kernels/adam_math.h"
+#include "kernels/dtype.h"
+
+namespace tide::kernels {
+namespace {
+
+using u16 = std::uint16_t;
+
+// fp16 → fp32 in hardware: exact, like fp16_to_float, without its loop for subnormals.
+template <Dtype D>
+__device__ __forceinline__ float load_one(const void* base, std::uint64_t i) {
+  if constexpr (D == Dtype::kFloat32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (D == Dtype::kBFloat16) {
+    return bf16_to_float(static_cast<const u16*>(base)[i]);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<const u16*>(base)[i]));
+  }
+}
+
+template <Dtype D>
+__device__ __forceinline__ float half_to_float(unsigned bits) {
+  if constexpr (D == Dtype::kBFloat16) return bits_float(bits << 16);
+  return __half2float(__ushort_as_half(static_cast<u16>(bits)));
+}
+
+// Eight consecutive values from element i (a multiple of 8 on the vector path).
+template <Dtype D>
+__device__ __forceinline__ void load8(const void* base, std::uint64_t i, float (&x)[8]) {
+  if constexpr (D == Dtype::kFloat32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    const float4 a = p[0], b = p[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+    x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const u16*>(base) + i);
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      x[2 * k] = half_to_float<D>(w[k] & 0xffffu);
+      x[2 * k + 1] = half_to_float<D>(w[k] >> 16);
+    }
+  }
+}
+
+template <Dtype D>
+__device__ __forceinline__ void store8(void* base, std::uint64_t i, const float (&x)[8]) {
+  if constexpr (D == Dtype::kFloat32) {
+    float4* p = reinterpret_cast<float4*>(static_cast<float*>(base) + i);
+    p[0] = make_float4(x[0], x[1], x[2], x[3]);
+    p[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else {
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = static_cast<unsigned>(DtypeTraits<D>::from_float(x[2 * k])) |
+             (static_cast<unsigned>(DtypeTraits<D>::from_float(x[2 * k + 1])) << 16);
+    }
+    *reinterpret_cast<uint4*>(static_cast<u16*>(base) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// One element, for heads, tails and unaligned subgroups. Returns 1 if rejected.
+template <Dtype G, Dtype S, Dtype C>
+__device__ __forceinline__ unsigned step1(const AdamCoefficients& t, const AdamKernelSubgroup& s,
+                                          std::uint64_t i) {
+  float p = reinterpret_cast<const float*>(s.param)[i];
+  float m = load_one<S>(reinterpret_cast<const void*>(s.exp_avg), i);
+  float v = load_one<S>(reinterpret_cast<const void*>(s.exp_avg_sq), i);
+  const float g = load_one<G>(reinterpret_cast<const void*>(s.grad), i);
+  const bool ok = adam_element<DeviceMath>(t, g, p, m, v);
+  reinterpret_cast<float*>(s.param)[i] = p;
+  reinterpret_cast<typename DtypeTraits<S>::Storage*>(s.exp_avg)[i] = DtypeTraits<S>::from_float(m);
+  reinterpret_cast<typename DtypeTraits<S>::Storage*>(s.exp_avg_sq)[i] =
+      DtypeTraits<S>::from_float(v);
+  if constexpr (C != Dtype::kFloat32) {
+    reinterpret_cast<u16*>(s.param_copy)[i] = DtypeTraits<C>::from_float(p);
+  }
+  return ok ? 0u : 1u;
+}
+
+// Elements before every buffer of `s` reaches a common 8-element (vector) boundary, or ~0 when
+// the buffers never do together.
+template <Dtype G, Dtype S, Dtype C>
+__device__ std::uint64_t vector_head(const AdamKernelSubgroup& s) {
+  constexpr unsigned kV = kAdamVectorElements;
+  auto head_of = [](std::uint64_t address, unsigned size) -> std::uint64_t {
+    const std::uint64_t element = address / size;
+    return (kV - element % kV) % kV;
+  };
+  const std::uint64_t head = head_of(s.param, 4);
+  bool together = head_of(s.grad, dtype_size(G)) == head &&
+                  head_of(s.exp_avg, dtype_size(S)) == head &&
+                  head_of(s.exp_avg_sq, dtype_size(S)) == head;
+  if constexpr (C != Dtype::kFloat32) together = together && head_of(s.param_copy, 2) == head;
+  return together ? head : ~std::uint64_t{0};
+}
+
+template <Dtype G, Dtype S, Dtype C>
+__device__ void adam_subgroup(const AdamCoefficients& t, const AdamKernelSubgroup& s,
+                              unsigned long long* nonfinite) {
+  constexpr unsigned kV = kAdamVectorElements;
+  const std::uint64_t n = s.count;
+  const std::uint64_t thread = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::uint64_t threads = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  unsigned rejected = 0;
+
+  std::uint64_t head = vector_head<G, S, C>(s);
+  if (head > n) head = n;  // also the unaligned case: everything one by one
+  const std::uint64_t vectors = (n - head) / kV;
+  const std::uint64_t tail = head + vectors * kV;
+  for (std::uint64_t i = thread; i < head; i += threads) rejected += step1<G, S, C>(t, s, i);
+  for (std::uint64_t i = tail + thread; i < n; i += threads) rejected += step1<G, S, C>(t, s, i);
+
+  const void* grad = reinterpret_cast<const void*>(s.grad);
+  for (std::uint64_t k = thread; k < vectors; k += threads) {
+    const std::uint64_t i = head + k * kV;
+    float g[kV], p[kV], m[kV], v[kV];
+    load8<G>(grad, i, g);
+    load8<Dtype::kFloat32>(reinterpret_cast<const void*>(s.param), i, p);
+    load8<S>(reinterpret_cast<const void*>(s.exp_avg), i, m);
+    load8<S>(reinterpret_cast<const void*>(s.exp_avg_sq), i, v);
+#pragma unroll
+    for (unsigned e = 0; e < kV; ++e)
+      rejected += adam_element<DeviceMath>(t, g[e], p[e], m[e], v[e]) ? 0u : 1u;
+    store8<Dtype::kFloat32>(reinterpret_cast<void*>(s.param), i, p);
+    store8<S>(reinterpret_cast<void*>(s.exp_avg), i, m);
+    store8<S>(reinterpret_cast<void*>(s.exp_avg_sq), i, v);
+    if constexpr (C != Dtype::kFloat32) store8<C>(reinterpret_cast<void*>(s.param_copy), i, p);
+  }
+
+  // One atomic per warp, and only where something was rejected.
+  const unsigned warp_total = __reduce_add_sync(0xffffffffu, rejected);
+  if ((threadIdx.x & 31u) == 0 && warp_total != 0) atomicAdd(nonfinite, warp_total);
+}
+
+template <Dtype G, Dtype S>
+__device__ void with_copy(const AdamKernelParams& p, const AdamKernelSubgroup& s,
+                          unsigned long long* nonfinite) {
+  if (!p.has_copy) return adam_subgroup<G, S, Dtype::kFloat32>(p.terms, s, nonfinite);
+  if (p.copy_dtype == Dtype::kFloat16) {
+    return adam_subgroup<G, S, Dtype::kFloat16>(p.terms, s, nonfinite);
+  }
+  return adam_subgroup<G, S, Dtype::kBFloat16>(p.terms, s, nonfinite);
+}
+
+template <Dtype G>
+__device__ void with_state(const AdamKernelParams& p, const AdamKernelSubgroup& s,
+                           unsigned long long* nonfinite) {
+  if (p.state_dtype == Dtype::kBFloat16) return with_copy<G, Dtype::kBFloat16>(p, s, nonfinite);
+  return with_copy<G, Dtype::kFloat32>(p, s, nonfinite);
+}
+
+}  // namespace
+}  // namespace tide::kernels
+
+// __grid_constant__: the kernel reads its parameters (the descriptor of blockIdx.y among them)
+// in place, never from a per-thread copy in local memory.
+extern "C" __global__ void __launch_bounds__(tide::kernels::kAdamBlockThreads)
+    tide_adam_step(const __grid_constant__ tide::kernels::AdamKernelParams p) {
+  using namespace tide::kernels;
+  if (blockIdx.y >= p.subgroup_count) return;
+  const AdamKernelSubgroup& s = p.subgroups[blockIdx.y];
+  auto* nonfinite = reinterpret_cast<unsigned long long*>(p.nonfinite) + blockIdx.y;
+  switch (p.grad_dtype) {
+    case Dtype::kBFloat16:
+      return with_state<Dtype::kBFloat16>(p, s, nonfinite);
+    case Dtype::kFloat16:
+      return with_state<Dtype::kFloat16>(p, s, nonfinite);
+    default:
+      return with_state<Dtype::kFloat32>(p, s, nonfinite);
+  }
+}

@@ -1,0 +1,117 @@
+#include "kernels/thread_pool.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "config/env.h"
+
+namespace tide::kernels {
+namespace {
+
+// The pool whose task this thread is running, if any: a nested run() must not wait for workers
+// that are busy running the outer one.
+thread_local const ThreadPool* running_in = nullptr;
+
+struct RunningIn {
+  explicit RunningIn(const ThreadPool* pool) : previous(running_in) { running_in = pool; }
+  ~RunningIn() { running_in = previous; }
+  RunningIn(const RunningIn&) = delete;
+  RunningIn& operator=(const RunningIn&) = delete;
+  const ThreadPool* previous;
+};
+
+}  // namespace
+
+ThreadPool::ThreadPool(unsigned threads) : size_(std::max(threads, 1u)), owner_pid_(::getpid()) {
+  workers_.reserve(size_ - 1);
+  for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this, i] { work(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    const std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  start_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void ThreadPool::run(unsigned n, const std::function<void(unsigned)>& task) {
+  n = std::clamp(n, 1u, size_);
+  if (n == 1 || running_in == this || ::getpid() != owner_pid_) {
+    const RunningIn guard(this);
+    for (unsigned i = 0; i < n; ++i) task(i);
+    return;
+  }
+  const std::lock_guard turn(turn_);
+  {
+    const std::lock_guard lock(mutex_);
+    task_ = &task;
+    participants_ = n;
+    pending_ = n - 1;
+    error_ = nullptr;
+    ++generation_;
+  }
+  start_.notify_all();
+  std::exception_ptr mine;
+  try {
+    const RunningIn guard(this);
+    task(0);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, [this] { return pending_ == 0; });
+  task_ = nullptr;
+  if (mine == nullptr) mine = error_;
+  lock.unlock();
+  if (mine != nullptr) std::rethrow_exception(mine);
+}
+
+void ThreadPool::work(unsigned index) {
+  std::uint64_t seen = 0;
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    // A run() cannot start the next generation before every participant of this one is done,
+    // so a participant never misses its generation.
+    if (index >= participants_) continue;
+    const std::function<void(unsigned)>* task = task_;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      const RunningIn guard(this);
+      (*task)(index);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (error != nullptr && error_ == nullptr) error_ = error;
+    if (--pending_ == 0) done_.notify_one();
+  }
+}
+
+unsigned affinity_cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    return std::max(std::thread::hardware_concurrency(), 1u);
+  }
+  return static_cast<unsigned>(std::max(CPU_COUNT(&set), 1));
+}
+
+ThreadPool& cpu_pool() {
+  // Never destroyed: joining at exit would wait on threads a forked child does not have, and
+  // other static destructors (a driver's stream threads) may still run kernels.
+  static ThreadPool* const pool = new ThreadPool([] {
+    const auto threads = config::env_int("TIDE_CPU_THREADS", 1, 1024);
+    return threads ? static_cast<unsigned>(*threads) : affinity_cpu_count();
+  }());
+  return *pool;
+}
+
+}  // namespace tide::kernels

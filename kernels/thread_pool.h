@@ -1,0 +1,60 @@
+// A small persistent pool of CPU threads for the CPU kernels.
+//
+// A CPU Adam step over a subgroup takes milliseconds and runs every iteration: spawning threads
+// for each would cost more than the waits here. Workers sleep on a condition variable between
+// calls.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tide::kernels {
+
+class ThreadPool {
+ public:
+  // A pool of `threads` participants: the calling thread of run() and threads − 1 workers.
+  explicit ThreadPool(unsigned threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  unsigned size() const { return size_; }
+
+  // Runs task(0), ..., task(n − 1) at the same time, task(0) on the calling thread, and returns
+  // when all have returned (rethrowing the first exception one threw). n is clamped to
+  // [1, size()]. Calls from different threads take turns; a call from inside a task, or from a
+  // child process forked after the pool started (it has none of the workers), runs all n on
+  // the calling thread.
+  void run(unsigned n, const std::function<void(unsigned)>& task);
+
+ private:
+  void work(unsigned index);
+
+  unsigned size_;
+  int owner_pid_;    // the process whose workers these are
+  std::mutex turn_;  // one run() at a time
+  std::mutex mutex_;
+  std::condition_variable start_;
+  std::condition_variable done_;
+  std::uint64_t generation_ = 0;
+  unsigned participants_ = 0;
+  unsigned pending_ = 0;
+  const std::function<void(unsigned)>* task_ = nullptr;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// The CPUs this process may run on (sched_getaffinity), at least 1.
+unsigned affinity_cpu_count();
+
+// The process's pool for the CPU kernels, created on first use with TIDE_CPU_THREADS threads
+// (default: affinity_cpu_count()). Throws config::EnvError for a bad TIDE_CPU_THREADS.
+ThreadPool& cpu_pool();
+
+}  // namespace tide::kernels

@@ -1,0 +1,271 @@
+"""The optimizer kernels of libtide.so: the CPU Adam/AdamW step of one subgroup, the
+non-finite check and the fp32 → bf16/fp16 cast (include/tide/tide.h, "optimizer kernels").
+
+The functions take CPU torch tensors (contiguous) and call the C ABI on their memory directly:
+
+    from tide import kernels
+    result = kernels.cpu_adam_step(param, grad, exp_avg, exp_avg_sq, step=t, lr=1e-3,
+                                   weight_decay=0.01, param_copy=param_bf16)
+    if result.nonfinite:
+        ...  # elements with a non-finite gradient were left unchanged
+
+The formula is torch.optim.AdamW's (``decoupled=True``) or torch.optim.Adam's
+(``decoupled=False``), with ``step`` the step number counted from 1 (torch's ``state["step"]``
+after its increment).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import threading
+from typing import Any
+
+from tide import _lib
+
+FLOAT32, BFLOAT16, FLOAT16 = 0, 1, 2
+ISA_AUTO, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2, 3
+ISA_NAMES = {ISA_SCALAR: "scalar", ISA_AVX2: "avx2", ISA_AVX512: "avx512"}
+_ISA_BY_NAME = {"auto": ISA_AUTO, **{name: isa for isa, name in ISA_NAMES.items()}}
+
+
+class AdamHyper(ctypes.Structure):
+    _fields_ = [
+        ("lr", ctypes.c_double),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("grad_scale", ctypes.c_double),
+        ("step", ctypes.c_int64),
+        ("decoupled", ctypes.c_int32),
+        ("maximize", ctypes.c_int32),
+    ]
+
+
+class AdamSubgroup(ctypes.Structure):
+    _fields_ = [
+        ("grad", ctypes.c_void_p),
+        ("param", ctypes.c_void_p),
+        ("exp_avg", ctypes.c_void_p),
+        ("exp_avg_sq", ctypes.c_void_p),
+        ("param_copy", ctypes.c_void_p),
+        ("count", ctypes.c_uint64),
+        ("grad_dtype", ctypes.c_int32),
+        ("state_dtype", ctypes.c_int32),
+        ("copy_dtype", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
+class CpuOptions(ctypes.Structure):
+    _fields_ = [
+        ("threads", ctypes.c_int32),
+        ("isa", ctypes.c_int32),
+        ("skip_subgroup_on_nonfinite", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
+class AdamResult(ctypes.Structure):
+    _fields_ = [
+        ("nonfinite", ctypes.c_uint64),
+        ("applied", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
+class CpuInfo(ctypes.Structure):
+    _fields_ = [
+        ("best_isa", ctypes.c_int32),
+        ("supported_isas", ctypes.c_int32),
+        ("threads", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
+_declared: set[int] = set()
+_declare_lock = threading.Lock()
+
+
+def _cdll() -> ctypes.CDLL:
+    """libtide.so, with this module's functions declared on it (once)."""
+    cdll = _lib.lib()
+    with _declare_lock:
+        if id(cdll) not in _declared:
+            status = ctypes.c_int
+            cdll.tide_cpu_adam_step.restype = status
+            cdll.tide_cpu_adam_step.argtypes = [
+                ctypes.POINTER(AdamSubgroup),
+                ctypes.POINTER(AdamHyper),
+                ctypes.POINTER(CpuOptions),
+                ctypes.POINTER(AdamResult),
+            ]
+            cdll.tide_cpu_count_nonfinite.restype = status
+            cdll.tide_cpu_count_nonfinite.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_int32,
+                ctypes.c_uint64,
+                ctypes.POINTER(CpuOptions),
+                ctypes.POINTER(ctypes.c_uint64),
+            ]
+            cdll.tide_cpu_cast.restype = status
+            cdll.tide_cpu_cast.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_int32,
+                ctypes.c_uint64,
+                ctypes.POINTER(CpuOptions),
+            ]
+            cdll.tide_cpu_kernels_info.restype = status
+            cdll.tide_cpu_kernels_info.argtypes = [ctypes.POINTER(CpuInfo)]
+            _declared.add(id(cdll))
+    return cdll
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    nonfinite: int  # elements left unchanged (non-finite gradient or update)
+    applied: bool  # False: skip_subgroup_on_nonfinite found one and wrote nothing
+
+
+def _dtype_of(tensor: Any, allowed: tuple[int, ...], what: str) -> int:
+    import torch
+
+    codes = {torch.float32: FLOAT32, torch.bfloat16: BFLOAT16, torch.float16: FLOAT16}
+    code = codes.get(tensor.dtype)
+    if code not in allowed:
+        names = {FLOAT32: "float32", BFLOAT16: "bfloat16", FLOAT16: "float16"}
+        raise TypeError(f"{what} must be one of {[names[a] for a in allowed]}, not {tensor.dtype}")
+    return code
+
+
+def _check_buffer(tensor: Any, count: int, what: str) -> None:
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{what} must be a CPU tensor, not on {tensor.device}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what} must be contiguous")
+    if tensor.numel() != count:
+        raise ValueError(f"{what} has {tensor.numel()} elements, the weights {count}")
+
+
+def _options(threads: int, isa: str, skip_subgroup_on_nonfinite: bool = False) -> CpuOptions:
+    if isa not in _ISA_BY_NAME:
+        raise ValueError(f"isa must be one of {sorted(_ISA_BY_NAME)}, not {isa!r}")
+    return CpuOptions(int(threads), _ISA_BY_NAME[isa], int(skip_subgroup_on_nonfinite), 0)
+
+
+def cpu_adam_step(
+    param: Any,
+    grad: Any,
+    exp_avg: Any,
+    exp_avg_sq: Any,
+    *,
+    step: int,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    decoupled: bool = True,
+    maximize: bool = False,
+    grad_scale: float = 1.0,
+    param_copy: Any = None,
+    threads: int = 0,
+    isa: str = "auto",
+    skip_subgroup_on_nonfinite: bool = False,
+) -> StepResult:
+    """One Adam/AdamW step, in place, over one flat subgroup.
+
+    param: float32 master weights. grad: float32, bfloat16 or float16. exp_avg, exp_avg_sq:
+    float32 or bfloat16 (both the same). param_copy: optional bfloat16/float16 output, written
+    with the updated weights in the same pass. grad_scale: the loss scale the gradients carry
+    (they are multiplied by 1/grad_scale). threads: 0 for the pool's (TIDE_CPU_THREADS).
+    """
+    count = param.numel()
+    _dtype_of(param, (FLOAT32,), "param")
+    for name, tensor in (("param", param), ("grad", grad), ("exp_avg", exp_avg),
+                         ("exp_avg_sq", exp_avg_sq)):
+        _check_buffer(tensor, count, name)
+    state_dtype = _dtype_of(exp_avg, (FLOAT32, BFLOAT16), "exp_avg")
+    if exp_avg_sq.dtype != exp_avg.dtype:
+        raise TypeError("exp_avg and exp_avg_sq must have the same dtype")
+    subgroup = AdamSubgroup(
+        grad=grad.data_ptr(),
+        param=param.data_ptr(),
+        exp_avg=exp_avg.data_ptr(),
+        exp_avg_sq=exp_avg_sq.data_ptr(),
+        param_copy=None,
+        count=count,
+        grad_dtype=_dtype_of(grad, (FLOAT32, BFLOAT16, FLOAT16), "grad"),
+        state_dtype=state_dtype,
+        copy_dtype=BFLOAT16,
+    )
+    if param_copy is not None:
+        _check_buffer(param_copy, count, "param_copy")
+        subgroup.copy_dtype = _dtype_of(param_copy, (BFLOAT16, FLOAT16), "param_copy")
+        subgroup.param_copy = param_copy.data_ptr()
+    hyper = AdamHyper(
+        lr=lr,
+        beta1=betas[0],
+        beta2=betas[1],
+        eps=eps,
+        weight_decay=weight_decay,
+        grad_scale=grad_scale,
+        step=int(step),
+        decoupled=int(decoupled),
+        maximize=int(maximize),
+    )
+    options = _options(threads, isa, skip_subgroup_on_nonfinite)
+    result = AdamResult()
+    _lib.check(
+        _cdll().tide_cpu_adam_step(
+            ctypes.byref(subgroup), ctypes.byref(hyper), ctypes.byref(options),
+            ctypes.byref(result)
+        )
+    )
+    return StepResult(nonfinite=result.nonfinite, applied=bool(result.applied))
+
+
+def cpu_count_nonfinite(values: Any, *, threads: int = 0, isa: str = "auto") -> int:
+    """The number of NaN and infinite values in a float32/bfloat16/float16 CPU tensor."""
+    _check_buffer(values, values.numel(), "values")
+    out = ctypes.c_uint64()
+    options = _options(threads, isa)
+    _lib.check(
+        _cdll().tide_cpu_count_nonfinite(
+            values.data_ptr(),
+            _dtype_of(values, (FLOAT32, BFLOAT16, FLOAT16), "values"),
+            values.numel(),
+            ctypes.byref(options),
+            ctypes.byref(out),
+        )
+    )
+    return out.value
+
+
+def cpu_cast(src: Any, dst: Any, *, threads: int = 0, isa: str = "auto") -> None:
+    """dst (bfloat16/float16) = src (float32), rounded to nearest even."""
+    _dtype_of(src, (FLOAT32,), "src")
+    _check_buffer(src, src.numel(), "src")
+    _check_buffer(dst, src.numel(), "dst")
+    options = _options(threads, isa)
+    _lib.check(
+        _cdll().tide_cpu_cast(
+            src.data_ptr(),
+            dst.data_ptr(),
+            _dtype_of(dst, (BFLOAT16, FLOAT16), "dst"),
+            src.numel(),
+            ctypes.byref(options),
+        )
+    )
+
+
+def cpu_info() -> dict:
+    """The CPU kernels' instruction sets and thread count."""
+    info = CpuInfo()
+    _lib.check(_cdll().tide_cpu_kernels_info(ctypes.byref(info)))
+    return {
+        "isa": ISA_NAMES[info.best_isa],
+        "supported": [name for isa, name in ISA_NAMES.items() if info.supported_isas & (1 << isa)],
+        "threads": info.threads,
+    }

@@ -1,0 +1,204 @@
+// The fused CUDA Adam kernel through its launcher, against the CPU path, bit for bit: every
+// dtype combination, many subgroups per launch (more than one launch holds), lengths around the
+// vector width, aligned and unaligned buffers, non-finite gradients.
+//
+// Built twice: kernels_adam_gpu_standin_test runs it against the host stand-in driver (the
+// launch runs the kernel's host twin); kernels_adam_gpu_test (label `gpu`, TIDE_REAL_GPU) against
+// the real driver, and exits 77 (skipped) when no GPU driver loads.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "driver/context.h"
+#include "driver/cuda_api.h"
+#include "driver/memory.h"
+#include "driver/stream.h"
+#include "kernels/adam_gpu.h"
+#include "kernels/cpu_adam.h"
+#include "tests/kernels/adam_test_util.h"
+
+namespace tide::kernels::testing {
+namespace {
+
+#if defined(TIDE_REAL_GPU)
+// Skips the whole program (exit 77, which ctest reports as skipped) without a real GPU.
+class RequireGpu : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    try {
+      if (driver::device_count() > 0) return;
+      std::fprintf(stderr, "SKIP: the CUDA driver reports no device\n");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "SKIP: no CUDA driver: %s\n", e.what());
+    }
+    std::fflush(stderr);
+    std::_Exit(77);
+  }
+};
+const auto* const kRequireGpu = ::testing::AddGlobalTestEnvironment(new RequireGpu);
+#endif
+
+// The buffers of many subgroups in one device allocation (one upload, one download: copies
+// are what costs time on the stand-in), each buffer `misalign` elements past a 256-byte line.
+class DeviceArena {
+ public:
+  // Places the five buffers of `s` (grad, param, exp_avg, exp_avg_sq, copy) and stages their
+  // contents; returns the subgroup's index.
+  std::size_t add(const Subgroup& s, unsigned misalign) {
+    const Buffer* buffers[5] = {&s.grad, &s.param, &s.exp_avg, &s.exp_avg_sq, &s.copy};
+    // The weights' misalignment differs from the others' for some values of `misalign`, so
+    // that the kernel meets buffers that never reach a vector boundary together.
+    const unsigned shift[5] = {misalign, misalign % 5, misalign, misalign, misalign};
+    Placement placement;
+    for (int k = 0; k < 5; ++k) {
+      const std::size_t size = dtype_size(buffers[k]->dtype());
+      const std::size_t offset = (staging_.size() + 255) / 256 * 256 + shift[k] * size;
+      staging_.resize(offset + s.count * size + 1);
+      std::memcpy(staging_.data() + offset, buffers[k]->data(), s.count * size);
+      placement.offset[k] = offset;
+      placement.bytes[k] = s.count * size;
+    }
+    placement.count = s.count;
+    placements_.push_back(placement);
+    return placements_.size() - 1;
+  }
+
+  void upload() {
+    device_ = driver::DeviceBuffer(staging_.size());
+    driver::copy_to_device(device_.get(), staging_.data(), staging_.size());
+  }
+  void download() { driver::copy_to_host(staging_.data(), device_.get(), staging_.size()); }
+
+  AdamGpuSubgroup view(std::size_t i) const {
+    const Placement& p = placements_[i];
+    const CUdeviceptr base = device_.get();
+    return {base + p.offset[0], base + p.offset[1], base + p.offset[2],
+            base + p.offset[3], base + p.offset[4], p.count};
+  }
+  // Buffer k (0 grad, 1 param, 2 exp_avg, 3 exp_avg_sq, 4 copy) of subgroup i, as downloaded.
+  std::vector<unsigned char> bytes(std::size_t i, int k) const {
+    const Placement& p = placements_[i];
+    const unsigned char* first = staging_.data() + p.offset[k];
+    return {first, first + p.bytes[k]};
+  }
+
+ private:
+  struct Placement {
+    std::size_t offset[5];
+    std::size_t bytes[5];
+    std::size_t count;
+  };
+  std::vector<unsigned char> staging_;
+  std::vector<Placement> placements_;
+  driver::DeviceBuffer device_;
+};
+
+class AdamGpuTest : public ::testing::Test {
+ protected:
+  driver::PrimaryContext context_{0};
+};
+
+// Lengths around the kernel's 8-element vectors and the CPU's 16, one large enough for many
+// blocks and grid-stride steps, and an empty subgroup.
+const std::size_t kLengths[] = {0, 1, 7, 8, 9, 17, 100, 1023, 4096, 30001};
+
+TEST_F(AdamGpuTest, MatchesTheCpuPathBitForBitForEveryDtype) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const AdamGpu adam;
+  driver::Stream stream;
+  for (const Layout& layout : all_layouts()) {
+    SCOPED_TRACE(layout.name());
+    const AdamHyper h = random_hyper(rng);
+    SCOPED_TRACE(describe(h));
+    std::vector<std::unique_ptr<Subgroup>> cpu;  // stepped by the CPU path
+    std::vector<std::uint64_t> expected;
+    DeviceArena arena;
+    for (std::size_t n : kLengths) {
+      // Misalignments: 0 (the vector path), 3 (a head, the buffers together), 6 and 11 (the
+      // weights apart from the others: one element at a time).
+      for (unsigned misalign : {0u, 3u, 6u, 11u}) {
+        cpu.push_back(std::make_unique<Subgroup>(n, layout, rng, misalign));
+        Subgroup& s = *cpu.back();
+        s.fill(rng, static_cast<float>(h.grad_scale));
+        if (n > 50) {  // some non-finite gradients
+          s.grad.set(n / 2, std::numeric_limits<float>::quiet_NaN());
+          s.grad.set(n - 1, std::numeric_limits<float>::infinity());
+        }
+        arena.add(s, misalign);
+        CpuAdamOptions one;
+        one.threads = 1;
+        expected.push_back(cpu_adam_step(s.view(), h, one).nonfinite);
+      }
+    }
+    const std::size_t count = cpu.size();
+    ASSERT_GT(count, kMaxAdamKernelSubgroups);  // two launches
+    arena.upload();
+    std::vector<AdamGpuSubgroup> views;
+    for (std::size_t i = 0; i < count; ++i) views.push_back(arena.view(i));
+    driver::DeviceBuffer counts(count * sizeof(std::uint64_t));
+    const AdamGpuDtypes dtypes{layout.grad, layout.state, layout.copy};
+    adam.step(views, dtypes, h, counts.get(), stream);
+    stream.synchronize();
+    arena.download();
+    std::vector<std::uint64_t> got(count);
+    driver::copy_to_host(got.data(), counts.get(), count * sizeof(std::uint64_t));
+    for (std::size_t i = 0; i < count; ++i) {
+      const Subgroup& s = *cpu[i];
+      SCOPED_TRACE("subgroup " + std::to_string(i) + " of " + std::to_string(s.count));
+      EXPECT_EQ(got[i], expected[i]);
+      EXPECT_EQ(arena.bytes(i, 1), s.param.bytes(s.count));
+      EXPECT_EQ(arena.bytes(i, 2), s.exp_avg.bytes(s.count));
+      EXPECT_EQ(arena.bytes(i, 3), s.exp_avg_sq.bytes(s.count));
+      if (layout.copy) {
+        EXPECT_EQ(arena.bytes(i, 4), s.copy.bytes(s.count));
+      }
+    }
+    if (HasFailure()) return;
+  }
+}
+
+TEST_F(AdamGpuTest, RejectsBadArguments) {
+  const AdamGpu adam;
+  driver::Stream stream;
+  driver::DeviceBuffer buffer(1 << 16);
+  driver::DeviceBuffer counts(64);
+  const CUdeviceptr b = buffer.get();
+  AdamGpuSubgroup s{b, b + 4096, b + 8192, b + 12288, b + 16384, 16};
+  AdamGpuDtypes dtypes;
+  dtypes.state = Dtype::kFloat16;
+  EXPECT_THROW(adam.step({&s, 1}, dtypes, AdamHyper{}, counts.get(), stream),
+               std::invalid_argument);
+  dtypes = AdamGpuDtypes{};
+  AdamGpuSubgroup unaligned = s;
+  unaligned.param += 2;
+  EXPECT_THROW(adam.step({&unaligned, 1}, dtypes, AdamHyper{}, counts.get(), stream),
+               std::invalid_argument);
+  AdamHyper bad;
+  bad.step = 0;
+  EXPECT_THROW(adam.step({&s, 1}, dtypes, bad, counts.get(), stream), std::invalid_argument);
+  EXPECT_THROW(adam.step({&s, 1}, dtypes, AdamHyper{}, 0, stream), std::invalid_argument);
+  stream.synchronize();
+}
+
+TEST(AdamGpuShapeTest, CoversSmallAndLargeSubgroups) {
+  EXPECT_EQ(AdamGpu::shape(0, 1).grid_x, 1u);
+  EXPECT_EQ(AdamGpu::shape(1, 1).grid_x, 1u);
+  EXPECT_EQ(AdamGpu::shape(2048, 3).grid_x, 1u);
+  EXPECT_EQ(AdamGpu::shape(2049, 3).grid_y, 3u);
+  EXPECT_EQ(AdamGpu::shape(2049, 3).grid_x, 2u);
+  EXPECT_EQ(AdamGpu::shape(std::uint64_t{1} << 40, 1).grid_x, 4096u);
+  EXPECT_EQ(AdamGpu::shape(std::uint64_t{1} << 40, 32).grid_x, 128u);
+  EXPECT_EQ(AdamGpu::shape(100, 1).block_x, kAdamBlockThreads);
+}
+
+}  // namespace
+}  // namespace tide::kernels::testing

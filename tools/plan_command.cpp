@@ -1,0 +1,332 @@
+// `tide plan`: the plan tide's scheduler makes for a described workload and machine, with the
+// model's prediction against all-CPU and against the fixed interleavings.
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/env.h"
+#include "scheduler/interleave.h"
+#include "scheduler/json.h"
+#include "scheduler/plan_format.h"
+#include "scheduler/planner.h"
+#include "scheduler/rate_sources.h"
+#include "scheduler/units.h"
+#include "tools/command.h"
+
+namespace tide::tools {
+namespace {
+
+using namespace tide::scheduler;
+
+constexpr const char* kUsage = R"(usage: tide plan --params N --free-memory SIZE [options]
+
+The scheduler's plan for one rank's update phase: which optimizer subgroups the GPU updates and
+which the CPU does, with the performance model's predicted times.
+
+workload:
+  --params N               parameters of the model (e.g. 20e9, 20B)
+  --ranks N                ranks (GPUs) the parameters are divided over (default 1)
+  --subgroup-params N      parameters per subgroup (default 1e8)
+  --free-memory SIZE       GPU memory free in the update phase, per rank: a size (48GB, 40GiB)
+                           or a percentage of --gpu-memory (60%)
+  --gpu-memory SIZE        the GPU's memory (shown, and the base of a percentage)
+  --gradients gpu|host     where GPU subgroups' gradients are: kept on the GPU (default; memory)
+                           or in pinned host memory (copied in with the state)
+  --gradient-bytes N       bytes per gradient element (default 2, bf16)
+  --state-bytes N          optimizer state bytes per parameter (default 12: fp32 p, m, v)
+  --max-buffers N          at most N GPU buffers in flight (default: as many as fit and help)
+
+rates (per rank): built-in defaults, then the calibration file, then TIDE_RATE_* variables, then
+these flags:
+  --calibration FILE       the calibration file (default: TIDE_CALIBRATION_FILE, else
+                           $XDG_CACHE_HOME/tide/calibration.json or ~/.cache/tide/calibration.json,
+                           if it exists)
+  --cpu-update R           CPU update, params/s (e.g. 2.2e9)
+  --cpu-update-contended R CPU update while copies run, params/s
+  --h2d-gbps R             host to GPU copy alone, GB/s
+  --d2h-gbps R             GPU to host copy alone, GB/s
+  --h2d-duplex-gbps R      host to GPU while GPU to host also runs, GB/s
+  --d2h-duplex-gbps R      GPU to host while host to GPU also runs, GB/s
+  --gpu-update R           GPU update, params/s
+
+output:
+  --json                   one JSON object instead of the table
+  --max-k N                fixed interleavings to compare, K = 1..N (default 8)
+)";
+
+// Flags and their values, each given at most once, as --flag VALUE or --flag=VALUE.
+class Arguments {
+ public:
+  Arguments(int argc, char** argv, const std::vector<std::string_view>& with_value,
+            const std::vector<std::string_view>& switches) {
+    for (int i = 1; i < argc; ++i) {
+      std::string_view arg = argv[i];
+      std::string name(arg);
+      std::optional<std::string> value;
+      if (const auto eq = arg.find('='); arg.starts_with("--") && eq != std::string_view::npos) {
+        name = std::string(arg.substr(0, eq));
+        value = std::string(arg.substr(eq + 1));
+      }
+      const bool takes_value = contains(with_value, name);
+      if (!takes_value && !contains(switches, name)) {
+        throw std::invalid_argument("unknown argument '" + std::string(arg) +
+                                    "' (tide plan --help lists the options)");
+      }
+      if (values_.count(name) != 0) throw std::invalid_argument(name + " is given twice");
+      if (!takes_value) {
+        if (value) throw std::invalid_argument(name + " takes no value");
+        values_[name] = "";
+        continue;
+      }
+      if (!value) {
+        if (i + 1 >= argc) throw std::invalid_argument(name + " needs a value");
+        value = argv[++i];
+      }
+      if (value->empty()) throw std::invalid_argument(name + " needs a value, not \"\"");
+      values_[name] = *value;
+    }
+  }
+
+  bool has(const std::string& name) const { return values_.count(name) != 0; }
+  std::optional<std::string> get(const std::string& name) const {
+    auto it = values_.find(name);
+    if (it == values_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  static bool contains(const std::vector<std::string_view>& names, const std::string& name) {
+    for (std::string_view n : names) {
+      if (n == name) return true;
+    }
+    return false;
+  }
+  std::map<std::string, std::string> values_;
+};
+
+struct Setting {
+  std::uint64_t params = 0;
+  std::uint64_t ranks = 1;
+  std::uint64_t params_per_rank = 0;
+  std::uint64_t subgroup_params = 100'000'000;
+  std::uint64_t gpu_memory = 0;  // 0: not given
+  std::size_t max_k = 8;
+};
+
+std::string rates_json(const ResolvedRates& resolved) {
+  std::string out = "{";
+  for (const RateInfo& info : rate_infos()) {
+    out += json::quote(info.key) + ":" + json::number(resolved.rates.*info.member) + ",";
+  }
+  out += "\"sources\":{";
+  for (const RateInfo& info : rate_infos()) {
+    out += json::quote(info.key) + ":" +
+           json::quote(source_name(resolved.source[static_cast<std::size_t>(info.kind)])) +
+           (info.kind == RateKind::gpu_update ? "" : ",");
+  }
+  out += "}";
+  if (resolved.calibration_path) {
+    out += ",\"calibration_file\":" + json::quote(resolved.calibration_path->string());
+  }
+  return out + "}";
+}
+
+void print_rates(const ResolvedRates& resolved) {
+  std::printf("rates (per rank)\n");
+  for (const RateInfo& info : rate_infos()) {
+    const RateSource source = resolved.source[static_cast<std::size_t>(info.kind)];
+    std::string origin = source_name(source);
+    if (source == RateSource::environment) origin += " (" + std::string(info.knob) + ")";
+    if (source == RateSource::given) origin += " (" + std::string(info.flag) + ")";
+    std::printf("  %-36s %18s   %s\n", std::string(info.description).c_str(),
+                format_rate(info.kind, resolved.rates.*info.member).c_str(), origin.c_str());
+  }
+  if (resolved.calibration_path) {
+    const Calibration& c = *resolved.calibration;
+    std::printf("  calibration file %s: measured on %s (%d CPU threads%s%s)%s%s\n",
+                resolved.calibration_path->string().c_str(), c.machine.hostname.c_str(),
+                c.machine.cpu_threads, c.machine.gpu_name.empty() ? "" : ", ",
+                c.machine.gpu_name.c_str(), c.measured_at.empty() ? "" : " at ",
+                c.measured_at.c_str());
+  }
+  bool any_builtin = false;
+  for (RateSource s : resolved.source) any_builtin = any_builtin || s == RateSource::builtin;
+  if (any_builtin) {
+    std::printf(
+        "  built-in defaults are for an H100-class node with 4 ranks per host, not measured "
+        "here;\n  run `tide calibrate` to measure this machine\n");
+  }
+}
+
+}  // namespace
+
+int plan_command(int argc, char** argv) {
+  std::vector<std::string_view> with_value = {
+      "--params",    "--ranks",          "--subgroup-params", "--free-memory", "--gpu-memory",
+      "--gradients", "--gradient-bytes", "--state-bytes",     "--max-buffers", "--calibration",
+      "--max-k"};
+  for (const RateInfo& info : rate_infos()) with_value.push_back(info.flag);
+  const Arguments args(argc, argv, with_value, {"--json", "--help", "-h"});
+  if (args.has("--help") || args.has("-h")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+
+  Setting setting;
+  const auto params = args.get("--params");
+  if (!params) throw std::invalid_argument("--params is required (e.g. --params 20e9)");
+  setting.params = parse_count("--params", *params, 1);
+  if (auto v = args.get("--ranks")) {
+    setting.ranks = static_cast<std::uint64_t>(config::parse_int("--ranks", *v, 1, 1 << 20));
+  }
+  if (auto v = args.get("--subgroup-params")) {
+    setting.subgroup_params = parse_count("--subgroup-params", *v, 1);
+  }
+  if (auto v = args.get("--gpu-memory"))
+    setting.gpu_memory = config::parse_bytes("--gpu-memory", *v);
+  if (auto v = args.get("--max-k")) {
+    setting.max_k = static_cast<std::size_t>(config::parse_int("--max-k", *v, 0, 1000));
+  }
+  // The slowest rank sets the phase: plan for the one with the most parameters.
+  setting.params_per_rank = (setting.params + setting.ranks - 1) / setting.ranks;
+
+  Workload workload;
+  const auto free_memory = args.get("--free-memory");
+  if (!free_memory) {
+    throw std::invalid_argument(
+        "--free-memory is required: the GPU memory free in the update phase, per rank (e.g. "
+        "--free-memory 48GB, or --gpu-memory 80GB --free-memory 60%)");
+  }
+  if (free_memory->ends_with('%')) {
+    const double percent = config::parse_double(
+        "--free-memory", std::string_view(*free_memory).substr(0, free_memory->size() - 1), 0, 100);
+    if (setting.gpu_memory == 0) {
+      throw std::invalid_argument("--free-memory " + *free_memory + " needs --gpu-memory");
+    }
+    workload.headroom_bytes =
+        static_cast<std::uint64_t>(static_cast<double>(setting.gpu_memory) * percent / 100.0);
+  } else {
+    workload.headroom_bytes = config::parse_bytes("--free-memory", *free_memory);
+  }
+  if (setting.gpu_memory != 0 && workload.headroom_bytes > setting.gpu_memory) {
+    throw std::invalid_argument("--free-memory " + *free_memory + " is more than --gpu-memory " +
+                                *args.get("--gpu-memory"));
+  }
+  if (auto v = args.get("--gradients")) {
+    workload.footprint.gradients_on_gpu =
+        config::parse_choice("--gradients", *v, {"gpu", "host"}) == 0;
+  }
+  if (auto v = args.get("--gradient-bytes")) {
+    workload.footprint.gradient_bytes_per_param =
+        static_cast<std::uint32_t>(config::parse_int("--gradient-bytes", *v, 0, 64));
+  }
+  if (auto v = args.get("--state-bytes")) {
+    workload.footprint.state_bytes_per_param =
+        static_cast<std::uint32_t>(config::parse_int("--state-bytes", *v, 1, 64));
+  }
+  PlannerOptions options;
+  if (auto v = args.get("--max-buffers")) {
+    options.max_buffers =
+        static_cast<std::size_t>(config::parse_int("--max-buffers", *v, 1, 1 << 20));
+  }
+  if (setting.params_per_rank / setting.subgroup_params > 1'000'000) {
+    throw std::invalid_argument("--subgroup-params " +
+                                format_sci(static_cast<double>(setting.subgroup_params)) +
+                                " makes more than a million subgroups per rank");
+  }
+  for (std::uint64_t left = setting.params_per_rank; left > 0;) {
+    const std::uint64_t s = std::min(left, setting.subgroup_params);
+    workload.subgroup_params.push_back(s);
+    left -= s;
+  }
+
+  std::optional<std::filesystem::path> calibration;
+  if (auto v = args.get("--calibration")) calibration = *v;
+  ResolvedRates resolved = resolve_rates(calibration);
+  for (const RateInfo& info : rate_infos()) {
+    if (auto v = args.get(std::string(info.flag))) {
+      resolved.rates.*info.member =
+          config::parse_double(info.flag, *v, info.min_given, info.max_given) * info.scale;
+      resolved.source[static_cast<std::size_t>(info.kind)] = RateSource::given;
+    }
+  }
+
+  const Plan best = plan(workload, resolved.rates, options);
+  const std::size_t n = workload.subgroup_params.size();
+  std::vector<std::pair<std::size_t, std::optional<Plan>>> fixed;
+  for (std::size_t k = 1; k <= std::min(setting.max_k, n); ++k) {
+    fixed.emplace_back(k, plan_interleaved(workload, resolved.rates, k, options));
+  }
+  const std::size_t rule_k =
+      published_k(resolved.rates, workload.footprint, setting.subgroup_params);
+
+  if (args.has("--json")) {
+    std::string out = "{\"workload\":{\"params\":" + std::to_string(setting.params) +
+                      ",\"ranks\":" + std::to_string(setting.ranks) +
+                      ",\"params_per_rank\":" + std::to_string(setting.params_per_rank) +
+                      ",\"subgroup_params\":" + std::to_string(setting.subgroup_params) +
+                      ",\"subgroups\":" + std::to_string(n) +
+                      ",\"headroom_bytes\":" + std::to_string(workload.headroom_bytes);
+    if (setting.gpu_memory != 0)
+      out += ",\"gpu_memory_bytes\":" + std::to_string(setting.gpu_memory);
+    out +=
+        ",\"state_bytes_per_param\":" + std::to_string(workload.footprint.state_bytes_per_param) +
+        ",\"gradient_bytes_per_param\":" +
+        std::to_string(workload.footprint.gradient_bytes_per_param) +
+        ",\"gradients\":" + json::quote(workload.footprint.gradients_on_gpu ? "gpu" : "host") + "}";
+    out += ",\"rates\":" + rates_json(resolved);
+    out += ",\"plan\":" + plan_json(best);
+    out += ",\"fixed_k\":[";
+    for (std::size_t i = 0; i < fixed.size(); ++i) {
+      const auto& [k, p] = fixed[i];
+      out += std::string(i ? "," : "") + "{\"k\":" + std::to_string(k) +
+             ",\"fits\":" + (p ? "true" : "false");
+      if (p) {
+        out += ",\"gpu_subgroups\":" + std::to_string(p->gpu_subgroups()) +
+               ",\"buffers\":" + std::to_string(p->buffers) +
+               ",\"phase_s\":" + json::number(p->predicted.phase_s);
+      }
+      out += "}";
+    }
+    out += "],\"published_k\":" + std::to_string(rule_k) + "}\n";
+    std::fputs(out.c_str(), stdout);
+    return 0;
+  }
+
+  std::printf(
+      "workload         %s parameters over %llu rank%s: %s per rank, %zu subgroup%s of "
+      "%s\n",
+      format_sci(static_cast<double>(setting.params)).c_str(),
+      static_cast<unsigned long long>(setting.ranks), setting.ranks == 1 ? "" : "s",
+      format_sci(static_cast<double>(setting.params_per_rank)).c_str(), n, n == 1 ? "" : "s",
+      format_sci(static_cast<double>(setting.subgroup_params)).c_str());
+  std::printf("headroom         %s per rank free in the update phase%s%s%s\n",
+              format_gb(static_cast<double>(workload.headroom_bytes)).c_str(),
+              setting.gpu_memory ? " (of " : "",
+              setting.gpu_memory ? format_gb(static_cast<double>(setting.gpu_memory)).c_str() : "",
+              setting.gpu_memory ? ")" : "");
+  std::printf("per parameter    %u state bytes each way; %u gradient bytes %s\n\n",
+              workload.footprint.state_bytes_per_param, workload.footprint.gradient_bytes_per_param,
+              workload.footprint.gradients_on_gpu ? "kept on the GPU" : "copied in from host");
+  print_rates(resolved);
+  std::printf("\n%s", plan_table(best).c_str());
+  std::printf("\none GPU subgroup every K (same model; published rule for these rates: K = %zu)\n",
+              rule_k);
+  std::printf("     K  GPU subgroups  buffers  predicted s\n");
+  for (const auto& [k, p] : fixed) {
+    if (p) {
+      std::printf("  %4zu  %13zu  %7zu  %11.3f\n", k, p->gpu_subgroups(), p->buffers,
+                  p->predicted.phase_s);
+    } else {
+      std::printf("  %4zu  %13s  %7s  %11s\n", k, "-", "-", "no fit");
+    }
+  }
+  return 0;
+}
+
+}  // namespace tide::tools
