@@ -2,7 +2,8 @@
 
 `make bench BENCH=cpu_adam` runs it. It prints one JSON line per case, size and implementation,
 after one line with the host memory bandwidth measured in the same run (build/bin/tide_membw,
-same thread count):
+same thread count: the best of its copy, triad, in-place update and Adam-pattern kernels, bytes
+read plus written):
 
   {"bench":"cpu_adam","impl":"bandwidth","threads":2,"gbps":44.1,...}
   {"bench":"cpu_adam","case":"offload_step","impl":"tide","params":100000000,"threads":2,
@@ -20,14 +21,20 @@ and after the sizes ("measurements_gbps").
 
 Every implementation runs on the same buffers (PyTorch's and DeepSpeed's optimizer state is set
 to tide's moment tensors). `seconds` is the best of the timed repetitions (after a warm-up one),
-`median_seconds` their median; repetitions go round-robin over the implementations so that
-background load hits all of them alike, and each starts with the caches flushed (a buffer of twice
-the last-level cache written first), so that no implementation finds the previous one's data in
-cache. `bytes_per_param` is the traffic the case needs at least
-(28 bytes: adam_fp32 reads 4 B of gradient and reads and writes 8 B each of weight, first and
-second moment; offload_step reads 2 B of gradient, reads and writes the 24 B of fp32 state and
-writes 2 B of copy); `fraction_of_bandwidth` is params × bytes_per_param / seconds over the
-measured bandwidth, for every implementation alike (the peers move more bytes than that).
+`median_seconds` their median. tide's lines add the fastest peer, tide's speed-up over it (best
+time over best time) and the paired speed-up: the median over repetitions of the peer's time over
+tide's in the same repetition, which load that comes and goes over the run hardly touches.
+
+Repetitions go round-robin over the implementations, so that background load hits all of them
+alike, and each starts with the caches flushed (a buffer of twice the last-level cache read
+first, then 10 ms of sleep for the flush's threads to go idle): no implementation finds the
+previous one's data in cache or another's threads still spinning.
+
+`bytes_per_param` is the traffic the case needs at least (28 bytes: adam_fp32 reads 4 B of
+gradient and reads and writes 8 B each of weight, first and second moment; offload_step reads 2 B
+of gradient, reads and writes the 24 B of fp32 state and writes 2 B of copy);
+`fraction_of_bandwidth` is params × bytes_per_param / seconds over the measured bandwidth, for
+every implementation alike (the peers move more bytes than that).
 
 DeepSpeed is installed from PyPI into this Python environment if missing, and builds its CPU Adam
 op on first use (cached by torch in ~/.cache/torch_extensions: a few minutes, once); where that
@@ -199,7 +206,7 @@ def main() -> None:
     parser.add_argument("--build-dir", type=pathlib.Path, default=REPO / "build")
     parser.add_argument("--sizes", default="1e7,1e8", help="parameter counts, comma-separated")
     parser.add_argument("--reps", type=int, default=0,
-                        help="timed repetitions (default: 10 below 5e7 parameters, 5 above)")
+                        help="timed repetitions (default: 15 below 5e7 parameters, 8 above)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--skip-deepspeed", action="store_true")
     args = parser.parse_args()
@@ -224,11 +231,11 @@ def main() -> None:
             deepspeed_error = f"{type(e).__name__}: {e}".strip()[:500]
             log(traceback.format_exc())
 
-    # Written before every timed run: twice the last-level cache, so that the 1e7 case (280 MB)
+    # Read before every timed run: twice the last-level cache, so that the 1e7 case (280 MB)
     # starts from memory as the 1e8 case does, whatever ran before it.
-    flush = torch.zeros(flush_bytes() // 4)
+    flush = torch.ones(flush_bytes() // 4)
     for size in (int(float(s)) for s in args.sizes.split(",")):
-        reps = args.reps or (10 if size < 5e7 else 5)
+        reps = args.reps or (15 if size < 5e7 else 8)
         buffers = Buffers(size)
         for case in ("adam_fp32", "offload_step"):
             impls = {
@@ -249,7 +256,14 @@ def main() -> None:
                     runs.pop(name, None)
             for _ in range(reps):
                 for name, run in runs.items():
-                    flush.add_(1.0)  # no implementation finds the previous one's data in cache
+                    # No implementation finds the previous one's data in cache. A read: a
+                    # written buffer would leave the cache full of dirty lines whose write-back
+                    # the next implementation would pay for.
+                    flush.sum()
+                    # PyTorch's OpenMP threads spin for a while after the flush: let them sleep,
+                    # so that every implementation starts with idle threads (ones still spinning
+                    # would favour those that reuse them, and slow the others down).
+                    time.sleep(0.01)
                     start = time.perf_counter()
                     run()
                     times[name].append(time.perf_counter() - start)
@@ -259,7 +273,7 @@ def main() -> None:
                 if name in times:
                     records.append({**base, "impl": name, "seconds": min(times[name]),
                                     "median_seconds": statistics.median(times[name]),
-                                    "reps": reps})
+                                    "reps": reps, "times": times[name]})
                 else:
                     records.append({**base, "impl": name,
                                     "error": errors.get(name, deepspeed_error or "not run")})
@@ -271,7 +285,7 @@ def main() -> None:
     info = kernels.cpu_info()
     emit({"bench": "cpu_adam", "impl": "bandwidth", "threads": threads, "gbps": gbps,
           "copy_gbps": best["copy_gbps"], "triad_gbps": best["triad_gbps"],
-          "update_gbps": best["update_gbps"],
+          "update_gbps": best["update_gbps"], "adam_gbps": best["adam_gbps"],
           "measurements_gbps": [b["gbps"] for b in bandwidths], "tide_isa": info["isa"],
           "loadavg_1m": os.getloadavg()[0]})
     for record in records:
@@ -282,7 +296,12 @@ def main() -> None:
                 fastest = min(peers, key=lambda r: r["seconds"])
                 record["fastest_peer"] = fastest["impl"]
                 record["speedup_vs_fastest_peer"] = fastest["seconds"] / record["seconds"]
+                # The same, paired: repetition r of both ran back to back, so their ratio is
+                # hardly touched by load that comes and goes over the run.
+                record["paired_speedup_vs_fastest_peer"] = statistics.median(
+                    peer / mine for peer, mine in zip(fastest["times"], record["times"]))
     for record in records:
+        record.pop("times", None)
         if "seconds" in record:
             size, seconds = record["params"], record["seconds"]
             record["params_per_s"] = size / seconds

@@ -7,10 +7,13 @@
 //   triad   a[i] = b[i] + s·c[i]       12 bytes per element
 //   update  a[i] = a[i]·s + b[i]       12 bytes per element, in place (no write-allocate
 //                                      traffic: the line written was just read, as in Adam)
+//   adam    a[i] = a[i]·s + d[i],      28 bytes per element: the access pattern of an Adam step
+//           b[i] = b[i]·s + d[i],      (one buffer read, three updated in place) without its
+//           c[i] = c[i]·s + d[i]       arithmetic
 // Each kernel runs `reps` times; its best time counts. The JSON line's "gbps" is the best of
-// the three: the ceiling an update pass over in-place buffers can reach on this machine.
+// them: the ceiling an update pass over in-place buffers can reach on this machine.
 //
-// usage: tide_membw [--threads N] [--mib MiB-per-array] [--reps R]
+// usage: tide_membw [--threads N] [--mib MiB-per-array] [--reps R]   (4 arrays)
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -41,6 +44,15 @@ TIDE_MEMBW_CLONES void triad_kernel(float* __restrict a, const float* __restrict
 TIDE_MEMBW_CLONES void update_kernel(float* __restrict a, const float* __restrict b, float s,
                                      std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) a[i] = a[i] * s + b[i];
+}
+
+TIDE_MEMBW_CLONES void adam_kernel(float* __restrict a, float* __restrict b, float* __restrict c,
+                                   const float* __restrict d, float s, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    a[i] = a[i] * s + d[i];
+    b[i] = b[i] * s + d[i];
+    c[i] = c[i] * s + d[i];
+  }
 }
 
 struct Args {
@@ -78,11 +90,12 @@ int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
   const std::size_t n = args.mib * (std::size_t{1} << 20) / sizeof(float);
   // Uninitialised on purpose: each thread first-touches its own slice.
-  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
+  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]), d(new float[n]);
   const unsigned t = args.threads;
-  const char* names[] = {"copy", "triad", "update"};
-  const double bytes_per_element[] = {8, 12, 12};
-  double best[3] = {1e30, 1e30, 1e30};
+  constexpr int kKernels = 4;
+  const char* names[kKernels] = {"copy", "triad", "update", "adam"};
+  const double bytes_per_element[kKernels] = {8, 12, 12, 28};
+  double best[kKernels] = {1e30, 1e30, 1e30, 1e30};
   // Every thread runs every repetition of every kernel between barriers; thread 0 times them.
   std::barrier sync(static_cast<std::ptrdiff_t>(t));
   auto worker = [&](unsigned id) {
@@ -91,8 +104,9 @@ int main(int argc, char** argv) {
       a[i] = 1.0f;
       b[i] = 2.0f;
       c[i] = 0.5f;
+      d[i] = 0.25f;
     }
-    for (int kernel = 0; kernel < 3; ++kernel) {
+    for (int kernel = 0; kernel < kKernels; ++kernel) {
       for (int rep = 0; rep < args.reps; ++rep) {
         sync.arrive_and_wait();
         const auto start = std::chrono::steady_clock::now();
@@ -103,8 +117,12 @@ int main(int argc, char** argv) {
           case 1:
             triad_kernel(a.get() + begin, b.get() + begin, c.get() + begin, 0.999f, len);
             break;
-          default:
+          case 2:
             update_kernel(a.get() + begin, b.get() + begin, 0.999f, len);
+            break;
+          default:
+            adam_kernel(a.get() + begin, b.get() + begin, c.get() + begin, d.get() + begin, 0.999f,
+                        len);
             break;
         }
         sync.arrive_and_wait();
@@ -121,15 +139,16 @@ int main(int argc, char** argv) {
   worker(0);
   for (auto& th : threads) th.join();
 
-  double gbps[3], top = 0;
-  for (int k = 0; k < 3; ++k) {
+  double gbps[kKernels], top = 0;
+  for (int k = 0; k < kKernels; ++k) {
     gbps[k] = bytes_per_element[k] * static_cast<double>(n) / best[k] / 1e9;
     top = std::max(top, gbps[k]);
   }
   std::printf(
       "{\"bench\":\"membw\",\"threads\":%u,\"array_mib\":%zu,\"reps\":%d,\"%s_gbps\":%.2f,"
-      "\"%s_gbps\":%.2f,\"%s_gbps\":%.2f,\"gbps\":%.2f}\n",
-      t, args.mib, args.reps, names[0], gbps[0], names[1], gbps[1], names[2], gbps[2], top);
+      "\"%s_gbps\":%.2f,\"%s_gbps\":%.2f,\"%s_gbps\":%.2f,\"gbps\":%.2f}\n",
+      t, args.mib, args.reps, names[0], gbps[0], names[1], gbps[1], names[2], gbps[2], names[3],
+      gbps[3], top);
   // Keeps the stores observable.
   return a[n / 2] == 12345.0f ? 3 : 0;
 }

@@ -99,30 +99,51 @@ __m256 finite_mask(__m256 a, __m256 b, __m256 c) {
   return _mm256_cmp_ps(z, z, _CMP_ORD_Q);
 }
 
-template <Dtype G, Dtype S, Dtype C>
-unsigned step8(const AdamTerms<F8>& t, const AdamSubgroup& s, std::size_t i) {
-  const __m256 g = load<G>(s.grad, i);
-  const __m256 p0 = load<Dtype::kFloat32>(s.param, i);
-  const __m256 m0 = load<S>(s.exp_avg, i);
-  const __m256 v0 = load<S>(s.exp_avg_sq, i);
-  F8 p1{p0}, m1{m0}, v1{v0};
-  adam_update<Avx2Math>(t, F8{g}, p1, m1, v1);
-  const __m256 ok = finite_mask(p1.x, m1.x, v1.x);
-  // Rejected lanes keep their old values: nothing non-finite is ever stored.
-  const __m256 p = _mm256_blendv_ps(p0, p1.x, ok);
-  const __m256 m = _mm256_blendv_ps(m0, m1.x, ok);
-  const __m256 v = _mm256_blendv_ps(v0, v1.x, ok);
-  store<Dtype::kFloat32>(s.param, i, p);
-  store<S>(s.exp_avg, i, m);
-  store<S>(s.exp_avg_sq, i, v);
+// Steps per burst: the main loop loads 8 vectors of each buffer in a row rather than one of
+// each in turn (see cpu_avx512.cpp).
+constexpr int kBurst = 8;
+
+// kU vectors of 8 elements from element i. Returns how many were rejected as non-finite.
+template <int kU, Dtype G, Dtype S, Dtype C>
+unsigned step(const AdamTerms<F8>& t, const AdamSubgroup& s, std::size_t i) {
+  __m256 g[kU], p[kU], m[kU], v[kU];
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) g[u] = load<G>(s.grad, i + 8 * u);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) m[u] = load<S>(s.exp_avg, i + 8 * u);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) v[u] = load<S>(s.exp_avg_sq, i + 8 * u);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) p[u] = load<Dtype::kFloat32>(s.param, i + 8 * u);
+  unsigned kept = 0;
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) {
+    F8 p1{p[u]}, m1{m[u]}, v1{v[u]};
+    adam_update<Avx2Math>(t, F8{g[u]}, p1, m1, v1);
+    const __m256 ok = finite_mask(p1.x, m1.x, v1.x);
+    // Rejected lanes keep their old values: nothing non-finite is ever stored.
+    p[u] = _mm256_blendv_ps(p[u], p1.x, ok);
+    m[u] = _mm256_blendv_ps(m[u], m1.x, ok);
+    v[u] = _mm256_blendv_ps(v[u], v1.x, ok);
+    kept +=
+        static_cast<unsigned>(__builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(ok))));
+  }
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) store<Dtype::kFloat32>(s.param, i + 8 * u, p[u]);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) store<S>(s.exp_avg, i + 8 * u, m[u]);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) store<S>(s.exp_avg_sq, i + 8 * u, v[u]);
   if constexpr (C != kNoCopy) {
     // The weight copy is written and not read: a streaming store saves the read a normal
     // store makes first. adam_range aligns it to 16 bytes.
-    auto* q = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(s.param_copy) + i);
-    _mm_stream_si128(q, C == Dtype::kBFloat16 ? to_bf16(p) : to_fp16(p));
+#pragma GCC unroll 8
+    for (int u = 0; u < kU; ++u) {
+      auto* q = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(s.param_copy) + i + 8 * u);
+      _mm_stream_si128(q, C == Dtype::kBFloat16 ? to_bf16(p[u]) : to_fp16(p[u]));
+    }
   }
-  return 8u -
-         static_cast<unsigned>(__builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(ok))));
+  return 8u * kU - kept;
 }
 
 // flatten: adam_update (a header template, compiled for the baseline CPU) and the Avx2Math
@@ -144,7 +165,8 @@ template <Dtype G, Dtype S, Dtype C>
     rejected += adam_scalar_range<G, S, C>(c, s, i, i + head);
     i += head;
   }
-  for (; i + 8 <= end; i += 8) rejected += step8<G, S, C>(t, s, i);
+  for (; i + 8 * kBurst <= end; i += 8 * kBurst) rejected += step<kBurst, G, S, C>(t, s, i);
+  for (; i + 8 <= end; i += 8) rejected += step<1, G, S, C>(t, s, i);
   // Streaming stores are weakly ordered: fence them before the caller hands the copy on.
   if constexpr (C != kNoCopy) _mm_sfence();
   return rejected + adam_scalar_range<G, S, C>(c, s, i, end);

@@ -121,34 +121,58 @@ void store(void* base, std::size_t i, __mmask16 k, __m512 x) {
 
 constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // fpclass: QNaN, +inf, -inf, SNaN
 
-// Elements i..i+15 (the lanes in k). Returns how many were rejected as non-finite.
-template <Dtype G, Dtype S, Dtype C, bool kTail>
-unsigned step16(const AdamTerms<F16>& t, const AdamSubgroup& s, std::size_t i, __mmask16 k) {
-  const __m512 g = load<G, kTail>(s.grad, i, k);
-  const __m512 p0 = load<Dtype::kFloat32, kTail>(s.param, i, k);
-  const __m512 m0 = load<S, kTail>(s.exp_avg, i, k);
-  const __m512 v0 = load<S, kTail>(s.exp_avg_sq, i, k);
-  F16 p1{p0}, m1{m0}, v1{v0};
-  adam_update<Avx512Math>(t, F16{g}, p1, m1, v1);
-  const __mmask16 bad = static_cast<__mmask16>((_mm512_fpclass_ps_mask(p1.x, kNonFinite) |
-                                                _mm512_fpclass_ps_mask(m1.x, kNonFinite) |
-                                                _mm512_fpclass_ps_mask(v1.x, kNonFinite)) &
-                                               k);
-  // Rejected lanes keep their old values: nothing non-finite is ever stored.
-  const __m512 p = _mm512_mask_blend_ps(bad, p1.x, p0);
-  const __m512 m = _mm512_mask_blend_ps(bad, m1.x, m0);
-  const __m512 v = _mm512_mask_blend_ps(bad, v1.x, v0);
-  store<Dtype::kFloat32, kTail>(s.param, i, k, p);
-  store<S, kTail>(s.exp_avg, i, k, m);
-  store<S, kTail>(s.exp_avg_sq, i, k, v);
+// Steps per burst: the main loop loads 8 vectors (8 cache lines) of each buffer in a row, as
+// DeepSpeed's kernel does, rather than one line of each buffer in turn. Measured on the
+// development machine (Xeon, 2 threads, 1e8 parameters): about 9% more bandwidth than one
+// vector per step; 16 gained nothing more.
+constexpr int kBurst = 8;
+
+// kU vectors of 16 elements from element i (with kTail, one vector: the lanes in k). Returns how
+// many elements were rejected as non-finite.
+template <int kU, Dtype G, Dtype S, Dtype C, bool kTail>
+unsigned step(const AdamTerms<F16>& t, const AdamSubgroup& s, std::size_t i, __mmask16 k) {
+  static_assert(!kTail || kU == 1);
+  __m512 g[kU], p[kU], m[kU], v[kU];
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) g[u] = load<G, kTail>(s.grad, i + 16 * u, k);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) m[u] = load<S, kTail>(s.exp_avg, i + 16 * u, k);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) v[u] = load<S, kTail>(s.exp_avg_sq, i + 16 * u, k);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) p[u] = load<Dtype::kFloat32, kTail>(s.param, i + 16 * u, k);
+  unsigned rejected = 0;
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) {
+    F16 p1{p[u]}, m1{m[u]}, v1{v[u]};
+    adam_update<Avx512Math>(t, F16{g[u]}, p1, m1, v1);
+    const auto bad = static_cast<__mmask16>((_mm512_fpclass_ps_mask(p1.x, kNonFinite) |
+                                             _mm512_fpclass_ps_mask(m1.x, kNonFinite) |
+                                             _mm512_fpclass_ps_mask(v1.x, kNonFinite)) &
+                                            k);
+    // Rejected lanes keep their old values: nothing non-finite is ever stored.
+    p[u] = _mm512_mask_blend_ps(bad, p1.x, p[u]);
+    m[u] = _mm512_mask_blend_ps(bad, m1.x, m[u]);
+    v[u] = _mm512_mask_blend_ps(bad, v1.x, v[u]);
+    rejected += static_cast<unsigned>(__builtin_popcount(bad));
+  }
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) store<Dtype::kFloat32, kTail>(s.param, i + 16 * u, k, p[u]);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) store<S, kTail>(s.exp_avg, i + 16 * u, k, m[u]);
+#pragma GCC unroll 8
+  for (int u = 0; u < kU; ++u) store<S, kTail>(s.exp_avg_sq, i + 16 * u, k, v[u]);
   if constexpr (C != kNoCopy) {
-    if constexpr (kTail) {
-      store<C, true>(s.param_copy, i, k, p);
-    } else {
-      stream_copy<C>(s.param_copy, i, p);
+#pragma GCC unroll 8
+    for (int u = 0; u < kU; ++u) {
+      if constexpr (kTail) {
+        store<C, true>(s.param_copy, i, k, p[u]);
+      } else {
+        stream_copy<C>(s.param_copy, i + 16 * u, p[u]);
+      }
     }
   }
-  return static_cast<unsigned>(__builtin_popcount(bad));
+  return rejected;
 }
 
 // The lanes of the first n elements (n < 16).
@@ -170,11 +194,14 @@ template <Dtype G, Dtype S, Dtype C>
     const auto address =
         reinterpret_cast<std::uintptr_t>(static_cast<std::uint16_t*>(s.param_copy) + i);
     const std::size_t head = std::min<std::size_t>((32 - address % 32) % 32 / 2, end - i);
-    if (head > 0) rejected += step16<G, S, C, true>(t, s, i, first_lanes(head));
+    if (head > 0) rejected += step<1, G, S, C, true>(t, s, i, first_lanes(head));
     i += head;
   }
-  for (; i + 16 <= end; i += 16) rejected += step16<G, S, C, false>(t, s, i, 0xffff);
-  if (i < end) rejected += step16<G, S, C, true>(t, s, i, first_lanes(end - i));
+  for (; i + 16 * kBurst <= end; i += 16 * kBurst) {
+    rejected += step<kBurst, G, S, C, false>(t, s, i, 0xffff);
+  }
+  for (; i + 16 <= end; i += 16) rejected += step<1, G, S, C, false>(t, s, i, 0xffff);
+  if (i < end) rejected += step<1, G, S, C, true>(t, s, i, first_lanes(end - i));
   // Streaming stores are weakly ordered: fence them before the caller hands the copy on.
   if constexpr (C != kNoCopy) _mm_sfence();
   return rejected;
