@@ -2,8 +2,8 @@
 
 `make bench BENCH=cpu_adam` runs it. It prints one JSON line per case, size and implementation,
 after one line with the host memory bandwidth measured in the same run (build/bin/tide_membw,
-same thread count: the best of its copy, triad, in-place update and Adam-pattern kernels, bytes
-read plus written):
+same thread count: the best of its copy, triad, in-place update and Adam-access-pattern kernels,
+bytes read plus written):
 
   {"bench":"cpu_adam","impl":"bandwidth","threads":2,"gbps":44.1,...}
   {"bench":"cpu_adam","case":"offload_step","impl":"tide","params":100000000,"threads":2,
@@ -286,6 +286,7 @@ def main() -> None:
     emit({"bench": "cpu_adam", "impl": "bandwidth", "threads": threads, "gbps": gbps,
           "copy_gbps": best["copy_gbps"], "triad_gbps": best["triad_gbps"],
           "update_gbps": best["update_gbps"], "adam_gbps": best["adam_gbps"],
+          "adam_burst_gbps": best["adam_burst_gbps"],
           "measurements_gbps": [b["gbps"] for b in bandwidths], "tide_isa": info["isa"],
           "loadavg_1m": os.getloadavg()[0]})
     for record in records:
