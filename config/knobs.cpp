@@ -27,6 +27,9 @@ std::span<const Knob> knobs() {
       {"TIDE_STANDIN_DEVICE_LOST", "an integer >= 1",
        "stand-in driver: from the Nth driver call on, every call fails with "
        "CUDA_ERROR_DEVICE_UNAVAILABLE (device lost)"},
+      {"TIDE_STANDIN_HMM", "a boolean (1/0, true/false, yes/no, on/off)",
+       "stand-in driver: devices may address pageable host memory (HMM), as tide's CPU mode "
+       "needs for CPU tensors"},
       {"TIDE_PINNED_CHUNK", "a size (e.g. 256MiB), at least 4MiB",
        "pinned host arenas: largest size of a regular chunk (each chunk is one registration with "
        "the driver; chunks start at 4 MiB and grow with the arena) (default 256MiB)"},
@@ -107,6 +110,9 @@ std::span<const Knob> knobs() {
        "executor: where the update phase runs its subgroups when the caller names no policy: "
        "auto (the planner's choice within the headroom), cpu (all on the CPU), gpu (all on the "
        "GPU), K (one GPU subgroup every K) (default auto)"},
+      {"TIDE_SUBGROUP_SIZE", "an integer >= 1, optionally with a K, M or G suffix (x1024^n)",
+       "tide.torch.AdamW/Adam: elements per optimizer subgroup when the subgroup_size argument "
+       "is not given (default 16M)"},
   };
   return kKnobs;
 }

@@ -418,7 +418,8 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
         sub.state_dtype = kernels::Dtype::kFloat32;
         sub.copy_dtype = low ? state_.options().param_dtype : kernels::Dtype::kBFloat16;
         const auto t0 = Clock::now();
-        const kernels::AdamResult result = kernels::cpu_adam_step(sub, hyper);
+        const kernels::AdamResult result = kernels::cpu_adam_step(
+            sub, hyper, kernels::CpuAdamOptions{.threads = options_.cpu_threads});
         const double took = seconds_since(t0);
         report.timings[s].cpu_update_s = took;
         report.cpu_seconds += took;

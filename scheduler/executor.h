@@ -70,6 +70,7 @@ struct ExecutorOptions {
   PlannerOptions planner;
   bool refine = true;  // measured times refine the rates
   RefineOptions refine_options;
+  unsigned cpu_threads = 0;  // CPU subgroups' update threads; 0: the whole pool
 };
 
 struct PhaseReport {

@@ -126,6 +126,9 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     eo.gradients_on_gpu = o.gradients_on_gpu != 0;
     eo.planner.max_buffers = o.max_buffers;
     eo.refine = o.refine != 0;
+    require(o.cpu_threads >= 0 && o.cpu_threads <= 1024,
+            "tide_optimizer_create: cpu_threads must be 0 (all) to 1024");
+    eo.cpu_threads = static_cast<unsigned>(o.cpu_threads);
     auto result = std::make_unique<tide_optimizer>();
     result->context = std::make_unique<tide::driver::PrimaryContext>(o.device);
     result->state = std::make_unique<OptimizerState>(std::move(specs), so);

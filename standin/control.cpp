@@ -6,6 +6,7 @@
 #include "standin/bandwidth.h"
 #include "standin/devices.h"
 #include "standin/faults.h"
+#include "standin/host_access.h"
 #include "standin/init.h"
 #include "standin/modules.h"
 #include "standin/standin.h"
@@ -100,6 +101,12 @@ int tide_standin_set_bandwidth(double h2d_gbps, double d2h_gbps) {
   }
   tide::standin::set_rate(tide::standin::Direction::kHostToDevice, h2d_gbps * 1e9);
   tide::standin::set_rate(tide::standin::Direction::kDeviceToHost, d2h_gbps * 1e9);
+  return 0;
+}
+
+int tide_standin_set_hmm(int on) {
+  if (on != 0 && on != 1) return CUDA_ERROR_INVALID_VALUE;
+  tide::standin::set_host_addressable(on == 1);
   return 0;
 }
 

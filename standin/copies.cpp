@@ -8,6 +8,7 @@
 #include "standin/device_memory.h"
 #include "standin/devices.h"
 #include "standin/faults.h"
+#include "standin/host_access.h"
 #include "standin/host_memory.h"
 #include "standin/stats.h"
 #include "standin/virtual_memory.h"
@@ -93,7 +94,12 @@ void* host_pointer(CUdeviceptr ptr) { return reinterpret_cast<void*>(ptr); }
 
 bool is_device_range(std::uintptr_t ptr, std::size_t bytes, bool write) {
   if (ptr == 0) return false;
-  return in_allocation(ptr, bytes) || vmm_accessible(ptr, bytes, write);
+  if (in_allocation(ptr, bytes) || vmm_accessible(ptr, bytes, write)) return true;
+  // HMM: other memory is the process's own, except device memory overrun (a fault) and address
+  // space reserved for device mappings, which is not host memory.
+  Allocation a;
+  return host_addressable() && !find_allocation(ptr, &a) && !find_allocation(ptr + bytes - 1, &a) &&
+         !overlaps_reservation(ptr, bytes);
 }
 
 CUresult copy_to_device(CUdeviceptr dst, const void* src, std::size_t bytes,

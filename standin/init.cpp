@@ -12,6 +12,7 @@
 #include "standin/bandwidth.h"
 #include "standin/devices.h"
 #include "standin/faults.h"
+#include "standin/host_access.h"
 
 namespace tide::standin {
 namespace {
@@ -51,6 +52,7 @@ Config read_config() {
   c.fail_alloc = fault_number("TIDE_STANDIN_FAIL_ALLOC");
   c.fail_copy = fault_number("TIDE_STANDIN_FAIL_COPY");
   c.device_lost = fault_number("TIDE_STANDIN_DEVICE_LOST");
+  c.hmm = config::env_bool("TIDE_STANDIN_HMM").value_or(false);
   return c;
 }
 
@@ -66,6 +68,7 @@ CUresult initialize(unsigned flags) {
       set_rate(Direction::kHostToDevice, c.h2d_bytes_per_s);
       set_rate(Direction::kDeviceToHost, c.d2h_bytes_per_s);
       arm_from_environment(c.fail_alloc, c.fail_copy, c.device_lost);
+      if (c.hmm) set_host_addressable(true);  // not off: tide_standin_set_hmm may precede cuInit
       // As with CUDA, a child forked after cuInit cannot use the driver: its calls fail with
       // CUDA_ERROR_NOT_INITIALIZED instead of waiting forever for workers it does not have.
       pthread_atfork(nullptr, nullptr, [] { g_forked.store(true); });

@@ -15,6 +15,7 @@ struct Config {
   std::uint64_t fail_alloc = 0;  // 0: no fault armed
   std::uint64_t fail_copy = 0;
   std::uint64_t device_lost = 0;
+  bool hmm = false;  // devices may address pageable host memory (host_access.h)
 };
 
 // Reads the environment; throws tide::config::EnvError for a bad value.

@@ -74,6 +74,12 @@ TIDE_STANDIN_API int tide_standin_device_lost(uint64_t n);
  * simulated limit (memcpy speed). Replaces TIDE_STANDIN_H2D_GBPS and TIDE_STANDIN_D2H_GBPS. */
 TIDE_STANDIN_API int tide_standin_set_bandwidth(double h2d_gbps, double d2h_gbps);
 
+/* HMM mode (TIDE_STANDIN_HMM): on = 1, devices may address ordinary pageable host memory, as
+ * on systems with HMM or ATS: copies and kernels accept any host pointer outside device memory
+ * and reserved VMM ranges as device memory. on = 0: only device allocations and mapped VMM
+ * ranges are (the default, a discrete GPU). Callable before cuInit; 1 for any other value. */
+TIDE_STANDIN_API int tide_standin_set_hmm(int on);
+
 /* Device memory of one device: bytes in use, peak, capacity (any pointer may be null). */
 TIDE_STANDIN_API int tide_standin_device_memory(int device, uint64_t* used, uint64_t* peak,
                                                 uint64_t* capacity);

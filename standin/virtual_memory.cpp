@@ -288,6 +288,15 @@ bool vmm_accessible(std::uintptr_t ptr, std::size_t bytes, bool write) {
   return false;
 }
 
+bool overlaps_reservation(std::uintptr_t ptr, std::size_t bytes) {
+  State& s = state();
+  const std::lock_guard lock(s.mutex);
+  auto it = s.reservations.lower_bound(ptr + bytes);  // the first reservation at or past the end
+  if (it == s.reservations.begin()) return false;
+  --it;  // the last one starting before the end
+  return it->first + it->second > ptr;
+}
+
 bool find_mapping(std::uintptr_t ptr, MappedRange* out) {
   State& s = state();
   const std::lock_guard lock(s.mutex);

@@ -34,6 +34,9 @@ CUresult mem_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDesc
 // Whether all of [ptr, ptr + bytes) is mapped and accessible: readable, and writable if `write`.
 bool vmm_accessible(std::uintptr_t ptr, std::size_t bytes, bool write);
 
+// Whether any of [ptr, ptr + bytes) lies in address space reserved by cuMemAddressReserve.
+bool overlaps_reservation(std::uintptr_t ptr, std::size_t bytes);
+
 struct MappedRange {
   std::uintptr_t base = 0;
   std::size_t size = 0;

@@ -449,6 +449,9 @@ typedef struct tide_optimizer_options {
   int32_t use_rates;        /* 1: start from `rates`; 0: tide_rates_resolve(NULL) */
   int32_t refine;           /* 1: measured subgroup times refine the rates (default) */
   tide_rates rates;
+  int32_t cpu_threads; /* threads for the CPU subgroups' updates; 0: the pool's all (the pool
+                          has TIDE_CPU_THREADS, default: the CPUs this process may run on) */
+  int32_t reserved;
 } tide_optimizer_options;
 
 TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options);

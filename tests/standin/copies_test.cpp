@@ -79,6 +79,39 @@ TEST_F(CopiesTest, DeviceRangesAreChecked) {
             CUDA_ERROR_INVALID_HANDLE);
 }
 
+TEST_F(CopiesTest, HmmModeLetsDevicesAddressHostMemory) {
+  // Off (a discrete GPU): a pageable host pointer is not device memory.
+  std::vector<float> host(256, 1.5f);
+  std::vector<float> out(256, 0.0f);
+  const auto host_ptr = reinterpret_cast<CUdeviceptr>(host.data());
+  constexpr std::size_t kBytes = 256 * sizeof(float);
+  EXPECT_EQ(cuMemcpyDtoH(out.data(), host_ptr, kBytes), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(tide_standin_set_hmm(2), CUDA_ERROR_INVALID_VALUE);
+
+  ASSERT_EQ(tide_standin_set_hmm(1), 0);
+  EXPECT_EQ(cuMemcpyDtoH(out.data(), host_ptr, kBytes), CUDA_SUCCESS);
+  EXPECT_EQ(out, host);
+  ASSERT_EQ(cuMemsetD8Async(host_ptr, 0, kBytes, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(host, std::vector<float>(256, 0.0f));
+  // Still refused: running off the end of a device allocation, and reserved address space.
+  DeviceBuffer device(kBytes);
+  EXPECT_EQ(cuMemcpyDtoH(out.data(), device.get() + 8, kBytes), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr reserved = 0;
+  std::size_t granularity = 0;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  ASSERT_EQ(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAddressReserve(&reserved, granularity, 0, 0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemcpyDtoH(out.data(), reserved + 64, kBytes), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemAddressFree(reserved, granularity), CUDA_SUCCESS);
+
+  ASSERT_EQ(tide_standin_set_hmm(0), 0);
+  EXPECT_EQ(cuMemcpyDtoH(out.data(), host_ptr, kBytes), CUDA_ERROR_INVALID_VALUE);
+}
+
 TEST_F(CopiesTest, SimulatedBandwidthSetsCopyTimes) {
   constexpr std::size_t kBytes = 1 << 20;
   ASSERT_EQ(tide_standin_set_bandwidth(0.01, 0.02), 0);  // 105 ms up, 52 ms down

@@ -1,0 +1,178 @@
+"""ctypes binding of the executor's C ABI (include/tide/tide.h, "executor"): one tide_optimizer,
+the optimizer state of one bucket of parameters in pinned host memory and its update phases.
+
+tide.torch.optim drives it; nothing here knows about param groups or torch.optim.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from tide import _lib
+from tide.kernels import AdamHyper
+
+c = ctypes
+
+PLACEMENT_AUTO, PLACEMENT_CPU, PLACEMENT_GPU, PLACEMENT_INTERLEAVE = 0, 1, 2, 3
+
+
+class Rates(c.Structure):
+    _fields_ = [(name, c.c_double) for name in (
+        "cpu_update", "cpu_update_contended", "h2d", "d2h", "h2d_duplex", "d2h_duplex",
+        "gpu_update")]
+
+
+class ParamSlice(c.Structure):
+    _fields_ = [("subgroup", c.c_uint64), ("offset", c.c_uint64), ("count", c.c_uint64),
+                ("device_ptr", c.c_uint64)]
+
+
+class Options(c.Structure):
+    _fields_ = [("device", c.c_int32), ("grad_dtype", c.c_int32), ("param_dtype", c.c_int32),
+                ("gradients_on_gpu", c.c_int32), ("max_buffers", c.c_uint64),
+                ("use_rates", c.c_int32), ("refine", c.c_int32), ("rates", Rates),
+                ("cpu_threads", c.c_int32), ("reserved", c.c_int32)]
+
+
+class SubgroupBuffers(c.Structure):
+    _fields_ = [("param", c.c_void_p), ("exp_avg", c.c_void_p), ("exp_avg_sq", c.c_void_p),
+                ("grad", c.c_void_p), ("count", c.c_uint64)]
+
+
+class PlacementPolicy(c.Structure):
+    _fields_ = [("kind", c.c_int32), ("k", c.c_int32)]
+
+
+class PhaseReport(c.Structure):
+    _fields_ = [(name, c.c_double) for name in (
+        "seconds", "predicted_seconds", "all_cpu_seconds", "cpu_busy_seconds")] + [
+        (name, c.c_uint64) for name in (
+            "gpu_subgroups", "cpu_subgroups", "fallback_subgroups", "gpu_params", "buffers",
+            "nonfinite", "headroom_cap")]
+
+
+class PlanSummary(c.Structure):
+    _fields_ = [(name, c.c_double) for name in (
+        "phase_seconds", "cpu_side_seconds", "gpu_side_seconds", "all_cpu_seconds")] + [
+        (name, c.c_uint64) for name in ("buffers", "buffer_bytes", "gpu_bytes")] + [
+        ("optimal", c.c_int)]
+
+
+_declared: set[int] = set()
+_declare_lock = threading.Lock()
+
+
+def _cdll() -> c.CDLL:
+    lib = _lib.lib()
+    with _declare_lock:
+        if id(lib) not in _declared:
+            p = c.POINTER
+            opt = c.c_void_p
+            for name, argtypes in {
+                "tide_optimizer_options_default": [p(Options)],
+                "tide_optimizer_create": [p(c.c_uint64), c.c_size_t, p(ParamSlice), c.c_size_t,
+                                          p(Options), p(opt)],
+                "tide_optimizer_destroy": [opt],
+                "tide_optimizer_buffers": [opt, c.c_size_t, p(SubgroupBuffers)],
+                "tide_optimizer_offload_gradient": [opt, c.c_size_t, c.c_uint64, c.c_uint64,
+                                                    c.c_uint64, c.c_int32, c.c_void_p],
+                "tide_optimizer_offload_stream": [opt, p(c.c_void_p)],
+                "tide_optimizer_grad_stats": [opt, p(c.c_double), p(c.c_uint64)],
+                "tide_optimizer_prepare": [opt, p(PlacementPolicy), c.c_uint64],
+                "tide_optimizer_step": [opt, p(AdamHyper), p(PlacementPolicy), c.c_uint64,
+                                        p(PhaseReport)],
+                "tide_optimizer_last_plan": [opt, p(c.c_uint8), p(c.c_uint32), p(PlanSummary)],
+                "tide_optimizer_rates": [opt, p(Rates)],
+            }.items():
+                fn = getattr(lib, name)
+                fn.restype = c.c_int
+                fn.argtypes = argtypes
+            _declared.add(id(lib))
+    return lib
+
+
+def policy(kind: int, k: int = 0) -> PlacementPolicy:
+    return PlacementPolicy(kind, k)
+
+
+class Executor:
+    """One tide_optimizer: `subgroup_params[i]` elements per subgroup, placed in the model by
+    `slices` (subgroup, offset, count, device pointer)."""
+
+    def __init__(self, subgroup_params: list[int], slices: list[tuple[int, int, int, int]], *,
+                 device: int, dtype: int, cpu_threads: int = 0, gradients_on_gpu: bool = False):
+        lib = _cdll()
+        options = Options()
+        _lib.check(lib.tide_optimizer_options_default(c.byref(options)))
+        options.device = device
+        options.grad_dtype = dtype
+        options.param_dtype = dtype
+        options.cpu_threads = cpu_threads
+        options.gradients_on_gpu = int(gradients_on_gpu)
+        sizes = (c.c_uint64 * len(subgroup_params))(*subgroup_params)
+        placed = (ParamSlice * len(slices))(*[ParamSlice(*s) for s in slices])
+        handle = c.c_void_p()
+        _lib.check(lib.tide_optimizer_create(sizes, len(subgroup_params), placed, len(slices),
+                                             c.byref(options), c.byref(handle)))
+        self._handle = handle
+        self._lib = lib
+        self.subgroups = len(subgroup_params)
+
+    def close(self) -> None:
+        if self._handle:
+            handle, self._handle = self._handle, c.c_void_p()
+            _lib.check(self._lib.tide_optimizer_destroy(handle))
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown: nothing left to report to)
+            pass
+
+    def buffers(self, subgroup: int) -> SubgroupBuffers:
+        out = SubgroupBuffers()
+        _lib.check(self._lib.tide_optimizer_buffers(self._handle, subgroup, c.byref(out)))
+        return out
+
+    def offload_gradient(self, subgroup: int, offset: int, src: int, count: int, dtype: int,
+                         stream: int | None) -> None:
+        _lib.check(self._lib.tide_optimizer_offload_gradient(
+            self._handle, subgroup, offset, src, count, dtype, stream))
+
+    def offload_stream(self) -> int:
+        out = c.c_void_p()
+        _lib.check(self._lib.tide_optimizer_offload_stream(self._handle, c.byref(out)))
+        return out.value or 0
+
+    def grad_stats(self) -> tuple[float, int]:
+        sum_squares = c.c_double()
+        nonfinite = c.c_uint64()
+        _lib.check(self._lib.tide_optimizer_grad_stats(self._handle, c.byref(sum_squares),
+                                                       c.byref(nonfinite)))
+        return sum_squares.value, nonfinite.value
+
+    def prepare(self, placement: PlacementPolicy, headroom_bytes: int) -> None:
+        _lib.check(self._lib.tide_optimizer_prepare(self._handle, c.byref(placement),
+                                                    headroom_bytes))
+
+    def step(self, hyper: AdamHyper, placement: PlacementPolicy,
+             headroom_bytes: int) -> PhaseReport:
+        report = PhaseReport()
+        _lib.check(self._lib.tide_optimizer_step(self._handle, c.byref(hyper), c.byref(placement),
+                                                 headroom_bytes, c.byref(report)))
+        return report
+
+    def last_plan(self) -> tuple[list[int], PlanSummary]:
+        device = (c.c_uint8 * self.subgroups)()
+        order = (c.c_uint32 * self.subgroups)()
+        summary = PlanSummary()
+        _lib.check(self._lib.tide_optimizer_last_plan(self._handle, device, order,
+                                                      c.byref(summary)))
+        return list(device), summary
+
+    def rates(self) -> dict[str, Any]:
+        out = Rates()
+        _lib.check(self._lib.tide_optimizer_rates(self._handle, c.byref(out)))
+        return {name: getattr(out, name) for name, _ in Rates._fields_}
