@@ -93,6 +93,10 @@ def _cdll() -> c.CDLL:
     return lib
 
 
+def _ref(value: c.Structure | None) -> Any:
+    return None if value is None else c.byref(value)
+
+
 def policy(kind: int, k: int = 0) -> PlacementPolicy:
     return PlacementPolicy(kind, k)
 
@@ -153,14 +157,16 @@ class Executor:
                                                        c.byref(nonfinite)))
         return sum_squares.value, nonfinite.value
 
-    def prepare(self, placement: PlacementPolicy, headroom_bytes: int) -> None:
-        _lib.check(self._lib.tide_optimizer_prepare(self._handle, c.byref(placement),
+    def prepare(self, placement: PlacementPolicy | None, headroom_bytes: int) -> None:
+        """placement None: TIDE_PLACEMENT, else auto."""
+        _lib.check(self._lib.tide_optimizer_prepare(self._handle, _ref(placement),
                                                     headroom_bytes))
 
-    def step(self, hyper: AdamHyper, placement: PlacementPolicy,
+    def step(self, hyper: AdamHyper, placement: PlacementPolicy | None,
              headroom_bytes: int) -> PhaseReport:
+        """placement None: TIDE_PLACEMENT, else auto."""
         report = PhaseReport()
-        _lib.check(self._lib.tide_optimizer_step(self._handle, c.byref(hyper), c.byref(placement),
+        _lib.check(self._lib.tide_optimizer_step(self._handle, c.byref(hyper), _ref(placement),
                                                  headroom_bytes, c.byref(report)))
         return report
 

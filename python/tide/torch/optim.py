@@ -386,8 +386,7 @@ class AdamW(torch.optim.Optimizer):
         if self._gradients_on_gpu:
             for bucket in self._buckets:
                 device = 0 if self._cpu else bucket.params[0].device.index
-                bucket.executor.prepare(self._policy or _executor.policy(
-                    _executor.PLACEMENT_AUTO), self._headroom(device))
+                bucket.executor.prepare(self._policy, self._headroom(device))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
