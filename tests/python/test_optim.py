@@ -372,3 +372,16 @@ def test_parameter_memory_moving_is_an_error():
     loss_of(model, batches(1)[0]).backward()
     with pytest.raises(RuntimeError, match="memory moved"):
         opt.step()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_optimizer_runs_on_cuda_tensors_with_tides_allocator_headroom():
+    """`pytest -m gpu`: with a GPU, every test above runs on CUDA tensors; this one checks that
+    it is so, and that a bf16 model under `auto` places some subgroups on the GPU."""
+    assert DEVICE == "cuda" and not tt.cpu_mode()
+    model = make_model(torch.bfloat16)
+    opt = tt.AdamW(model.parameters(), lr=1e-3, subgroup_size=3000, placement="auto")
+    train(model, opt, batches(5))
+    assert next(model.parameters()).is_cuda
+    assert opt.last_plan["headroom_bytes"] > 0
+    assert opt.last_plan["gpu_subgroups"] > 0
