@@ -14,7 +14,8 @@ CMAKE_FLAGS ?=
 BENCH ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: run test bench build bootstrap test-cpp test-python test-asan test-tsan format-check tidy clean
+.PHONY: run test bench build bootstrap test-cpp test-python test-asan test-tsan test-pip-install \
+        format-check tidy clean
 
 bootstrap:
 	@scripts/bootstrap.sh --python
@@ -57,6 +58,14 @@ test-tsan: build
 	@# stand-in driver) under many threads (google/sanitizers#1409, fixed in LLVM 17).
 	@cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:intercept_tls_get_addr=0 \
 	  ctest -j$(JOBS) --output-on-failure -L concurrency -LE gpu
+
+# `pip install .` into a fresh virtual environment (under /tmp), then the installed package: its
+# library, stand-in driver and `tide` command. A full Release build in the pip build: minutes, so
+# not part of `make test`.
+test-pip-install: bootstrap
+	@echo "== pip install . into a fresh environment"
+	@TIDE_TEST_PIP_INSTALL=1 CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+	  $(PY) -m pytest -q -s tests/python/test_packaging.py -k pip_install
 
 bench: build
 	@scripts/run_bench.sh $(BENCH)

@@ -59,7 +59,10 @@ if [[ ${1:-} == --python ]]; then
     cp python/requirements.txt "$stamp"
   fi
   # The package itself, from the source tree (an editable install without a second C++ build:
-  # tide finds build/lib/libtide.so next to the sources).
+  # tide finds build/lib/libtide.so next to the sources), importable from any directory.
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "$PWD/python" >"$site/tide-source.pth"
+  # ... and the `tide` command pip would install (tide.cli, which runs build/bin/tide).
+  printf '#!/bin/sh\nexec "%s" -m tide.cli "$@"\n' "$PWD/$venv/bin/python" >"$venv/bin/tide"
+  chmod +x "$venv/bin/tide"
 fi

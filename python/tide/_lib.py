@@ -2,7 +2,8 @@
 
 Where the library is looked for, in order: the file named by TIDE_LIBRARY; the package's own
 copy (``tide/lib/libtide.so``, what ``pip install .`` installs); the build tree of a source
-checkout (``build/lib/libtide.so``, what ``make`` builds).
+checkout (``build/lib/libtide.so``, what ``make`` builds). The host stand-in driver
+(``libtide_standin_cuda.so``) ships next to it in both layouts: see standin_path().
 """
 
 from __future__ import annotations
@@ -27,14 +28,37 @@ class TideError(RuntimeError):
         self.status = status
 
 
-def library_candidates() -> list[pathlib.Path]:
-    env = os.environ.get("TIDE_LIBRARY")
-    if env:
-        return [pathlib.Path(env)]
+def _shipped_libraries() -> list[pathlib.Path]:
+    """Where libtide.so ships: the package's own copy, then a source checkout's build tree."""
     return [
         _PACKAGE_DIR / "lib" / "libtide.so",
         _PACKAGE_DIR.parent.parent / "build" / "lib" / "libtide.so",
     ]
+
+
+def library_candidates() -> list[pathlib.Path]:
+    env = os.environ.get("TIDE_LIBRARY")
+    if env:
+        return [pathlib.Path(env)]
+    return _shipped_libraries()
+
+
+STANDIN_LIBRARY = "libtide_standin_cuda.so"
+
+
+def standin_path() -> pathlib.Path | None:
+    """The host stand-in driver that comes with this tide, or None where there is none.
+
+    It lies next to libtide.so: in the package (``tide/lib/``, what ``pip install .`` installs)
+    or in the build tree (``build/lib/``); with TIDE_LIBRARY set, next to that file first. tide
+    never loads it by itself: point TIDE_CUDA_DRIVER at it on a machine without libcuda.so.1.
+    """
+    env = os.environ.get("TIDE_LIBRARY")
+    for library in ([pathlib.Path(env)] if env else []) + _shipped_libraries():
+        path = library.parent / STANDIN_LIBRARY
+        if path.is_file():
+            return path
+    return None
 
 
 def lib() -> ctypes.CDLL:
