@@ -191,6 +191,14 @@ TIDE_API tide_status tide_optimizer_grad_stats(tide_optimizer* optimizer, double
   });
 }
 
+TIDE_API tide_status tide_optimizer_release_buffers(tide_optimizer* optimizer) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    o.executor->make_current();
+    o.executor->release_buffers();
+  });
+}
+
 TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
                                             const tide_placement_policy* policy,
                                             uint64_t headroom_bytes) {

@@ -536,6 +536,11 @@ TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_a
                                          const tide_placement_policy* policy,
                                          uint64_t headroom_bytes, tide_phase_report* report);
 
+/* Frees the GPU buffers the update phases keep from one phase to the next (the next phase
+ * allocates them again). Call after a step when the coming forward pass needs that memory: the
+ * headroom is what the update phase may use, not the forward pass. */
+TIDE_API tide_status tide_optimizer_release_buffers(tide_optimizer* optimizer);
+
 /* The last phase's plan as it ran: per subgroup device[i] (0 CPU, 1 GPU) and order[i] (its
  * position in its device's order); `summary` (may be NULL) holds its prediction. */
 TIDE_API tide_status tide_optimizer_last_plan(const tide_optimizer* optimizer, uint8_t* device,

@@ -83,6 +83,7 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_prepare": [opt, p(PlacementPolicy), c.c_uint64],
                 "tide_optimizer_step": [opt, p(AdamHyper), p(PlacementPolicy), c.c_uint64,
                                         p(PhaseReport)],
+                "tide_optimizer_release_buffers": [opt],
                 "tide_optimizer_last_plan": [opt, p(c.c_uint8), p(c.c_uint32), p(PlanSummary)],
                 "tide_optimizer_rates": [opt, p(Rates)],
             }.items():
@@ -169,6 +170,9 @@ class Executor:
         _lib.check(self._lib.tide_optimizer_step(self._handle, c.byref(hyper), _ref(placement),
                                                  headroom_bytes, c.byref(report)))
         return report
+
+    def release_buffers(self) -> None:
+        _lib.check(self._lib.tide_optimizer_release_buffers(self._handle))
 
     def last_plan(self) -> tuple[list[int], PlanSummary]:
         device = (c.c_uint8 * self.subgroups)()

@@ -185,7 +185,10 @@ class AdamW(torch.optim.Optimizer):
       placement:         'auto' (the planner, within the allocator's headroom), 'cpu', 'gpu', or
                          K >= 1 (one GPU subgroup every K); default TIDE_PLACEMENT, else 'auto';
       threads:           threads for CPU subgroups (default: TIDE_CPU_THREADS's pool, all of it);
-      gradients_on_gpu:  plan at zero_grad() so that GPU subgroups keep their gradients on the GPU.
+      gradients_on_gpu:  plan at zero_grad() so that GPU subgroups keep their gradients on the GPU;
+      keep_buffers:      keep the update phase's GPU buffers until the next step instead of
+                         freeing them when step() returns (saves their allocation, but the
+                         headroom is what the update phase may use, not the forward pass).
     """
 
     _decoupled = True
@@ -200,7 +203,8 @@ class AdamW(torch.optim.Optimizer):
                  maximize: bool = False, foreach: bool | None = None, capturable: bool = False,
                  differentiable: bool = False, fused: bool | None = None,
                  subgroup_size: int | None = None, placement: str | int | None = None,
-                 threads: int | None = None, gradients_on_gpu: bool = False):
+                 threads: int | None = None, gradients_on_gpu: bool = False,
+                 keep_buffers: bool = False):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable),
@@ -217,6 +221,7 @@ class AdamW(torch.optim.Optimizer):
         self._placement_name = "env/auto" if placement is None else str(placement)
         self._threads = _threads(threads)
         self._gradients_on_gpu = bool(gradients_on_gpu)
+        self._keep_buffers = bool(keep_buffers)
         self._cpu = _runtime.cpu_mode()
         if self._cpu:
             _runtime.ensure_cpu_mode_driver()
@@ -443,6 +448,8 @@ class AdamW(torch.optim.Optimizer):
             decoupled=int(self._decoupled), maximize=int(bool(group["maximize"])))
         device = 0 if self._cpu else bucket.params[0].device.index
         report = bucket.executor.step(hyper, self._policy, headroom[device])
+        if not self._keep_buffers:
+            bucket.executor.release_buffers()
         for i, saved in kept.items():
             for key, value in saved.items():
                 bucket.scatter(i, key, value)
