@@ -71,10 +71,10 @@ def test_optimizer_hook_chains_to_the_users_sitecustomize(tide, tmp_path):
     assert lines[0] == "user sitecustomize ran", "it runs, once, before the program"
     assert lines.count("user sitecustomize ran") == 1
     assert lines[1] == f"site {user / 'sitecustomize.py'}", "the user's module keeps its name"
-    # Until tide's PyTorch optimizer lands (tide.torch.install_for_tide_run), one clear line.
+    # One line says what the hook did (test_tide_run_optimizer.py checks the optimizer itself).
     notes = [l for l in result.stderr.splitlines() if l.startswith("tide run --optimizer:")]
     assert len(notes) == 1, result.stderr
-    assert "not available yet" in notes[0]
+    assert "torch.optim.AdamW and torch.optim.Adam are tide's" in notes[0]
 
 
 def test_optimizer_hook_without_a_user_sitecustomize_nor_torch(tide, tmp_path):

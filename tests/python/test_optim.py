@@ -391,6 +391,16 @@ def test_bad_arguments_and_knobs_are_clear_errors(monkeypatch):
         tt.AdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float64, device=DEVICE))])
 
 
+def test_a_failed_construction_leaves_no_gradient_hooks():
+    model = make_model()
+    params = list(model.parameters())
+    good = params[:-1]
+    bad = params[-1].detach().to(torch.float64).requires_grad_(True)
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        tt.AdamW([{"params": good}, {"params": [bad]}])
+    assert all(not p._post_accumulate_grad_hooks for p in good)
+
+
 def test_parameter_memory_moving_is_an_error():
     model = make_model()
     opt = tt.AdamW(model.parameters(), subgroup_size=3000)

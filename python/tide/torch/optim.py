@@ -235,8 +235,12 @@ class AdamW(torch.optim.Optimizer):
         self.stats: list[dict[str, Any]] = []
         super().__init__(params, defaults)
         self._ready = True
-        for index in range(len(self.param_groups)):
-            self._build(index)
+        try:
+            for index in range(len(self.param_groups)):
+                self._build(index)
+        except BaseException:
+            self._close()  # the hooks would keep this half-made optimizer alive and offloading
+            raise
 
     # ---- construction ----
 
@@ -556,11 +560,16 @@ class AdamW(torch.optim.Optimizer):
                                   "tide's bias correction uses the largest", stacklevel=2)
                 bucket.step = max(steps)
 
-    def __del__(self) -> None:
+    def _close(self) -> None:
         for hook in getattr(self, "_hooks", []):
             hook.remove()
+        self._hooks = []
         for bucket in getattr(self, "_buckets", []):
             bucket.executor.close()
+        self._buckets = []
+
+    def __del__(self) -> None:
+        self._close()
 
 
 class Adam(AdamW):
