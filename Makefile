@@ -26,7 +26,7 @@ build: bootstrap
 	@cmake --build build -j$(JOBS)
 
 run: build
-	@scripts/run_main.sh
+	@scripts/run_main.sh --compare
 
 test: build
 	@$(MAKE) --no-print-directory test-cpp test-python test-asan test-tsan

@@ -1,4 +1,5 @@
-"""tide for PyTorch: the device caching allocator and its memory telemetry (tide.torch.allocator).
+"""tide for PyTorch: the offloading optimizers (tide.torch.optim), the device caching allocator
+and its memory telemetry (tide.torch.allocator).
 
 Kept a plain export list: each part of tide.torch lives in its own module.
 """
@@ -26,16 +27,25 @@ from tide.torch.allocator import (
     timeline,
     use_allocator,
 )
+from tide.torch.optim import Adam, AdamW
+from tide.torch._runtime import cpu_mode
+from tide.torch.plot import memory_timeline
+from tide.torch.tide_run import install_for_tide_run
 
 __all__ = [
+    "Adam",
+    "AdamW",
+    "cpu_mode",
     "AllocatorError",
     "empty_cache",
     "export_timeline",
     "headroom",
+    "install_for_tide_run",
     "is_using_allocator",
     "iteration_stats",
     "last_oom",
     "mark_phase",
+    "memory_timeline",
     "max_memory_allocated",
     "max_memory_reserved",
     "memory_allocated",

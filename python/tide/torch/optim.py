@@ -462,8 +462,9 @@ class AdamW(torch.optim.Optimizer):
             if i not in kept:
                 self.state[p]["step"] += 1
             bucket.versions[i] = p._version
-        placed, _ = bucket.executor.last_plan()
-        return {"report": report, "devices": placed, "headroom": headroom[device]}
+        placed, summary = bucket.executor.last_plan()
+        return {"report": report, "devices": placed, "headroom": headroom[device],
+                "gpu_bytes": summary.gpu_bytes}
 
     def _record(self, reports: list, skipped: bool, t_start: int, t_end: int,
                 headroom: dict[int, int]) -> None:
@@ -481,6 +482,9 @@ class AdamW(torch.optim.Optimizer):
             "all_cpu_seconds": sum(r["report"].all_cpu_seconds for r in ran),
             "cpu_busy_seconds": sum(r["report"].cpu_busy_seconds for r in ran),
             "buffers": max((r["report"].buffers for r in ran), default=0),
+            # GPU memory the update phase's plans used (buffers, kept gradients): the executor
+            # allocates it outside tide's allocator, so the timeline does not show it.
+            "buffer_bytes": max((r["gpu_bytes"] for r in ran), default=0),
             "nonfinite": sum(r["report"].nonfinite for r in ran),
             "devices": ["gpu" if d else "cpu" for r in ran for d in r["devices"]],
             "t_start_ns": t_start,
