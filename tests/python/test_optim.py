@@ -299,6 +299,22 @@ def test_parameters_written_from_outside_are_picked_up():
     assert max_rel_diff(ours, ref) < 1e-5
 
 
+def test_autocast_bf16_training_matches_torch():
+    """fp32 parameters under torch.autocast(bfloat16): fp32 gradients, offloaded as such."""
+    ours, ref = make_model(), make_model()
+    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2, threads=1)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
+    for model, o in ((ours, opt), (ref, ref_opt)):
+        for tokens in batches(10):
+            with torch.autocast(DEVICE, dtype=torch.bfloat16):
+                loss = loss_of(model, tokens)
+            loss.backward()
+            assert next(model.parameters()).grad.dtype == torch.float32
+            o.step()
+            o.zero_grad()
+    assert max_rel_diff(ours, ref) < 1e-5
+
+
 def test_gradient_accumulation_over_micro_batches():
     ours, ref = make_model(), make_model()
     opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2)
