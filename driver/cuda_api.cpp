@@ -2,6 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <filesystem>
+#include <string>
+#include <system_error>
+
 #include "config/env.h"
 #include "driver/error.h"
 
@@ -16,6 +20,21 @@ constexpr int kAbiVersion = 12000;
 using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
                                     CUdriverProcAddressQueryResult*);
 
+// Where tide's host stand-in driver is: next to the library (or program) this code is in, or in
+// ../lib from it (build/lib and tide/lib hold it beside libtide.so; the tide program is in bin/).
+std::string standin_location() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&standin_location), &info) != 0 && info.dli_fname != nullptr) {
+    std::error_code ignored;
+    const auto here = std::filesystem::absolute(info.dli_fname, ignored).parent_path();
+    for (const auto& dir : {here, here.parent_path() / "lib"}) {
+      const auto path = dir / "libtide_standin_cuda.so";
+      if (std::filesystem::exists(path, ignored)) return path.string();
+    }
+  }
+  return "libtide_standin_cuda.so, built beside libtide.so";
+}
+
 std::string not_found_message(const std::string& library, const std::string& why) {
   const bool from_env = config::env_text("TIDE_CUDA_DRIVER").has_value();
   std::string message = "tide: no CUDA driver: could not load " + library;
@@ -23,8 +42,8 @@ std::string not_found_message(const std::string& library, const std::string& why
   message += ": " + why + ". ";
   message += from_env ? "Check the path in TIDE_CUDA_DRIVER, or unset it to use libcuda.so.1."
                       : "Install the NVIDIA driver, or set TIDE_CUDA_DRIVER=/path/to/libcuda.so.1 "
-                        "(the host stand-in driver, build/lib/libtide_standin_cuda.so, runs tide "
-                        "without a GPU).";
+                        "(the host stand-in driver, " +
+                            standin_location() + ", runs tide without a GPU).";
   return message;
 }
 

@@ -2,6 +2,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "driver/cuda_api.h"
@@ -28,6 +29,12 @@ TEST(NoDriver, DefaultLibraryMissingNamesItAndTheOverride) {
   EXPECT_NE(message.find("libcuda.so.1"), std::string::npos) << message;
   EXPECT_NE(message.find("TIDE_CUDA_DRIVER"), std::string::npos) << message;
   EXPECT_NE(message.find("stand-in"), std::string::npos) << message;
+  // Where the stand-in is, as a path that exists (this build has one beside libtide.so).
+  const std::string name = "/libtide_standin_cuda.so";
+  const auto at = message.find(name);
+  ASSERT_NE(at, std::string::npos) << message;
+  const auto start = message.rfind(' ', at) + 1;
+  EXPECT_TRUE(std::filesystem::exists(message.substr(start, at + name.size() - start))) << message;
 }
 
 TEST(NoDriver, MissingPathIsNamed) {
