@@ -200,7 +200,7 @@ TEST(ProcAddress, OnlyDriverAndControlFunctionsAreExported) {
        {"tide_standin_get_stats", "tide_standin_stat", "tide_standin_reset_stats",
         "tide_standin_fail_alloc", "tide_standin_fail_copy", "tide_standin_device_lost",
         "tide_standin_set_bandwidth", "tide_standin_device_memory", "tide_standin_set_capacity",
-        "tide_standin_register_kernel"}) {
+        "tide_standin_register_kernel", "tide_standin_set_hmm"}) {
     expected.insert(control);
   }
   EXPECT_EQ(exported, expected);
