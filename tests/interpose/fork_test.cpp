@@ -24,6 +24,13 @@ using MemFree = CUresult (*)(CUdeviceptr);
 bool exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
 TEST(Fork, WhileThreadsAllocateTheChildIsCleanAndThereIsNoDeadlock) {
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's AddressSanitizer does not lock its own allocator around fork(): a child forked while
+  // another thread is inside operator new can block forever on ASan's size-class mutex (seen:
+  // the child stuck in SizeClassAllocator64::GetFromAllocator). glibc's malloc has fork
+  // handlers, so the release and TSan builds run this test; under ASan it would only test ASan.
+  GTEST_SKIP() << "ASan's allocator is not fork-safe with allocating threads (GCC 12)";
+#endif
   expect_setup();
   auto alloc = reinterpret_cast<MemAlloc>(dlsym(fake_driver().handle, "cuMemAlloc_v2"));
   auto release = reinterpret_cast<MemFree>(dlsym(fake_driver().handle, "cuMemFree_v2"));
