@@ -28,17 +28,6 @@ def cpu_mode() -> bool:
     return not torch.cuda.is_available()
 
 
-def _standin_path() -> pathlib.Path | None:
-    find = getattr(_lib, "standin_path", None)
-    if find is not None:
-        return find()
-    for candidate in _lib.library_candidates():
-        path = candidate.parent / "libtide_standin_cuda.so"
-        if path.is_file():
-            return path
-    return None
-
-
 def ensure_cpu_mode_driver() -> pathlib.Path:
     """Points tide at the stand-in (unless TIDE_CUDA_DRIVER already names a driver), turns on its
     HMM mode, and says so once. Raises RuntimeError when the driver in use is not the stand-in."""
@@ -46,7 +35,7 @@ def ensure_cpu_mode_driver() -> pathlib.Path:
     with _lock:
         driver = os.environ.get("TIDE_CUDA_DRIVER")
         if not driver:
-            found = _standin_path()
+            found = _lib.standin_path()
             if found is None:
                 raise RuntimeError(
                     "tide: no GPU, and tide's host stand-in driver (libtide_standin_cuda.so) was "

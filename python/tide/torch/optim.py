@@ -138,14 +138,14 @@ class _Bucket:
                 "exp_avg_sq": view(b.exp_avg_sq, torch.float32, 4),
                 "grad": view(b.grad, self.dtype, self.element_size)}
 
-    def pinned(self, i: int, key: str, piece: _layout.Piece) -> torch.Tensor:
+    def pinned(self, key: str, piece: _layout.Piece) -> torch.Tensor:
         return self.views[piece.subgroup][key][piece.sub_offset:piece.sub_offset + piece.count]
 
     def read_master(self, i: int) -> None:
         """Master weights of parameter i from the parameter itself."""
         flat = self.params[i].detach().reshape(-1)
         for piece in self.pieces[i]:
-            self.pinned(i, "param", piece).copy_(
+            self.pinned("param", piece).copy_(
                 flat[piece.param_offset:piece.param_offset + piece.count])
         self.versions[i] = self.params[i]._version
 
@@ -153,7 +153,7 @@ class _Bucket:
         """Parameter i's `key` state (fp32, on the CPU, shaped like the parameter): a copy."""
         out = torch.empty(self.params[i].numel(), dtype=torch.float32)
         for piece in self.pieces[i]:
-            out[piece.param_offset:piece.param_offset + piece.count] = self.pinned(i, key, piece)
+            out[piece.param_offset:piece.param_offset + piece.count] = self.pinned(key, piece)
         return out.view(self.params[i].shape)
 
     def scatter(self, i: int, key: str, value: torch.Tensor) -> None:
@@ -162,7 +162,7 @@ class _Bucket:
             raise ValueError(f"state {key!r} has {flat.numel()} elements, the parameter "
                              f"{self.params[i].numel()}")
         for piece in self.pieces[i]:
-            self.pinned(i, key, piece).copy_(
+            self.pinned(key, piece).copy_(
                 flat[piece.param_offset:piece.param_offset + piece.count])
 
     def write_param(self, i: int) -> None:
@@ -170,7 +170,7 @@ class _Bucket:
         flat = self.params[i].detach().view(-1)
         for piece in self.pieces[i]:
             flat[piece.param_offset:piece.param_offset + piece.count].copy_(
-                self.pinned(i, "param", piece))
+                self.pinned("param", piece))
 
 
 class AdamW(torch.optim.Optimizer):
@@ -414,6 +414,7 @@ class AdamW(torch.optim.Optimizer):
         scale = (float(grad_scale) if grad_scale is not None else 1.0) / self._clip_coef
         self._clip_coef = 1.0
         reports = []
+        headroom: dict[int, int] = {}
         if not skipped:
             headroom = {device: self._headroom(device) for device in devices}
             no_grad = {}
@@ -429,8 +430,7 @@ class AdamW(torch.optim.Optimizer):
         self._release_gradients()
         for device in devices:
             allocator.mark_phase("end", device)
-        self._record(reports, skipped, t_start, time.monotonic_ns(), headroom if not skipped
-                     else {})
+        self._record(reports, skipped, t_start, time.monotonic_ns(), headroom)
         return loss
 
     def _step_bucket(self, bucket: _Bucket, no_grad: list[int], scale: float,
