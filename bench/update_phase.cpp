@@ -5,17 +5,30 @@
 //
 // The machine being simulated: an H100 node, where per rank the CPU updates about 2.2e9 params/s
 // and the copies run at about 25 GB/s each way, i.e. the copy path moves 25e9 / 14 = 1.8e9
-// params/s, 1/1.2 of the CPU's rate. Here the CPU update runs on one thread (TIDE_CPU_THREADS=1;
-// the second core plays the GPU's copy engines: the stand-in's stream threads memcpy behind each
-// simulated copy), its rate r is measured, and the simulated copy bandwidth is scaled to keep the
-// H100 node's ratio: 25 GB/s x r / 2.2e9, capped at half the stand-in's memcpy rate so that its
-// copy threads still sleep half the time as a DMA engine would. The GPU kernel is simulated too
-// (a sleep at 5e10 params/s instead of the host twin's arithmetic, which would compete for the
-// cores as a GPU never does).
+// params/s, 1/1.2 of the CPU's rate. Here, as in tests/scheduler/executor_overlap_test.cpp:
+// - the CPU update runs on one thread with the scalar kernel (--isa best: the widest one): the
+//   stand-in's copies are a real memcpy and then a sleep until the simulated link would be done,
+//   and on a small machine the vector kernels on one thread outrun any link whose memcpy leaves
+//   the copy threads mostly asleep;
+// - the simulated bandwidth keeps the H100 node's ratio to the CPU update's rate (25 GB/s x r /
+//   2.2e9), capped at a quarter of the memcpy rate, both rates per second of CPU time, so that a
+//   busy machine picks the same link as an idle one;
+// - the GPU kernel sleeps at 5e10 params/s instead of running the host twin's arithmetic, which
+//   would compete for the cores as a GPU never does.
+// Each policy is run --repeats times (default 3) in rounds over all of them and the best kept
+// (noise on a shared machine only slows a run down); tide's plan refines its rates from the
+// phases it measures, as it does in training.
 //
-// "ideal": the best any placement could do with the measured rates, with CPU work and copies
-// perfectly overlapped and the host-to-GPU link carrying the CPU subgroups' weights (2 bytes per
-// parameter) as well: min over the GPU's share g of max(CPU side, copy-in side, copy-out side).
+// "ideal": the best any placement could do with the rates measured right before the subgroup
+// size's runs, with CPU work and copies perfectly overlapped and the host-to-GPU link carrying
+// the CPU subgroups' weights (2 bytes per parameter) as well: min over the GPU's share g of
+// max(CPU side, copy-in side, copy-out side). tide's line also gives the CPU rate its best phase
+// had ("tide_cpu_params_per_s": a busy machine moves the CPU's rate between measurements).
+//
+// Memory: 18 bytes per parameter (fp32 state, bf16 gradient and weight copy in pinned memory,
+// bf16 parameters in the stand-in's "device" memory, which is host memory too) plus the GPU
+// buffers. With less than that free (75% of MemAvailable), --params shrinks to what fits, said on
+// stderr and in every line ("params").
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -23,6 +36,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -31,6 +46,7 @@
 #include "driver/context.h"
 #include "driver/memory.h"
 #include "kernels/adam_kernel.h"
+#include "kernels/cpu_adam.h"
 #include "scheduler/executor.h"
 #include "scheduler/interleave.h"
 #include "scheduler/measure.h"
@@ -61,28 +77,46 @@ F standin_fn(void* handle, const char* name) {
   return f;
 }
 
-double ideal_seconds(double w, const Rates& r, double upload_bytes) {
+double ideal_seconds(double w, double cpu_rate, const Rates& r, double upload_bytes) {
   double best = 1e300;
   for (int i = 0; i <= 1000; ++i) {
     const double g = w * i / 1000.0, c = w - g;
-    const double t = std::max({c / r.cpu_update_contended,
-                               (14 * g + upload_bytes * c) / r.h2d_duplex, 12 * g / r.d2h_duplex});
+    const double t =
+        std::max({c / cpu_rate, (14 * g + upload_bytes * c) / r.h2d_duplex, 12 * g / r.d2h_duplex});
     best = std::min(best, t);
   }
   return best;
+}
+
+std::uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   double total = 1e9;
-  int repeats = 2;
+  int repeats = 3;
+  bool scalar = true;
+  bool verbose = false;
   std::vector<std::uint64_t> subgroup_sizes = {25'000'000, 50'000'000, 100'000'000};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--params") && i + 1 < argc) {
       total = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) {
       repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "scalar") || !std::strcmp(argv[i + 1], "best"))) {
+      scalar = !std::strcmp(argv[++i], "scalar");
+    } else if (!std::strcmp(argv[i], "--verbose")) {
+      verbose = true;
     } else if (!std::strcmp(argv[i], "--subgroups") && i + 1 < argc) {
       subgroup_sizes.clear();
       for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ",")) {
@@ -91,7 +125,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_update_phase [--params N (1e9)] [--subgroups S1,S2,...] "
-                   "[--repeats N (2)]\n");
+                   "[--repeats N (3)] [--isa scalar|best (scalar)] [--verbose: every phase on "
+                   "stderr]\n");
       return 2;
     }
   }
@@ -106,21 +141,45 @@ int main(int argc, char** argv) {
   auto register_kernel = standin_fn<int (*)(const char*, tide_standin_kernel, size_t)>(
       handle, "tide_standin_register_kernel");
 
+  // What fits: 18 bytes per parameter and four GPU buffers of the largest subgroup.
+  const std::uint64_t largest = *std::max_element(subgroup_sizes.begin(), subgroup_sizes.end());
+  const double budget = 0.75 * static_cast<double>(mem_available());
+  const double fits = (budget - 4.0 * 14 * static_cast<double>(largest)) / 18;
+  if (budget > 0 && fits < total) {
+    const double shrunk =
+        std::floor(fits / static_cast<double>(largest)) * static_cast<double>(largest);
+    std::fprintf(stderr,
+                 "bench_update_phase: %.3g parameters need %.1f GB, more than 75%% of the %.1f GB "
+                 "available: running %.3g\n",
+                 total, (18 * total + 4.0 * 14 * static_cast<double>(largest)) / 1e9,
+                 budget / 0.75 / 1e9, shrunk);
+    total = shrunk;
+  }
+  if (total < static_cast<double>(largest)) {
+    std::fprintf(stderr, "bench_update_phase: not enough memory for one subgroup of each size\n");
+    return 1;
+  }
+
   driver::PrimaryContext context(0);
   register_kernel(kernels::kAdamKernel, &sleeping_adam, sizeof(kernels::AdamKernelParams));
+  kernels::CpuAdamOptions cpu_options{.threads = 1};
+  if (scalar) {
+    cpu_options.force_isa = true;
+    cpu_options.isa = kernels::CpuIsa::kScalar;
+  }
+  const auto [cpu_per_s, memcpy_per_s] = measure_cpu_cost(std::uint64_t{4} << 20, cpu_options);
+  const double h100_gbps = 25.0 * cpu_per_s / 2.2e9;
+  const double gbps = std::min(h100_gbps, memcpy_per_s / 4 / 1e9);
+  set_bandwidth(gbps, gbps);
+  std::fprintf(stderr,
+               "machine: CPU update %.3g params/s (1 thread, %s kernel) and memcpy %.2f GB/s per "
+               "CPU second; simulated copies %.2f GB/s (H100 ratio: %.2f GB/s)\n",
+               cpu_per_s, scalar ? "scalar" : "widest", memcpy_per_s / 1e9, gbps, h100_gbps);
+
   MeasureOptions m;
   m.params = std::uint64_t{8} << 20;
-  const Rates unlimited = measure_rates(m);
-  const double h100_gbps = 25.0 * unlimited.cpu_update / 2.2e9;
-  const double memcpy_gbps = std::min(unlimited.h2d, unlimited.d2h) / 1e9;
-  const double gbps = std::min(h100_gbps, memcpy_gbps / 2);
-  set_bandwidth(gbps, gbps);
-  const Rates rates = measure_rates(m);
-  std::fprintf(stderr,
-               "machine: CPU update %.3g params/s (1 thread), stand-in memcpy %.2f GB/s; simulated "
-               "copies %.2f GB/s (H100 ratio would be %.2f GB/s)\n",
-               unlimited.cpu_update, memcpy_gbps, gbps, h100_gbps);
-
+  m.cpu_threads = 1;
+  if (scalar) m.cpu_isa = kernels::CpuIsa::kScalar;
   const std::uint64_t device_memory = std::uint64_t{80} << 30;
   for (std::uint64_t size : subgroup_sizes) {
     const auto n = static_cast<std::size_t>(std::max(1.0, total / static_cast<double>(size)));
@@ -132,43 +191,85 @@ int main(int argc, char** argv) {
       specs[i].slices.push_back(ParamSlice{0, size, params.back().get()});
     }
     OptimizerState state(std::move(specs), StateOptions{});
+    const Rates rates = measure_rates(m);  // right before this size's runs
     ExecutorOptions options;
     options.rates = rates;
-    options.refine = false;  // every policy planned from the same rates
+    options.cpu_threads = 1;
+    if (scalar) options.cpu_isa = kernels::CpuIsa::kScalar;
     Executor executor(state, options);
     const double w = static_cast<double>(n * size);
     const std::uint64_t headroom = device_memory / 2;
-    auto emit = [&](const std::string& policy, double seconds, double predicted, std::size_t gpu,
-                    std::size_t buffers) {
+    kernels::AdamHyper hyper;
+
+    struct Best {
+      double seconds = 1e300;
+      double predicted = 0;
+      double cpu_rate = 0;  // params/s the CPU side had in that phase
+      std::size_t gpu = 0, buffers = 0;
+    };
+    std::vector<Policy> policies = {Policy::all_cpu()};
+    for (std::size_t k = 2; k <= std::min<std::size_t>(n, 8); ++k)
+      policies.push_back(Policy::every(k));
+    policies.push_back(Policy::automatic_policy());
+    std::map<std::string, Best> best;
+    executor.run(hyper, Policy::all_cpu(), headroom);  // warm: pages
+    for (int round = 0; round < repeats; ++round) {
+      for (const Policy& p : policies) {
+        const PhaseReport& r = executor.run(hyper, p, headroom);
+        if (verbose) {
+          std::string gpu;
+          for (std::size_t s : r.ran.gpu_order) gpu += (gpu.empty() ? "" : ",") + std::to_string(s);
+          std::fprintf(
+              stderr,
+              "%s: %.3f s (predicted %.3f s: CPU side %.3f, GPU side %.3f, link %.3f), "
+              "CPU busy %.3f s (%.3g params/s), GPU [%s], %zu buffers\n",
+              policy_name(p).c_str(), r.seconds, r.ran.predicted.phase_s,
+              r.ran.predicted.cpu_side_s, r.ran.predicted.gpu_side_s, r.ran.predicted.link_s,
+              r.cpu_seconds,
+              r.cpu_seconds > 0 ? static_cast<double>(r.ran.cpu_params) / r.cpu_seconds : 0,
+              gpu.c_str(), r.ran.buffers);
+        }
+        Best& b = best[policy_name(p)];
+        if (r.seconds < b.seconds) {
+          b.seconds = r.seconds;
+          b.predicted = r.ran.predicted.phase_s;
+          b.cpu_rate =
+              r.cpu_seconds > 0 ? static_cast<double>(r.ran.cpu_params) / r.cpu_seconds : 0;
+          b.gpu = r.ran.gpu_order.size();
+          b.buffers = r.ran.buffers;
+        }
+      }
+    }
+    auto emit = [&](const std::string& policy, const Best& b, const std::string& extra) {
       std::printf(
           "{\"bench\":\"update_phase\",\"subgroup_params\":%llu,\"policy\":\"%s\","
           "\"seconds\":%.4f,\"predicted_seconds\":%.4f,\"subgroups\":%zu,"
           "\"gpu_subgroups\":%zu,\"buffers\":%zu,\"params\":%.3g,"
-          "\"cpu_update_params_per_s\":%.3g,\"copy_gbps\":%.2f,"
-          "\"machine\":\"stand-in, 1 CPU update thread, simulated copies\"}\n",
-          static_cast<unsigned long long>(size), policy.c_str(), seconds, predicted, n, gpu,
-          buffers, w, rates.cpu_update, gbps);
+          "\"cpu_update_params_per_s\":%.3g,\"cpu_update_contended_params_per_s\":%.3g,"
+          "\"copy_gbps\":%.2f,\"cpu_isa\":\"%s\"%s,"
+          "\"machine\":\"stand-in, 1 CPU update thread, simulated copies and GPU\"}\n",
+          static_cast<unsigned long long>(size), policy.c_str(), b.seconds, b.predicted, n, b.gpu,
+          b.buffers, w, rates.cpu_update, rates.cpu_update_contended, gbps,
+          scalar ? "scalar" : "widest", extra.c_str());
       std::fflush(stdout);
     };
-    kernels::AdamHyper hyper;
-    auto run = [&](const Policy& p) {
-      double best = 1e300;
-      const PhaseReport* last = nullptr;
-      for (int i = 0; i < repeats; ++i) {
-        const PhaseReport& r = executor.run(hyper, p, headroom);
-        best = std::min(best, r.seconds);
-        last = &r;
-      }
-      emit(p.kind == Policy::Kind::automatic ? "tide"
-           : p.kind == Policy::Kind::cpu     ? "all_cpu"
-                                             : policy_name(p),
-           best, last->ran.predicted.phase_s, last->ran.gpu_order.size(), last->ran.buffers);
-    };
-    executor.run(hyper, Policy::all_cpu(), headroom);  // warm: pages
-    run(Policy::all_cpu());
-    for (std::size_t k = 2; k <= std::min<std::size_t>(n, 8); ++k) run(Policy::every(k));
-    run(Policy::automatic_policy());
-    emit("ideal", ideal_seconds(w, rates, 2), ideal_seconds(w, rates, 2), 0, 0);
+    double best_fixed = 1e300;
+    for (const Policy& p : policies) {
+      const std::string name = policy_name(p);
+      if (p.kind == Policy::Kind::automatic) continue;
+      best_fixed = std::min(best_fixed, best[name].seconds);
+      emit(p.kind == Policy::Kind::cpu ? "all_cpu" : name, best[name], "");
+    }
+    const Best& tide = best["auto"];
+    const double ideal = ideal_seconds(w, rates.cpu_update_contended, rates, 2);
+    char extra[256];
+    std::snprintf(extra, sizeof extra,
+                  ",\"over_ideal\":%.3f,\"over_best_fixed\":%.3f,\"tide_cpu_params_per_s\":%.3g",
+                  tide.seconds / ideal, tide.seconds / best_fixed, tide.cpu_rate);
+    emit("tide", tide, extra);
+    Best bound;
+    bound.seconds = bound.predicted = ideal;
+    emit("ideal", bound, "");
   }
   return 0;
 }

@@ -139,6 +139,7 @@ Footprint Executor::footprint(bool gradients_on_gpu) const {
   Footprint f;
   f.state_bytes_per_param = 12;
   f.gradient_bytes_per_param = state_.grad_bytes();
+  f.weight_bytes_per_param = state_.param_bytes();  // what a CPU subgroup uploads
   f.gradients_on_gpu = gradients_on_gpu;
   return f;
 }
@@ -183,35 +184,9 @@ Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_bytes,
       if (policy.k < 1) throw std::invalid_argument("tide: interleave policy needs K >= 1");
       chosen = plan_interleaved(w, r, policy.k, options_.planner);
       break;
-    case Policy::Kind::automatic: {
-      // The model leaves out the CPU subgroups' weight uploads (param_bytes each), which share
-      // the host-to-GPU link with the GPU subgroups' copy-in. Where the link is the bottleneck
-      // that matters (a link only a few times faster than the CPU's uploads), so the planner's
-      // plan competes with all-CPU and every fixed K under the bound
-      // max(predicted, link bytes / link rate). TODO(planner): move the bound into the model.
-      const double up = state_.param_bytes();
-      auto score = [&](const Plan& c) {
-        const double link = (static_cast<double>(c.gpu_params) *
-                                 static_cast<double>(w.footprint.h2d_bytes_per_param()) +
-                             static_cast<double>(c.cpu_params) * up) /
-                            (c.gpu_order.empty() ? r.h2d : r.h2d_duplex);
-        return std::max(c.predicted.phase_s, link);
-      };
-      Plan best = plan(w, r, options_.planner);
-      double best_score = score(best);
-      auto consider = [&](const Plan& c) {
-        if (const double sc = score(c); sc < best_score) {
-          best = c;
-          best_score = sc;
-        }
-      };
-      consider(all_cpu_plan(w, r));
-      for (std::size_t k = 1; k <= std::min<std::size_t>(state_.size(), 32); ++k) {
-        if (auto c = plan_interleaved(w, r, k, options_.planner)) consider(*c);
-      }
-      chosen = std::move(best);
+    case Policy::Kind::automatic:
+      chosen = plan(w, r, options_.planner);
       break;
-    }
   }
   return chosen ? *chosen : all_cpu_plan(w, r);
 }
@@ -418,8 +393,12 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
         sub.state_dtype = kernels::Dtype::kFloat32;
         sub.copy_dtype = low ? state_.options().param_dtype : kernels::Dtype::kBFloat16;
         const auto t0 = Clock::now();
-        const kernels::AdamResult result = kernels::cpu_adam_step(
-            sub, hyper, kernels::CpuAdamOptions{.threads = options_.cpu_threads});
+        kernels::CpuAdamOptions cpu_options{.threads = options_.cpu_threads};
+        if (options_.cpu_isa) {
+          cpu_options.force_isa = true;
+          cpu_options.isa = *options_.cpu_isa;
+        }
+        const kernels::AdamResult result = kernels::cpu_adam_step(sub, hyper, cpu_options);
         const double took = seconds_since(t0);
         report.timings[s].cpu_update_s = took;
         report.cpu_seconds += took;

@@ -31,6 +31,7 @@
 #include "driver/context.h"
 #include "driver/memory.h"
 #include "kernels/adam_math.h"
+#include "kernels/cpu_adam.h"
 #include "scheduler/gradient_offload.h"
 #include "scheduler/optimizer_state.h"
 #include "scheduler/plan.h"
@@ -71,6 +72,9 @@ struct ExecutorOptions {
   bool refine = true;  // measured times refine the rates
   RefineOptions refine_options;
   unsigned cpu_threads = 0;  // CPU subgroups' update threads; 0: the whole pool
+  // The CPU kernel's instruction set instead of the widest one (must be supported): for timing
+  // tests and benchmarks that want a slower CPU update against the stand-in's simulated copies.
+  std::optional<kernels::CpuIsa> cpu_isa;
 };
 
 struct PhaseReport {

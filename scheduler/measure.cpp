@@ -1,5 +1,7 @@
 #include "scheduler/measure.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -55,6 +57,17 @@ struct HostSubgroup {
   void* copy;
 };
 
+// Seconds of CPU time the calling thread spent in f().
+template <typename F>
+double thread_cpu_seconds(F&& f) {
+  timespec a{}, b{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+  f();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+  return static_cast<double>(b.tv_sec - a.tv_sec) +
+         1e-9 * static_cast<double>(b.tv_nsec - a.tv_nsec);
+}
+
 template <typename F>
 double best_of(int repeats, F&& once) {
   double best = 1e300;
@@ -63,6 +76,28 @@ double best_of(int repeats, F&& once) {
 }
 
 }  // namespace
+
+CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& options,
+                         int repeats) {
+  if (params < 1024 || repeats < 1 || options.threads != 1) {
+    throw std::invalid_argument(
+        "tide: measure_cpu_cost: at least 1024 parameters, one repeat, and one thread");
+  }
+  allocator::PinnedArena arena;
+  HostSubgroup a(arena, params), b(arena, params);
+  const std::uint64_t bytes = 12 * params;
+  const kernels::AdamHyper hyper;
+  CpuCost c;
+  for (int i = 0; i <= repeats; ++i) {  // the first warms the pages
+    const double update =
+        thread_cpu_seconds([&] { kernels::cpu_adam_step(a.adam(), hyper, options); });
+    const double move = thread_cpu_seconds([&] { std::memcpy(b.state, a.state, bytes); });
+    if (i == 0) continue;
+    c.update = std::max(c.update, static_cast<double>(params) / std::max(update, 1e-9));
+    c.memcpy = std::max(c.memcpy, static_cast<double>(bytes) / std::max(move, 1e-9));
+  }
+  return c;
+}
 
 Rates measure_rates(const MeasureOptions& options) {
   if (options.params < 1024 || options.repeats < 1) {
@@ -81,9 +116,14 @@ Rates measure_rates(const MeasureOptions& options) {
     if (options.progress) options.progress(kind, rate_of(r, kind));
   };
 
+  kernels::CpuAdamOptions cpu_options{.threads = options.cpu_threads};
+  if (options.cpu_isa) {
+    cpu_options.force_isa = true;
+    cpu_options.isa = *options.cpu_isa;
+  }
   auto cpu_once = [&] {
     const auto t0 = Clock::now();
-    kernels::cpu_adam_step(a.adam(), hyper);
+    kernels::cpu_adam_step(a.adam(), hyper, cpu_options);
     return seconds_since(t0);
   };
   cpu_once();  // warm: pages, the thread pool

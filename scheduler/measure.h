@@ -14,8 +14,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string_view>
 
+#include "kernels/cpu_adam.h"
 #include "scheduler/rates.h"
 
 namespace tide::scheduler {
@@ -23,10 +25,26 @@ namespace tide::scheduler {
 struct MeasureOptions {
   std::uint64_t params = std::uint64_t{1} << 22;  // per buffer: 4 Mi parameters, 48 MiB of state
   int repeats = 3;
+  // The CPU update's threads (0: the whole pool) and instruction set (nullopt: the widest), as
+  // the executor will run it (ExecutorOptions::cpu_threads, cpu_isa).
+  unsigned cpu_threads = 0;
+  std::optional<kernels::CpuIsa> cpu_isa;
   // Called after each rate with its kind and value (progress output); may be empty.
   std::function<void(RateKind, double)> progress;
 };
 
 Rates measure_rates(const MeasureOptions& options = {});
+
+// What the CPU update and a memcpy cost per second of this thread's CPU time (not wall time), over
+// one pinned subgroup of `params` parameters, best of `repeats` after a warm-up: the same on a
+// busy machine as on an idle one. Timing tests and the update_phase benchmark set the stand-in's
+// simulated link from it so that a loaded machine picks the same link as an idle one.
+// `options.threads` must be 1: CPU time is measured on the calling thread.
+struct CpuCost {
+  double update = 0;  // params/s
+  double memcpy = 0;  // bytes/s (12 bytes per parameter: the subgroup's fp32 state)
+};
+CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& options,
+                         int repeats = 3);
 
 }  // namespace tide::scheduler

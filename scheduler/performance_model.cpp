@@ -18,6 +18,17 @@ double PerformanceModel::h2d_time(double params, bool duplex) const {
          (duplex ? rates_.h2d_duplex : rates_.h2d);
 }
 
+double PerformanceModel::h2d_time(double params, bool duplex, double start,
+                                  const UploadFlow& flow) const {
+  const double link = duplex ? rates_.h2d_duplex : rates_.h2d;
+  const double bytes = params * static_cast<double>(footprint_.h2d_bytes_per_param());
+  if (start >= flow.end || flow.rate <= 0) return bytes / link;
+  const double shared = link - upload_share(flow, link);  // > 0: the share is at most half
+  const double before = (flow.end - start) * shared;      // bytes moved until the uploads end
+  if (bytes <= before) return bytes / shared;
+  return (flow.end - start) + (bytes - before) / link;
+}
+
 double PerformanceModel::d2h_time(double params, bool duplex) const {
   return params * static_cast<double>(footprint_.d2h_bytes_per_param()) /
          (duplex ? rates_.d2h_duplex : rates_.d2h);
@@ -27,8 +38,17 @@ double PerformanceModel::contended_cpu_rate() const {
   return std::min(rates_.cpu_update_contended, rates_.cpu_update);
 }
 
+UploadFlow PerformanceModel::upload_flow(double cpu_params) const {
+  const double bytes = cpu_params * static_cast<double>(footprint_.upload_bytes_per_param());
+  if (!(bytes > 0)) return {};
+  UploadFlow flow;
+  flow.rate = bytes / cpu_params * contended_cpu_rate();
+  flow.end = bytes / upload_share(flow, rates_.h2d_duplex);
+  return flow;
+}
+
 double PerformanceModel::gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers,
-                                  std::vector<double>& scratch,
+                                  double cpu_params, std::vector<double>& scratch,
                                   std::vector<GpuTimes>* times) const {
   const std::size_t g = sizes.size();
   if (times != nullptr) times->assign(g, GpuTimes{});
@@ -37,6 +57,7 @@ double PerformanceModel::gpu_side(std::span<const std::uint64_t> sizes, std::siz
   const bool duplex = buffers >= 2 && g >= 2;
   // scratch[j] = E_j, the end of subgroup j's copy-out (when its buffer is free again).
   scratch.resize(g);
+  const UploadFlow flow = upload_flow(cpu_params);
   double h_end = 0;
   double u_end = 0;
   double e_end = 0;
@@ -44,7 +65,7 @@ double PerformanceModel::gpu_side(std::span<const std::uint64_t> sizes, std::siz
     const double s = static_cast<double>(sizes[j]);
     const double buffer_free = j >= buffers ? scratch[j - buffers] : 0.0;
     const double h_start = std::max(h_end, buffer_free);
-    h_end = h_start + h2d_time(s, duplex && j != 0);
+    h_end = h_start + h2d_time(s, duplex && j != 0, h_start, flow);
     u_end = std::max(u_end, h_end) + update_time(s);
     e_end = std::max(e_end, u_end) + d2h_time(s, duplex && j + 1 != g);
     scratch[j] = e_end;
@@ -53,9 +74,10 @@ double PerformanceModel::gpu_side(std::span<const std::uint64_t> sizes, std::siz
   return e_end;
 }
 
-double PerformanceModel::gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers) const {
+double PerformanceModel::gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers,
+                                  double cpu_params) const {
   std::vector<double> scratch;
-  return gpu_side(sizes, buffers, scratch);
+  return gpu_side(sizes, buffers, cpu_params, scratch);
 }
 
 double PerformanceModel::serial_gpu_side(double gpu_params) const {
@@ -69,8 +91,18 @@ double PerformanceModel::cpu_side(double cpu_params, double gpu_side) const {
   return gpu_side + (cpu_params - during) / rates_.cpu_update;
 }
 
-double PerformanceModel::phase(double cpu_params, double gpu_side) const {
-  return std::max(cpu_side(cpu_params, gpu_side), gpu_side);
+double PerformanceModel::link_side(double gpu_params, double cpu_params, bool duplex) const {
+  const double bytes = gpu_params * static_cast<double>(footprint_.h2d_bytes_per_param()) +
+                       cpu_params * static_cast<double>(footprint_.upload_bytes_per_param());
+  return bytes / (duplex ? rates_.h2d_duplex : rates_.h2d);
+}
+
+double PerformanceModel::phase(double cpu_params, double gpu_side, double link_side) const {
+  return std::max({cpu_side(cpu_params, gpu_side), gpu_side, link_side});
+}
+
+double PerformanceModel::all_cpu(double params) const {
+  return std::max(params / rates_.cpu_update, link_side(0, params, false));
 }
 
 }  // namespace tide::scheduler

@@ -7,13 +7,22 @@
 // min(r_cc, r_c)), B_h / B_d host→GPU / GPU→host copy alone, B_h2 / B_d2 the same while the other
 // direction also runs (full duplex), r_g GPU update. Bytes per parameter (Footprint): a copied in
 // per GPU subgroup parameter (fp32 p, m, v = 12, plus the gradient when it comes from host
-// memory), b copied out (12).
+// memory), b copied out (12), w uploaded per CPU subgroup parameter (its low-precision weights,
+// 2 for bf16, which the CPU computes and the model's parameters on the GPU need).
+//
+// The host→GPU link carries both the GPU subgroups' copy-ins and the CPU subgroups' weight
+// uploads. The uploads are small and steady (each CPU subgroup's weights as soon as it is
+// updated), so the model treats them as a flow: while the CPU side runs they take
+//     λ = min(w·r_cc, B/2)                          bytes/s of the link (B: the copy-in's rate)
+// until T_w = w·W_c / λ (the end of the CPU side, unless the uploads outpace the link), and the
+// copy-ins get the rest. W_c is the CPU subgroups' parameters.
 //
 // GPU side. The GPU subgroups s_1..s_g (params) run, in their order, through three engines —
 // copy in, update kernel, copy out — each taking one subgroup at a time in order. A subgroup
 // occupies one of D buffers from the start of its copy-in to the end of its copy-out, so the
 // copy-in of s_j waits for the copy-out of s_{j-D}. With
-//     h_j = a·s_j / B_h(j),   u_j = s_j / r_g,   d_j = b·s_j / B_d(j)
+//     h_j = time to move a·s_j from H_{j-1}' at B_h(j) − λ before T_w, B_h(j) after
+//     u_j = s_j / r_g,   d_j = b·s_j / B_d(j)
 // the completion times are
 //     H_j = max(H_{j-1}, E_{j-D}) + h_j         copy-in ends  (E_{j-D} = 0 for j ≤ D)
 //     U_j = max(U_{j-1}, H_j)     + u_j         update ends
@@ -28,16 +37,22 @@
 //     T_cpu = W_c / r_cc                            if W_c ≤ r_cc · T_gpu
 //           = T_gpu + (W_c − r_cc · T_gpu) / r_c    otherwise
 //
-// Phase. T = max(T_cpu, T_gpu); all-CPU: W / r_c (W all parameters).
+// Link. Everything the host→GPU link carries, at its rate (duplex when the GPU side overlaps its
+// copies, alone otherwise): T_link = (a·W_g + w·W_c) / B_h(2), W_g the GPU subgroups' parameters.
+// It binds when the uploads alone come close to filling the link (a fast CPU, a slow link).
+//
+// Phase. T = max(T_cpu, T_gpu, T_link); all-CPU: max(W / r_c, w·W / B_h) (W all parameters).
 //
 // What it leaves out, on purpose: per-launch latencies (microseconds against tens of
-// milliseconds per subgroup of 1e8), the upload of CPU subgroups' low-precision weights (folded
-// into the measured CPU rate), and a slowdown of copies by the CPU update (the contention is
-// charged to the CPU, whose rate while copies run is measured). Measured subgroup times refine
-// the rates (scheduler/refine.h), which absorbs what the formulas miss.
+// milliseconds per subgroup of 1e8), the upload of the last CPU subgroup's weights after its
+// update (w·s / B_h: under 1% of the phase with subgroups of 1e8), the order in which the link
+// serves copy-ins and uploads (the flow above), and a slowdown of copies by the CPU update (the
+// contention is charged to the CPU, whose rate while copies run is measured). Measured subgroup
+// times refine the rates (scheduler/refine.h), which absorbs what the formulas miss.
 // ---------------------------------------------------------------------------------------------
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -51,6 +66,9 @@ namespace tide::scheduler {
 struct Footprint {
   std::uint32_t state_bytes_per_param = 12;    // fp32 p, m, v: copied in and out, one buffer
   std::uint32_t gradient_bytes_per_param = 2;  // bf16 gradient
+  // The low-precision weights a CPU subgroup uploads to the model's parameters on the GPU after
+  // its update (bf16: 2; 0 for none). GPU subgroups write theirs on the GPU.
+  std::uint32_t weight_bytes_per_param = 2;
   // GPU subgroups keep their gradient on the GPU from the backward pass (it is memory held during
   // the phase, nothing to copy) instead of copying it in from pinned host memory with the state.
   bool gradients_on_gpu = true;
@@ -59,6 +77,7 @@ struct Footprint {
     return state_bytes_per_param + (gradients_on_gpu ? 0u : gradient_bytes_per_param);
   }
   std::uint64_t d2h_bytes_per_param() const { return state_bytes_per_param; }
+  std::uint64_t upload_bytes_per_param() const { return weight_bytes_per_param; }
   // One buffer holds what is copied in.
   std::uint64_t buffer_bytes(std::uint64_t params) const { return params * h2d_bytes_per_param(); }
   // Held on the GPU for the whole phase by a GPU subgroup.
@@ -77,6 +96,13 @@ struct GpuTimes {
   double d2h_end = 0;
 };
 
+// The CPU subgroups' weight uploads as the model sees them: a flow of `rate` bytes/s on the
+// host→GPU link (before the per-copy cap of half the copy's rate) until `end` seconds.
+struct UploadFlow {
+  double rate = 0;
+  double end = 0;
+};
+
 class PerformanceModel {
  public:
   // Throws std::invalid_argument for rates that are not finite and > 0, or a footprint that
@@ -86,29 +112,45 @@ class PerformanceModel {
   const Rates& rates() const { return rates_; }
   const Footprint& footprint() const { return footprint_; }
 
-  // T_gpu of GPU subgroups `sizes` (params, in pipeline order) with `buffers` ≥ 1 buffers.
-  // `times`, if given, receives each subgroup's times (resized to sizes.size()). `scratch` keeps
-  // the planner's inner loop free of allocations.
-  double gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers,
+  // T_gpu of GPU subgroups `sizes` (params, in pipeline order) with `buffers` ≥ 1 buffers, while
+  // the CPU updates `cpu_params` and uploads their weights on the same link. `times`, if given,
+  // receives each subgroup's times (resized to sizes.size()). `scratch` keeps the planner's inner
+  // loop free of allocations.
+  double gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers, double cpu_params,
                   std::vector<double>& scratch, std::vector<GpuTimes>* times = nullptr) const;
-  double gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers) const;
-  // T_gpu with one buffer in closed form: nothing overlaps, so it is the sum of every stage at
-  // the alone rates, whatever the order (equal to gpu_side(sizes, 1) up to rounding).
+  double gpu_side(std::span<const std::uint64_t> sizes, std::size_t buffers,
+                  double cpu_params = 0) const;
+  // T_gpu with one buffer and no uploads in closed form: nothing overlaps, so it is the sum of
+  // every stage at the alone rates, whatever the order (equal to gpu_side(sizes, 1) up to
+  // rounding). With uploads it is a lower bound of gpu_side(sizes, 1, cpu_params).
   double serial_gpu_side(double gpu_params) const;
 
   // T_cpu for `cpu_params` given the GPU side's duration; also when the CPU side has done its
   // first `cpu_params` (it is monotone), which gives each CPU subgroup's predicted times.
   double cpu_side(double cpu_params, double gpu_side) const;
 
-  double phase(double cpu_params, double gpu_side) const;
-  double all_cpu(double params) const { return params / rates_.cpu_update; }
+  // T_link: the host→GPU link's busy time, GPU subgroups' copy-ins and CPU subgroups' uploads;
+  // `duplex` when the GPU side overlaps its copies (D ≥ 2 and at least two GPU subgroups).
+  double link_side(double gpu_params, double cpu_params, bool duplex) const;
+
+  // max(T_cpu, T_gpu, T_link).
+  double phase(double cpu_params, double gpu_side, double link_side) const;
+  double all_cpu(double params) const;
 
   // Per-subgroup stage times, in seconds.
   double h2d_time(double params, bool duplex) const;
+  // A copy-in of `params` starting at `start` while the uploads `flow` share the link.
+  double h2d_time(double params, bool duplex, double start, const UploadFlow& flow) const;
   double d2h_time(double params, bool duplex) const;
   double update_time(double params) const { return params / rates_.gpu_update; }
   // The CPU rate while copies run, as the model uses it (never above the free rate).
   double contended_cpu_rate() const;
+  // The uploads of `cpu_params` CPU parameters while the GPU side runs.
+  UploadFlow upload_flow(double cpu_params) const;
+  // The share of the link the flow takes from a copy at `link_rate` bytes/s.
+  static double upload_share(const UploadFlow& flow, double link_rate) {
+    return std::min(flow.rate, link_rate / 2);
+  }
 
  private:
   Rates rates_;

@@ -77,9 +77,14 @@ Plan evaluate(const Workload& workload, const Rates& rates, const Placement& pla
     plan.buffer_bytes = workload.footprint.buffer_bytes(largest);
   }
 
+  std::uint64_t cpu_params = 0;
+  for (const SubgroupPlan& sub : plan.subgroups) {
+    if (sub.device == Device::cpu) cpu_params += sub.params;
+  }
   std::vector<double> scratch;
   std::vector<GpuTimes> times;
-  const double gpu_side = model.gpu_side(gpu_sizes, plan.buffers, scratch, &times);
+  const double gpu_side =
+      model.gpu_side(gpu_sizes, plan.buffers, static_cast<double>(cpu_params), scratch, &times);
   for (std::size_t j = 0; j < plan.gpu_order.size(); ++j) {
     SubgroupPlan& sub = plan.subgroups[plan.gpu_order[j]];
     sub.buffer = j % plan.buffers;
@@ -98,13 +103,17 @@ Plan evaluate(const Workload& workload, const Rates& rates, const Placement& pla
     sub.start_s = model.cpu_side(done, gpu_side);
     done += static_cast<double>(sub.params);
     sub.end_s = model.cpu_side(done, gpu_side);
-    plan.cpu_params += sub.params;
   }
+  plan.cpu_params = cpu_params;
 
-  plan.predicted.gpu_side_s = gpu_side;
-  plan.predicted.cpu_side_s = model.cpu_side(static_cast<double>(plan.cpu_params), gpu_side);
-  plan.predicted.phase_s = std::max(plan.predicted.cpu_side_s, gpu_side);
-  plan.predicted.all_cpu_s = model.all_cpu(static_cast<double>(plan.cpu_params + plan.gpu_params));
+  const bool duplex = plan.buffers >= 2 && plan.gpu_order.size() >= 2;
+  Prediction& p = plan.predicted;
+  p.gpu_side_s = gpu_side;
+  p.cpu_side_s = model.cpu_side(static_cast<double>(plan.cpu_params), gpu_side);
+  p.link_s = model.link_side(static_cast<double>(plan.gpu_params),
+                             static_cast<double>(plan.cpu_params), duplex);
+  p.phase_s = std::max({p.cpu_side_s, gpu_side, p.link_s});
+  p.all_cpu_s = model.all_cpu(static_cast<double>(plan.cpu_params + plan.gpu_params));
   return plan;
 }
 

@@ -36,23 +36,34 @@ std::size_t max_buffers(const Workload& workload, const PlannerOptions& options,
   return static_cast<std::size_t>(fit);
 }
 
+// The phase of GPU subgroups `order` (sizes, pipeline order) with `buffers` buffers.
+double phase_of(const PerformanceModel& model, std::vector<double>& scratch,
+                std::span<const std::uint64_t> order, double gpu_params, double cpu_params,
+                std::size_t buffers) {
+  const bool duplex = buffers >= 2 && order.size() >= 2;
+  return model.phase(cpu_params, model.gpu_side(order, buffers, cpu_params, scratch),
+                     model.link_side(gpu_params, cpu_params, duplex));
+}
+
 // The best time of GPU subgroups `order` (sizes, pipeline order) over 1..dmax buffers. From D = 2
-// up the GPU side only shrinks with D (and the phase never shrinks when the GPU side grows), so
-// the best is D = 1 or D = dmax; `buffers` is dmax in the second case, see fewest_buffers().
+// up the GPU side only shrinks with D (and the phase never shrinks when the GPU side grows; the
+// link's time does not depend on D), so the best is D = 1 or D = dmax; `buffers` is dmax in the
+// second case, see fewest_buffers().
 Timing time_of(const PerformanceModel& model, std::vector<double>& scratch,
                std::span<const std::uint64_t> order, double gpu_params, double cpu_params,
                std::size_t dmax) {
   Timing t;
   if (dmax == 0) return t;
   if (dmax > 1) {
-    t.time = model.phase(cpu_params, model.gpu_side(order, dmax, scratch));
+    t.time = phase_of(model, scratch, order, gpu_params, cpu_params, dmax);
     t.buffers = dmax;
-    // One buffer serialises everything; its closed form (up to rounding, hence the margin) says
-    // when it cannot win without running the recurrence.
-    const double serial = model.phase(cpu_params, model.serial_gpu_side(gpu_params));
+    // One buffer serialises everything; its closed form (a lower bound with uploads, up to
+    // rounding, hence the margin) says when it cannot win without running the recurrence.
+    const double serial = model.phase(cpu_params, model.serial_gpu_side(gpu_params),
+                                      model.link_side(gpu_params, cpu_params, false));
     if (serial * (1 - 1e-9) > t.time) return t;
   }
-  const double one = model.phase(cpu_params, model.gpu_side(order, 1, scratch));
+  const double one = phase_of(model, scratch, order, gpu_params, cpu_params, 1);
   if (one <= t.time) {
     t.time = one;
     t.buffers = 1;
@@ -64,14 +75,14 @@ Timing time_of(const PerformanceModel& model, std::vector<double>& scratch,
 // monotone in D from 2 up). When the CPU side is the longer one, that can be far fewer than the
 // buffers that would make the GPU side itself shortest.
 std::size_t fewest_buffers(const PerformanceModel& model, std::vector<double>& scratch,
-                           std::span<const std::uint64_t> order, double cpu_params,
-                           std::size_t dmax) {
-  const double target = model.phase(cpu_params, model.gpu_side(order, dmax, scratch));
+                           std::span<const std::uint64_t> order, double gpu_params,
+                           double cpu_params, std::size_t dmax) {
+  const double target = phase_of(model, scratch, order, gpu_params, cpu_params, dmax);
   std::size_t lo = 2;
   std::size_t hi = dmax;
   while (lo < hi) {
     const std::size_t mid = lo + (hi - lo) / 2;
-    if (model.phase(cpu_params, model.gpu_side(order, mid, scratch)) <= target) {
+    if (phase_of(model, scratch, order, gpu_params, cpu_params, mid) <= target) {
       hi = mid;
     } else {
       lo = mid + 1;
@@ -118,7 +129,10 @@ class Search {
     const double cpu_params = static_cast<double>(total_ - gpu_params);
     Timing t = time_of(model_, scratch_, order, static_cast<double>(gpu_params), cpu_params, dmax);
     if (t.buffers == 0 || t.time > best_.time) return t.time;
-    if (t.buffers > 1) t.buffers = fewest_buffers(model_, scratch_, order, cpu_params, dmax);
+    if (t.buffers > 1) {
+      t.buffers = fewest_buffers(model_, scratch_, order, static_cast<double>(gpu_params),
+                                 cpu_params, dmax);
+    }
     const std::uint64_t bytes = t.buffers * workload_.footprint.buffer_bytes(largest) + resident;
     if (t.time == best_.time && bytes >= best_.gpu_bytes) return t.time;
     best_.time = t.time;
@@ -242,6 +256,7 @@ bool next_counts(std::vector<std::size_t>& counts, const std::vector<std::size_t
 void search_classes(Search& search, const std::vector<SizeClass>& classes, bool all_orders) {
   std::vector<std::size_t> counts(classes.size(), 0);
   std::vector<std::size_t> limits;
+  limits.reserve(classes.size());
   for (const SizeClass& c : classes) limits.push_back(c.members.size());
   std::vector<std::uint64_t> ascending;
   std::vector<std::size_t> ascending_index;
@@ -333,6 +348,7 @@ void search_windows(Search& search) {
                                        resident[start + g] - resident[start],
                                        sizes[by_size[start + g - 1]], [&] {
                                          std::vector<std::size_t> out;
+                                         out.reserve(rule.size());
                                          for (std::size_t p : rule)
                                            out.push_back(by_size[start + p]);
                                          return out;
@@ -473,6 +489,7 @@ Plan plan(const Workload& workload, const Rates& rates, const PlannerOptions& op
     double orders = 0;
     std::vector<std::size_t> counts(classes.size(), 0);
     std::vector<std::size_t> limits;
+    limits.reserve(classes.size());
     for (const SizeClass& c : classes) limits.push_back(c.members.size());
     while (next_counts(counts, limits) && orders < order_cap) {
       orders += distinct_orders(counts, order_cap);
@@ -515,7 +532,10 @@ std::optional<Plan> plan_for_order(const Workload& workload, const Rates& rates,
   const double cpu_params = static_cast<double>(plan.cpu_params);
   Timing t = time_of(model, scratch, sizes, static_cast<double>(plan.gpu_params), cpu_params, dmax);
   if (t.buffers == 0) return std::nullopt;
-  if (t.buffers > 1) t.buffers = fewest_buffers(model, scratch, sizes, cpu_params, dmax);
+  if (t.buffers > 1) {
+    t.buffers = fewest_buffers(model, scratch, sizes, static_cast<double>(plan.gpu_params),
+                               cpu_params, dmax);
+  }
   return evaluate(workload, rates, Placement{gpu_order, t.buffers});
 }
 

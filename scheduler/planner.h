@@ -3,8 +3,9 @@
 //
 // What it searches, and why that is enough:
 // - The model's time depends on a placement only through the multiset of GPU subgroup sizes, their
-//   order in the GPU pipeline, and the buffer count D: the CPU side sees only its total, and
-//   subgroups of equal size are interchangeable. So subgroups are grouped by size, and a candidate
+//   order in the GPU pipeline, and the buffer count D: the CPU side (and the weight uploads it
+//   puts on the host-to-GPU link) sees only its total, and subgroups of equal size are
+//   interchangeable. So subgroups are grouped by size, and a candidate
 //   is a count per size.
 // - For a fixed GPU order, the phase time is non-increasing in D from D = 2 up (more buffers only
 //   relax the pipeline), and D = 1 runs the copies alone at their own rates, so the best D is 1 or

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "scheduler/performance_model.h"
+
 namespace tide::scheduler {
 
 RateRefiner::RateRefiner(const Rates& initial, const RefineOptions& options)
@@ -45,6 +47,11 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
   const bool duplex = plan.buffers >= 2 && g >= 2;
   const double h2d_bytes = static_cast<double>(footprint.h2d_bytes_per_param());
   const double d2h_bytes = static_cast<double>(footprint.d2h_bytes_per_param());
+  // The CPU subgroups' weight uploads share the host→GPU link with the copy-ins (the model's
+  // flow, scheduler/performance_model.h): a copy-in that ran while they did moved its own bytes
+  // and the flow's share of the link, which is what its link's rate is measured on.
+  const UploadFlow flow =
+      PerformanceModel(rates_, footprint).upload_flow(static_cast<double>(plan.cpu_params));
   for (std::size_t i = 0; i < timings.size(); ++i) {
     const SubgroupPlan& sub = plan.subgroups[i];
     const SubgroupTiming& t = timings[i];
@@ -62,8 +69,17 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
     }
     const bool first = sub.position == 0;
     const bool last = sub.position + 1 == g;
-    used += observe(duplex && !first ? RateKind::h2d_duplex : RateKind::h2d, params * h2d_bytes,
-                    t.h2d_s);
+    const RateKind h2d_kind = duplex && !first ? RateKind::h2d_duplex : RateKind::h2d;
+    double shared = 0;  // seconds of the copy-in that shared the link with the uploads
+    if (flow.rate > 0 && sub.h2d_end_s > sub.start_s && t.h2d_s > 0) {
+      const double overlap = std::clamp(std::min(sub.h2d_end_s, flow.end) - sub.start_s, 0.0,
+                                        sub.h2d_end_s - sub.start_s);
+      shared = t.h2d_s * overlap / (sub.h2d_end_s - sub.start_s);
+    }
+    const double link = rate_of(rates_, h2d_kind);
+    used +=
+        observe(h2d_kind, params * h2d_bytes + PerformanceModel::upload_share(flow, link) * shared,
+                t.h2d_s);
     used += observe(RateKind::gpu_update, params, t.gpu_update_s);
     used += observe(duplex && !last ? RateKind::d2h_duplex : RateKind::d2h, params * d2h_bytes,
                     t.d2h_s);

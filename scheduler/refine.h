@@ -44,7 +44,9 @@ class RateRefiner {
   // A whole update phase: every measured subgroup of `plan`, with the kind the model charges it
   // to: the contended CPU rate for CPU subgroups the plan runs while its GPU side runs, the free
   // rate for those after it (one that straddles the end is skipped); the duplex copy rates in
-  // the GPU pipeline's steady state, as in scheduler/performance_model.h.
+  // the GPU pipeline's steady state, as in scheduler/performance_model.h. A copy-in that shared
+  // the host-to-GPU link with the CPU subgroups' weight uploads is credited with the uploads'
+  // share of it (the model's flow), so that the link's own rate is what is learnt.
   // `timings` is by subgroup index. Returns the number of observations used.
   std::size_t observe_phase(const Plan& plan, const Footprint& footprint,
                             std::span<const SubgroupTiming> timings);

@@ -23,9 +23,12 @@ Rates round_rates() {
   return r;
 }
 
+// The GPU subgroups' state alone on the links: gradients kept on the GPU, no CPU weight uploads
+// (UploadsShareTheHostToGpuLink and the tests after it add them).
 Footprint state_only() {
   Footprint f;
   f.gradients_on_gpu = true;
+  f.weight_bytes_per_param = 0;
   return f;
 }
 
@@ -53,7 +56,7 @@ TEST(PerformanceModel, BuffersOverlapCopiesAtDuplexRates) {
   EXPECT_DOUBLE_EQ(model.gpu_side(three, 2), 6.5);
   std::vector<double> scratch;
   std::vector<GpuTimes> times;
-  model.gpu_side(three, 2, scratch, &times);
+  model.gpu_side(three, 2, 0, scratch, &times);
   ASSERT_EQ(times.size(), 3u);
   EXPECT_DOUBLE_EQ(times[2].h2d_start, 3.25);
   EXPECT_DOUBLE_EQ(times[2].h2d_end, 5.25);
@@ -84,8 +87,9 @@ TEST(PerformanceModel, CpuIsContendedWhileTheGpuSideRuns) {
   EXPECT_DOUBLE_EQ(model.cpu_side(1e9, 3), 2.0);
   // 1 s contended (0.5e9 done), the remaining 1.5e9 at the free rate.
   EXPECT_DOUBLE_EQ(model.cpu_side(2e9, 1), 2.5);
-  EXPECT_DOUBLE_EQ(model.phase(2e9, 1), 2.5);
-  EXPECT_DOUBLE_EQ(model.phase(0.1e9, 3), 3.0);
+  EXPECT_DOUBLE_EQ(model.phase(2e9, 1, 0), 2.5);
+  EXPECT_DOUBLE_EQ(model.phase(0.1e9, 3, 0), 3.0);
+  EXPECT_DOUBLE_EQ(model.phase(0.1e9, 3, 3.5), 3.5);  // the link's time binds
   EXPECT_DOUBLE_EQ(model.all_cpu(3e9), 3.0);
 }
 
@@ -111,10 +115,71 @@ TEST(PerformanceModel, RejectsBadRates) {
   EXPECT_THROW(PerformanceModel(r, state_only()), std::invalid_argument);
 }
 
+TEST(PerformanceModel, UploadsShareTheHostToGpuLink) {
+  Rates r = round_rates();
+  r.cpu_update_contended = 1e9;  // 2 bytes of weights per parameter: 2e9 bytes/s of uploads
+  Footprint f = state_only();
+  f.weight_bytes_per_param = 2;
+  const PerformanceModel model(r, f);
+  const UploadFlow flow = model.upload_flow(3e9);
+  EXPECT_DOUBLE_EQ(flow.rate, 2e9);
+  EXPECT_DOUBLE_EQ(flow.end, 3.0);  // the CPU's 3e9 parameters at 1e9/s
+  const std::vector<std::uint64_t> one = {1'000'000'000};
+  // 12e9 bytes at 12e9 - 2e9 while the uploads run: 1.2 s; then 0.25 s update, 1 s out.
+  EXPECT_DOUBLE_EQ(model.gpu_side(one, 1, 3e9), 2.45);
+  // Uploads that end during the copy-in: 1 s at 10e9, the last 2e9 bytes at 12e9.
+  EXPECT_DOUBLE_EQ(model.h2d_time(1e9, false, 0, model.upload_flow(1e9)), 1.0 + 2.0 / 12.0);
+  // A copy-in that starts after them has the link to itself.
+  EXPECT_DOUBLE_EQ(model.h2d_time(1e9, false, 3.0, flow), 1.0);
+  // No CPU parameters, no uploads.
+  EXPECT_DOUBLE_EQ(model.gpu_side(one, 1, 0), 2.25);
+  // The link: 12e9 bytes of copy-in and 6e9 of weights, alone at 12e9 or duplex at 6e9.
+  EXPECT_DOUBLE_EQ(model.link_side(1e9, 3e9, false), 1.5);
+  EXPECT_DOUBLE_EQ(model.link_side(1e9, 3e9, true), 3.0);
+}
+
+TEST(PerformanceModel, UploadsTakeAtMostHalfOfACopyInsLink) {
+  Rates r = round_rates();
+  r.cpu_update_contended = 1e9;
+  Footprint f = state_only();
+  f.weight_bytes_per_param = 8;  // 8e9 bytes/s of uploads: more than the link can give them
+  const PerformanceModel model(r, f);
+  const UploadFlow flow = model.upload_flow(1e9);
+  EXPECT_DOUBLE_EQ(flow.rate, 8e9);
+  EXPECT_DOUBLE_EQ(flow.end, 8e9 / 3e9);  // at half the duplex link
+  EXPECT_DOUBLE_EQ(PerformanceModel::upload_share(flow, 12e9), 6e9);
+  // 12e9 bytes at 12e9 - 6e9.
+  EXPECT_DOUBLE_EQ(model.h2d_time(1e9, false, 0, flow), 2.0);
+}
+
+TEST(PerformanceModel, AllCpuIsBoundByTheUploadsWhenTheLinkIsSlow) {
+  Rates r = round_rates();
+  Footprint f = state_only();
+  f.weight_bytes_per_param = 2;
+  EXPECT_DOUBLE_EQ(PerformanceModel(r, f).all_cpu(3e9), 3.0);  // 6e9 bytes in 0.5 s
+  r.h2d = 1e9;
+  EXPECT_DOUBLE_EQ(PerformanceModel(r, f).all_cpu(3e9), 6.0);
+}
+
+TEST(PerformanceModel, MoreCpuWorkNeverSpeedsTheGpuSide) {
+  const PerformanceModel model(round_rates(), Footprint{});
+  const std::vector<std::uint64_t> sizes = {300'000'000, 100'000'000, 200'000'000, 100'000'000};
+  for (std::size_t d = 1; d <= 4; ++d) {
+    double last = 0;
+    for (double cpu = 0; cpu <= 8e9; cpu += 0.25e9) {
+      const double t = model.gpu_side(sizes, d, cpu);
+      EXPECT_GE(t, last) << d << " " << cpu;
+      if (d == 1) EXPECT_GE(t * (1 + 1e-12), model.serial_gpu_side(7e8)) << cpu;  // a lower bound
+      last = t;
+    }
+  }
+}
+
 TEST(Evaluate, GivesEachSubgroupItsDeviceOrderBufferAndTimes) {
   Workload w;
   w.subgroup_params = {1'000'000'000, 1'000'000'000, 1'000'000'000, 1'000'000'000};
   w.headroom_bytes = 100'000'000'000;
+  w.footprint.weight_bytes_per_param = 0;  // EvaluateChargesTheUploads adds them
   const Plan p = evaluate(w, round_rates(), Placement{{3, 1}, 2});
   EXPECT_EQ(p.gpu_order, (std::vector<std::size_t>{3, 1}));
   EXPECT_EQ(p.cpu_order, (std::vector<std::size_t>{0, 2}));
@@ -141,6 +206,26 @@ TEST(Evaluate, GivesEachSubgroupItsDeviceOrderBufferAndTimes) {
   EXPECT_DOUBLE_EQ(p.subgroups[2].start_s, 2.0);
   EXPECT_DOUBLE_EQ(p.subgroups[2].end_s, 4.0);
   EXPECT_DOUBLE_EQ(p.subgroups[1].end_s, 4.25);
+}
+
+TEST(Evaluate, ChargesTheUploads) {
+  Workload w;
+  w.subgroup_params = {1'000'000'000, 3'000'000'000};
+  w.headroom_bytes = 100'000'000'000;
+  Rates r = round_rates();
+  r.cpu_update_contended = 1e9;
+  const Plan p = evaluate(w, r, Placement{{0}, 1});
+  // As in UploadsShareTheHostToGpuLink.
+  EXPECT_DOUBLE_EQ(p.predicted.gpu_side_s, 2.45);
+  EXPECT_DOUBLE_EQ(p.predicted.cpu_side_s, 3.0);
+  EXPECT_DOUBLE_EQ(p.predicted.link_s, 1.5);
+  EXPECT_DOUBLE_EQ(p.predicted.phase_s, 3.0);
+  EXPECT_DOUBLE_EQ(p.subgroups[0].h2d_end_s, 1.2);
+  // All on the CPU: 4e9 at 1e9/s; its uploads, 8e9 bytes alone at 12e9, fit in that.
+  EXPECT_DOUBLE_EQ(p.predicted.all_cpu_s, 4.0);
+  const Plan cpu = all_cpu_plan(w, r);
+  EXPECT_DOUBLE_EQ(cpu.predicted.link_s, 8.0 / 12.0);
+  EXPECT_DOUBLE_EQ(cpu.predicted.phase_s, 4.0);
 }
 
 TEST(Evaluate, ClampsBuffersToTheGpuSubgroups) {

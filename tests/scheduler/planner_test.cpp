@@ -280,6 +280,10 @@ TEST(Planner, UsesTheFewestBuffersThatReachTheBestTime) {
   Workload w;
   w.subgroup_params.assign(50, 100'000'000);
   w.headroom_bytes = 200'000'000'000;  // room for every subgroup at once
+  // No CPU weight uploads: copy-in and copy-out then take as long as each other, and a third
+  // buffer lets the copy-in of one subgroup overlap the copy-out of the one before. (With the
+  // uploads on the host-to-GPU link, its copy-ins are the slower stage and two buffers suffice.)
+  w.footprint.weight_bytes_per_param = 0;
   const Rates r = builtin_rates();
   const Plan p = plan(w, r);
   ASSERT_GE(p.buffers, 2u);
@@ -290,6 +294,8 @@ TEST(Planner, UsesTheFewestBuffersThatReachTheBestTime) {
   EXPECT_EQ(more.predicted.phase_s, p.predicted.phase_s);
   // Steady state: copy-in, update and copy-out of three different subgroups at once.
   EXPECT_EQ(p.buffers, 3u);
+  w.footprint.weight_bytes_per_param = 2;
+  EXPECT_EQ(plan(w, r).buffers, 2u);
 }
 
 TEST(Planner, NoBetterThanOrEqualToEveryFixedInterleaving) {
