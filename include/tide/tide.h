@@ -137,8 +137,8 @@ typedef enum tide_dtype { TIDE_FLOAT32 = 0, TIDE_BFLOAT16 = 1, TIDE_FLOAT16 = 2 
 typedef enum tide_cpu_isa {
   TIDE_CPU_ISA_AUTO = 0, /* the widest this CPU supports */
   TIDE_CPU_ISA_SCALAR = 1,
-  TIDE_CPU_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
-  TIDE_CPU_ISA_AVX512 = 3  /* AVX-512 F, BW, VL, DQ */
+  TIDE_CPU_ISA_AVX2 = 2,  /* AVX2 + FMA + F16C */
+  TIDE_CPU_ISA_AVX512 = 3 /* AVX-512 F, BW, VL, DQ */
 } tide_cpu_isa;
 
 /* The hyperparameters of one step, as torch.optim.Adam/AdamW name them; they may change from
@@ -149,36 +149,36 @@ typedef struct tide_adam_hyper {
   double beta2;
   double eps;
   double weight_decay;
-  double grad_scale;  /* the loss scale the gradients carry: they are multiplied by
-                         (float)(1 / grad_scale), as GradScaler.unscale_ does; 1: unscaled */
-  int64_t step;       /* this step's number, from 1: torch's state["step"] after its increment */
-  int32_t decoupled;  /* 1: AdamW (decoupled weight decay); 0: Adam (L2 added to the gradient) */
-  int32_t maximize;   /* 1: maximize the objective (the gradient is negated) */
+  double grad_scale; /* the loss scale the gradients carry: they are multiplied by
+                        (float)(1 / grad_scale), as GradScaler.unscale_ does; 1: unscaled */
+  int64_t step;      /* this step's number, from 1: torch's state["step"] after its increment */
+  int32_t decoupled; /* 1: AdamW (decoupled weight decay); 0: Adam (L2 added to the gradient) */
+  int32_t maximize;  /* 1: maximize the objective (the gradient is negated) */
 } tide_adam_hyper;
 
 /* One subgroup: `count` elements in each buffer, each buffer aligned to its element size, no
  * two overlapping. */
 typedef struct tide_adam_subgroup {
-  const void* grad;    /* grad_dtype: TIDE_FLOAT32, TIDE_BFLOAT16 or TIDE_FLOAT16 */
-  float* param;        /* fp32 master weights, updated in place */
-  void* exp_avg;       /* first moment, state_dtype: TIDE_FLOAT32 or TIDE_BFLOAT16 */
-  void* exp_avg_sq;    /* second moment, state_dtype */
-  void* param_copy;    /* output: the updated weights in copy_dtype (TIDE_BFLOAT16 or
-                          TIDE_FLOAT16); NULL for none */
+  const void* grad; /* grad_dtype: TIDE_FLOAT32, TIDE_BFLOAT16 or TIDE_FLOAT16 */
+  float* param;     /* fp32 master weights, updated in place */
+  void* exp_avg;    /* first moment, state_dtype: TIDE_FLOAT32 or TIDE_BFLOAT16 */
+  void* exp_avg_sq; /* second moment, state_dtype */
+  void* param_copy; /* output: the updated weights in copy_dtype (TIDE_BFLOAT16 or
+                       TIDE_FLOAT16); NULL for none */
   uint64_t count;
   int32_t grad_dtype;
   int32_t state_dtype;
   int32_t copy_dtype;
-  int32_t reserved;    /* 0 */
+  int32_t reserved; /* 0 */
 } tide_adam_subgroup;
 
 /* How a CPU kernel runs; all zeros (or a NULL pointer) means the defaults. */
 typedef struct tide_cpu_options {
-  int32_t threads;    /* at most this many threads; 0: the pool's size (TIDE_CPU_THREADS) */
-  int32_t isa;        /* a tide_cpu_isa; one the CPU lacks is TIDE_ERROR_INVALID_ARGUMENT */
+  int32_t threads; /* at most this many threads; 0: the pool's size (TIDE_CPU_THREADS) */
+  int32_t isa;     /* a tide_cpu_isa; one the CPU lacks is TIDE_ERROR_INVALID_ARGUMENT */
   int32_t skip_subgroup_on_nonfinite; /* 1: check every gradient first and write nothing if
                                           one is not finite (one extra read of the gradients) */
-  int32_t reserved;   /* 0 */
+  int32_t reserved;                   /* 0 */
 } tide_cpu_options;
 
 typedef struct tide_adam_result {
@@ -203,18 +203,16 @@ typedef struct tide_cpu_info {
  * non-finite gradient is not an error: it is reported in `result`. */
 TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
                                         const tide_adam_hyper* hyper,
-                                        const tide_cpu_options* options,
-                                        tide_adam_result* result);
+                                        const tide_cpu_options* options, tide_adam_result* result);
 
 /* The number of NaN and infinite values among `count` values of `dtype` (a loss scaler's
  * check, e.g. of each subgroup's gradients as they arrive). */
 TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype, uint64_t count,
-                                              const tide_cpu_options* options,
-                                              uint64_t* nonfinite);
+                                              const tide_cpu_options* options, uint64_t* nonfinite);
 
 /* fp32 → bf16/fp16 with round-to-nearest-even (NaN stays NaN, overflow gives infinity). */
-TIDE_API tide_status tide_cpu_cast(const float* src, void* dst, int32_t dst_dtype,
-                                   uint64_t count, const tide_cpu_options* options);
+TIDE_API tide_status tide_cpu_cast(const float* src, void* dst, int32_t dst_dtype, uint64_t count,
+                                   const tide_cpu_options* options);
 
 TIDE_API tide_status tide_cpu_kernels_info(tide_cpu_info* info);
 
@@ -259,8 +257,8 @@ typedef struct tide_alloc_stats {
   tide_alloc_stat active_bytes[3];    /* allocated, or freed and awaiting other streams */
   tide_alloc_stat allocation[3];      /* number of blocks handed out */
   tide_alloc_stat active[3];
-  tide_alloc_stat segment[3];         /* number of segments */
-  uint64_t inactive_split_bytes[3];   /* free bytes in partly used segments */
+  tide_alloc_stat segment[3];       /* number of segments */
+  uint64_t inactive_split_bytes[3]; /* free bytes in partly used segments */
   uint64_t inactive_split[3];
   uint64_t num_alloc_retries;    /* allocations that released the cache and retried */
   uint64_t num_ooms;             /* allocations that failed */
@@ -270,7 +268,7 @@ typedef struct tide_alloc_stats {
   uint64_t memory_limit;         /* cap on reserved bytes */
   uint64_t thread_cached_bytes;  /* small free blocks in threads' caches */
   uint64_t largest_free_block;
-  uint64_t growable;             /* 1: the large pool grows one range through VMM */
+  uint64_t growable; /* 1: the large pool grows one range through VMM */
 } tide_alloc_stats;
 
 TIDE_API tide_status tide_alloc_get_stats(int device, tide_alloc_stats* stats);
@@ -482,9 +480,8 @@ TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t su
  * [offset, offset + count) of `subgroup`'s gradient, asynchronously: returns without waiting
  * for the gradient or the copy. Thread-safe. */
 TIDE_API tide_status tide_optimizer_offload_gradient(tide_optimizer* optimizer, size_t subgroup,
-                                                     uint64_t offset, uint64_t src,
-                                                     uint64_t count, int32_t dtype,
-                                                     void* stream);
+                                                     uint64_t offset, uint64_t src, uint64_t count,
+                                                     int32_t dtype, void* stream);
 /* The side stream (a CUstream) the offload copies run on. */
 TIDE_API tide_status tide_optimizer_offload_stream(tide_optimizer* optimizer, void** stream);
 
@@ -515,17 +512,17 @@ TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
                                             uint64_t headroom_bytes);
 
 typedef struct tide_phase_report {
-  double seconds;           /* measured update phase */
-  double predicted_seconds; /* the model's prediction for what ran */
-  double all_cpu_seconds;   /* the model's all-CPU prediction */
-  double cpu_busy_seconds;  /* the CPU updates' own time */
-  uint64_t gpu_subgroups;   /* updated on the GPU */
-  uint64_t cpu_subgroups;   /* updated on the CPU, fallbacks included */
+  double seconds;              /* measured update phase */
+  double predicted_seconds;    /* the model's prediction for what ran */
+  double all_cpu_seconds;      /* the model's all-CPU prediction */
+  double cpu_busy_seconds;     /* the CPU updates' own time */
+  uint64_t gpu_subgroups;      /* updated on the GPU */
+  uint64_t cpu_subgroups;      /* updated on the CPU, fallbacks included */
   uint64_t fallback_subgroups; /* planned on the GPU but updated on the CPU: no GPU memory */
   uint64_t gpu_params;
-  uint64_t buffers;         /* GPU buffers in flight */
-  uint64_t nonfinite;       /* elements left unchanged: non-finite gradient or update */
-  uint64_t headroom_cap;    /* cap on the next plans' headroom after a fallback; 0: none */
+  uint64_t buffers;      /* GPU buffers in flight */
+  uint64_t nonfinite;    /* elements left unchanged: non-finite gradient or update */
+  uint64_t headroom_cap; /* cap on the next plans' headroom after a fallback; 0: none */
 } tide_phase_report;
 
 /* One update phase: plans (unless prepared) with `headroom_bytes` of GPU memory, runs the plan,
