@@ -1,7 +1,8 @@
 # tide: the two commands (README) and a few more.
 #
 #   make run     build, then run tide's main job
-#   make test    build, then run every test: C++ (ctest), Python (pytest), ASan+UBSan, TSan
+#   make test    build, then run every test: clang-format, C++ (ctest), Python (pytest), ASan+UBSan,
+#                TSan
 #   make bench   run the benchmarks (BENCH=name for one), JSON lines on stdout
 #
 # Each target installs what it needs first (scripts/bootstrap.sh) and skips what is there.
@@ -29,7 +30,7 @@ run: build
 	@scripts/run_main.sh --compare
 
 test: build
-	@$(MAKE) --no-print-directory test-cpp test-python test-asan test-tsan
+	@$(MAKE) --no-print-directory format-check test-cpp test-python test-asan test-tsan
 	@echo "make test: all passed"
 
 test-cpp:
@@ -71,6 +72,7 @@ bench: build
 	@scripts/run_bench.sh $(BENCH)
 
 format-check:
+	@echo "== clang-format"
 	@git ls-files '*.h' '*.cpp' '*.cu' | xargs clang-format --dry-run --Werror
 
 tidy: build

@@ -52,6 +52,7 @@ struct Block {
   // record_stream: other streams that used the block while it was allocated.
   std::vector<CUstream> uses;
   std::uint64_t trace_id = 0;  // allocation-event trace: the block's id while it is traced
+  bool from_headroom = false;  // allocated: by allocate_from_headroom (caching_allocator.h)
 
   bool is_free() const { return state == BlockState::kFree; }
 };

@@ -215,7 +215,33 @@ void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream)
   deallocate_core(to_device(ptr), bytes, false);
 }
 
-void* CachingAllocator::allocate_core(std::size_t bytes, std::size_t rounded, CUstream stream) {
+void* CachingAllocator::allocate_from_headroom(std::size_t bytes, CUstream stream) {
+  if (bytes == 0) return nullptr;
+  if (bytes > kMaxRequest) {
+    const std::lock_guard lock(mutex_);
+    const ContextScope scope(context_);
+    record_oom_locked(bytes, bytes, stream, true);
+    return nullptr;
+  }
+  return allocate_core(bytes, round_size(bytes), stream, true);
+}
+
+void CachingAllocator::deallocate_from_headroom(void* ptr, std::size_t bytes, CUstream stream) {
+  if (ptr == nullptr) return;
+  {
+    const std::lock_guard lock(mutex_);
+    const Block* block = allocated_.find(to_device(ptr));
+    if (block != nullptr && !block->from_headroom) {
+      throw std::invalid_argument(
+          "tide allocator: deallocate_from_headroom of a block from allocate()");
+    }
+  }
+  (void)stream;  // the block keeps the stream it was allocated on
+  deallocate_core(to_device(ptr), bytes, false);
+}
+
+void* CachingAllocator::allocate_core(std::size_t bytes, std::size_t rounded, CUstream stream,
+                                      bool from_headroom) {
   const std::lock_guard lock(mutex_);
   const PoolKind pool = rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
   Block* block = pools_[pool_index(pool)].best_fit(stream, rounded);
@@ -223,6 +249,8 @@ void* CachingAllocator::allocate_core(std::size_t bytes, std::size_t rounded, CU
   if (block == nullptr) return nullptr;
   take_locked(block, rounded, bytes, stream);
   account_alloc_locked(block, bytes);
+  block->from_headroom = from_headroom;
+  if (from_headroom) from_headroom_bytes_ += block->size;
   if (recorder_.active()) block->trace_id = recorder_.alloc(now_locked(), bytes, stream);
   on_change_locked();
   return to_void(block->ptr);
@@ -246,6 +274,10 @@ void CachingAllocator::deallocate_locked(CUdeviceptr ptr, std::size_t bytes, boo
   }
   const std::size_t requested = bytes != 0 ? bytes : block->requested;
   account_free_locked(block, requested, from_cache);
+  if (block->from_headroom) {
+    from_headroom_bytes_ -= block->size;
+    block->from_headroom = false;
+  }
   if (recorder_.active() && block->trace_id != 0) recorder_.free(now_locked(), block->trace_id);
   block->trace_id = 0;
   if (!block->uses.empty()) {
@@ -827,7 +859,8 @@ void CachingAllocator::on_change_locked() {
     }
   }
   const std::uint64_t live = saturating_sub(allocated_bytes_[kAllPools].current, cached_bytes);
-  telemetry_.on_change(live, reserved_locked(), [this] { return now_locked(); });
+  telemetry_.on_change(
+      live, reserved_locked(), [this] { return now_locked(); }, from_headroom_bytes_);
 }
 
 std::uint64_t CachingAllocator::live_locked() const {
@@ -968,7 +1001,7 @@ std::uint64_t CachingAllocator::limit() const {
 void CachingAllocator::mark(Mark mark) {
   const std::lock_guard lock(mutex_);
   const std::uint64_t t = now_locked();
-  telemetry_.mark(mark, t, live_locked(), reserved_locked());
+  telemetry_.mark(mark, t, live_locked(), reserved_locked(), from_headroom_bytes_);
   if (recorder_.active()) recorder_.mark(t, mark);
 }
 

@@ -73,6 +73,12 @@ class CachingAllocator final : public DeviceMemoryResource {
 
   void* allocate(std::size_t bytes, CUstream stream) override;
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override;
+  // Memory the update phase's plan takes out of the headroom (the optimizer's GPU buffers): a
+  // block like any other, from the cache first, but the telemetry's peaks leave it out, because
+  // the headroom is forecast from those peaks and would otherwise shrink by each plan's own
+  // buffers. Never goes through a thread's cache; give it back with deallocate_from_headroom().
+  void* allocate_from_headroom(std::size_t bytes, CUstream stream);
+  void deallocate_from_headroom(void* ptr, std::size_t bytes, CUstream stream);
   // The block at `ptr` (allocated) is used on `stream` too: not reused before that stream's work
   // submitted until its free completes.
   void record_stream(void* ptr, CUstream stream);
@@ -123,7 +129,8 @@ class CachingAllocator final : public DeviceMemoryResource {
  private:
   struct Corrections;  // what the thread caches hold, subtracted from the core's counts
 
-  void* allocate_core(std::size_t bytes, std::size_t rounded, CUstream stream);
+  void* allocate_core(std::size_t bytes, std::size_t rounded, CUstream stream,
+                      bool from_headroom = false);
   void deallocate_core(CUdeviceptr ptr, std::size_t bytes, bool from_cache);
   void deallocate_locked(CUdeviceptr ptr, std::size_t bytes, bool from_cache);
   ThreadCache* thread_cache();
@@ -182,6 +189,7 @@ class CachingAllocator final : public DeviceMemoryResource {
   StreamFences fences_{events_};
   PendingFrees pending_{events_};
   std::uint64_t free_seq_ = 0;
+  std::uint64_t from_headroom_bytes_ = 0;  // live in blocks from allocate_from_headroom
   std::vector<std::unique_ptr<ThreadCache>> caches_;
   std::vector<ThreadCache*> idle_caches_;  // of threads that exited, for new threads
 

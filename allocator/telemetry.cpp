@@ -50,9 +50,11 @@ void Telemetry::track(std::uint64_t live, std::uint64_t reserved) {
   }
 }
 
-void Telemetry::mark(Mark mark, std::uint64_t t_ns, std::uint64_t live, std::uint64_t reserved) {
+void Telemetry::mark(Mark mark, std::uint64_t t_ns, std::uint64_t live, std::uint64_t reserved,
+                     std::uint64_t aside) {
   marks_.push(MarkEvent{t_ns, mark});
   sample(Sample{t_ns, live, reserved});
+  live -= std::min(live, aside);  // the peaks below leave it out
   auto open = [&] {
     current_ = IterationStats{};
     current_.index = next_index_++;

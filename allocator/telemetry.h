@@ -7,6 +7,7 @@
 // every change); the timeline is exact to within the resolution.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -33,7 +34,8 @@ struct MarkEvent {
 };
 
 // One iteration: [start_ns, end_ns), the start of each phase (when phase_seen) and each phase's
-// peaks. `detected`: boundaries and/or phases come from the curve, not from marks.
+// peaks (of live bytes less those taken out of the headroom, see Telemetry::on_change). `detected`:
+// boundaries and/or phases come from the curve, not from marks.
 struct IterationStats {
   std::uint64_t index = 0;
   std::uint64_t start_ns = 0;
@@ -94,10 +96,12 @@ class Telemetry {
   Telemetry(std::size_t samples, std::uint64_t resolution);
 
   // A change of live or reserved bytes; `now` (a callable returning nanoseconds) is called only
-  // when a sample is due.
+  // when a sample is due. `aside`: the part of `live` the update phase's plan took out of the
+  // headroom (CachingAllocator::allocate_from_headroom): the samples show it, the peaks leave it
+  // out (the headroom is forecast from them, and must not shrink by the plan's own buffers).
   template <typename Now>
-  void on_change(std::uint64_t live, std::uint64_t reserved, Now&& now) {
-    if (open_) track(live, reserved);
+  void on_change(std::uint64_t live, std::uint64_t reserved, Now&& now, std::uint64_t aside = 0) {
+    if (open_) track(live - std::min(live, aside), reserved);
     const bool moved = live >= last_.live + resolution_ || live + resolution_ <= last_.live ||
                        reserved != last_.reserved;
     if (moved) sample(Sample{now(), live, reserved});
@@ -105,7 +109,8 @@ class Telemetry {
   // Writes a sample now, whatever the change (phase marks, OOM).
   void sample(const Sample& s);
 
-  void mark(Mark mark, std::uint64_t t_ns, std::uint64_t live, std::uint64_t reserved);
+  void mark(Mark mark, std::uint64_t t_ns, std::uint64_t live, std::uint64_t reserved,
+            std::uint64_t aside = 0);
   bool has_marks() const { return marks_.size() > 0; }
 
   std::vector<Sample> samples() const { return samples_.snapshot(); }

@@ -6,6 +6,7 @@
 #include <new>
 #include <stdexcept>
 
+#include "allocator/device_registry.h"
 #include "allocator/pinned_arena.h"
 #include "config/env.h"
 #include "driver/error.h"
@@ -97,8 +98,8 @@ struct Executor::Pipeline {
   std::size_t buffers_used = 0;
   bool allocation_failed = false;
   std::uint64_t allocated_bytes = 0;
-  std::vector<driver::DeviceBuffer> buffer;
-  driver::DeviceBuffer counters;           // one nonfinite counter per enqueued subgroup
+  std::vector<UpdateBuffer> buffer;
+  UpdateBuffer counters;                   // one nonfinite counter per enqueued subgroup
   std::uint64_t* host_counters = nullptr;  // pinned
   std::size_t host_counter_count = 0;
   std::vector<driver::Event> events;  // kStages per enqueued subgroup
@@ -132,7 +133,20 @@ Executor::~Executor() {
 void Executor::release_buffers() {
   context_.make_current();
   cached_.clear();
-  cached_counters_ = driver::DeviceBuffer();
+  cached_counters_ = UpdateBuffer();
+}
+
+allocator::DeviceMemoryResource& Executor::memory() {
+  if (options_.memory != nullptr) return *options_.memory;
+  if (headroom_memory_ == nullptr) {
+    // Looked up at every allocation until found: PyTorch creates tide's allocator of a device
+    // at its first allocation there, which may come after the optimizer.
+    if (allocator::CachingAllocator* a = allocator::find_device_allocator(options_.device)) {
+      headroom_memory_ = std::make_unique<allocator::HeadroomResource>(*a);
+    }
+  }
+  if (headroom_memory_ != nullptr) return *headroom_memory_;
+  return driver_memory_;
 }
 
 Footprint Executor::footprint(bool gradients_on_gpu) const {
@@ -201,7 +215,7 @@ const Plan& Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes
     std::vector<CUdeviceptr> route(state_.size(), 0);
     try {
       for (std::size_t s : prepared_->gpu_order) {
-        resident_.emplace_back(state_.params(s) * state_.grad_bytes());
+        resident_.emplace_back(memory(), state_.params(s) * state_.grad_bytes(), compute_->get());
         route[s] = resident_.back().get();
       }
       offload_->route(std::move(route));
@@ -241,16 +255,18 @@ void Executor::run_gpu_side(Pipeline& p, const kernels::AdamHyper& hyper) {
   };
   // Buffers kept from the last phase are reused when large enough: allocating and freeing
   // device memory every phase costs driver calls (and, on a real GPU, cuMemFree synchronises).
-  std::vector<driver::DeviceBuffer> kept = std::move(cached_);
+  std::vector<UpdateBuffer> kept = std::move(cached_);
   cached_.clear();
   for (auto& b : kept) {
     if (b.size() >= buffer_bytes && p.buffer.size() < p.buffers) p.buffer.push_back(std::move(b));
   }
   kept.clear();
   if (cached_counters_.size() >= 8 * p.order.size()) p.counters = std::move(cached_counters_);
-  cached_counters_ = driver::DeviceBuffer();
+  cached_counters_ = UpdateBuffer();
   try {
-    if (p.counters.get() == 0) p.counters = driver::DeviceBuffer(8 * p.order.size());
+    if (p.counters.get() == 0) {
+      p.counters = UpdateBuffer(memory(), 8 * p.order.size(), compute_->get());
+    }
     p.allocated_bytes += p.counters.size();
   } catch (...) {
     if (!out_of_memory(std::current_exception())) throw;
@@ -273,7 +289,7 @@ void Executor::run_gpu_side(Pipeline& p, const kernels::AdamHyper& hyper) {
     const std::size_t s = p.order[j];
     if (p.buffer.size() < buffers) {
       try {
-        p.buffer.emplace_back(buffer_bytes);
+        p.buffer.emplace_back(memory(), buffer_bytes, compute_->get());
       } catch (...) {
         if (!out_of_memory(std::current_exception())) throw;
         // This subgroup goes to the CPU; later ones share the buffers there are.

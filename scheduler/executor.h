@@ -28,8 +28,9 @@
 #include <string_view>
 #include <vector>
 
+#include "allocator/headroom_resource.h"
+#include "allocator/memory_resource.h"
 #include "driver/context.h"
-#include "driver/memory.h"
 #include "kernels/adam_math.h"
 #include "kernels/cpu_adam.h"
 #include "scheduler/gradient_offload.h"
@@ -37,6 +38,7 @@
 #include "scheduler/plan.h"
 #include "scheduler/planner.h"
 #include "scheduler/refine.h"
+#include "scheduler/update_buffer.h"
 
 namespace tide::kernels {
 class AdamGpu;
@@ -75,6 +77,10 @@ struct ExecutorOptions {
   // The CPU kernel's instruction set instead of the widest one (must be supported): for timing
   // tests and benchmarks that want a slower CPU update against the stand-in's simulated copies.
   std::optional<kernels::CpuIsa> cpu_isa;
+  // Where the GPU buffers come from. Null: tide's caching allocator of the device when the
+  // process uses it (PyTorch through tide.torch.use_allocator(), which is where the headroom
+  // comes from too: the buffers are carved from its cache), else the driver (cuMemAlloc).
+  allocator::DeviceMemoryResource* memory = nullptr;
 };
 
 struct PhaseReport {
@@ -117,8 +123,8 @@ class Executor {
   Plan plan_for(const Policy& policy, std::uint64_t headroom_bytes) const;
 
   // The GPU buffers are kept from one phase to the next (allocating them every phase costs
-  // driver calls, and cuMemFree synchronises on a real GPU): this frees them, e.g. before a
-  // forward pass that needs the memory. The next phase allocates them again.
+  // driver calls without tide's allocator, and cuMemFree synchronises on a real GPU): this frees
+  // them, e.g. before a forward pass that needs the memory. The next phase allocates them again.
   void release_buffers();
 
   const PhaseReport& last_report() const { return report_; }
@@ -130,6 +136,7 @@ class Executor {
   void run_gpu_side(Pipeline& p, const kernels::AdamHyper& hyper);
   std::uint64_t capped(std::uint64_t headroom) const;
   Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu) const;
+  allocator::DeviceMemoryResource& memory();
 
   OptimizerState& state_;
   ExecutorOptions options_;
@@ -139,9 +146,12 @@ class Executor {
   std::unique_ptr<driver::Stream> h2d_, compute_, d2h_, upload_;
   RateRefiner refiner_;
   std::optional<Plan> prepared_;
-  std::vector<driver::DeviceBuffer> resident_;  // prepared GPU subgroups' gradients
-  std::vector<driver::DeviceBuffer> cached_;    // GPU buffers kept from the last phase
-  driver::DeviceBuffer cached_counters_;
+  // Before the buffers: they go back to these when they go.
+  allocator::DriverResource driver_memory_;
+  std::unique_ptr<allocator::HeadroomResource> headroom_memory_;
+  std::vector<UpdateBuffer> resident_;  // prepared GPU subgroups' gradients
+  std::vector<UpdateBuffer> cached_;    // GPU buffers kept from the last phase
+  UpdateBuffer cached_counters_;
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
 };

@@ -246,6 +246,31 @@ TEST_F(CachingAllocatorTest, FreeingAnUnknownAddressIsAnError) {
   EXPECT_THROW(cached.deallocate(s, 4096, nullptr), std::invalid_argument);
 }
 
+TEST_F(CachingAllocatorTest, HeadroomBlocksAreCachedBlocksFreedTheirOwnWay) {
+  CachingAllocator a(0, config());
+  void* big = a.allocate(8 * kMiB, nullptr);
+  ASSERT_NE(big, nullptr);
+  a.deallocate(big, 8 * kMiB, nullptr);
+  const std::uint64_t calls = standin_.device_allocations();
+  // From the cache, small ones too (never through a thread's cache: they are freed by the core).
+  void* buffer = a.allocate_from_headroom(8 * kMiB, nullptr);
+  void* counters = a.allocate_from_headroom(64, nullptr);
+  ASSERT_NE(buffer, nullptr);
+  ASSERT_NE(counters, nullptr);
+  EXPECT_EQ(addr(buffer), addr(big));
+  EXPECT_EQ(a.usage().live, 8 * kMiB + 512);
+  // Each kind of block is given back the way it came.
+  void* plain = a.allocate(64, nullptr);
+  EXPECT_THROW(a.deallocate_from_headroom(plain, 64, nullptr), std::invalid_argument);
+  a.deallocate(plain, 64, nullptr);
+  a.deallocate_from_headroom(counters, 64, nullptr);
+  a.deallocate_from_headroom(buffer, 8 * kMiB, nullptr);
+  EXPECT_EQ(a.usage().live, 0u);
+  EXPECT_LE(standin_.device_allocations(), calls + 1);  // at most the small pool's segment
+  // Too large for any device: null, as allocate() gives.
+  EXPECT_EQ(a.allocate_from_headroom(std::size_t{1} << 62, nullptr), nullptr);
+}
+
 TEST_F(CachingAllocatorTest, MemoryLimitCapsWhatIsReserved) {
   AllocatorConfig c = config(true, 0);
   c.max_bytes = 64 * kMiB;

@@ -55,6 +55,30 @@ TEST(TelemetryTest, MarkedPhasesGetExactPeaks) {
             1);
 }
 
+TEST(TelemetryTest, PeaksLeaveOutWhatTheUpdatePhaseTookFromTheHeadroom) {
+  Telemetry t(1024, 1);
+  std::uint64_t now = 0;
+  t.mark(Mark::kUpdate, now, 10 * kMiB, 100 * kMiB);
+  // The optimizer's buffers: 40 MiB of the 50 live are set aside.
+  t.on_change(
+      50 * kMiB, 100 * kMiB, [&] { return now += 10; }, 40 * kMiB);
+  t.on_change(
+      15 * kMiB, 100 * kMiB, [&] { return now += 10; }, 0);  // freed; 5 MiB more live
+  t.mark(Mark::kIterationEnd, now += 10, 15 * kMiB, 100 * kMiB);
+  const auto its = t.marked_iterations();
+  ASSERT_EQ(its.size(), 1u);
+  EXPECT_EQ(its[0].peak_live[2], 15 * kMiB);
+  EXPECT_EQ(its[0].peak_live_all, 15 * kMiB);
+  // The timeline shows them.
+  const auto samples = t.samples();
+  EXPECT_TRUE(std::any_of(samples.begin(), samples.end(),
+                          [](const Sample& s) { return s.live == 50 * kMiB; }));
+  // A phase that starts while they are live starts from what is left without them.
+  t.mark(Mark::kUpdate, now += 10, 45 * kMiB, 100 * kMiB, 40 * kMiB);
+  t.mark(Mark::kIterationEnd, now += 10, 45 * kMiB, 100 * kMiB, 40 * kMiB);
+  EXPECT_EQ(t.marked_iterations().back().peak_live[2], 5 * kMiB);
+}
+
 TEST(TelemetryTest, TheRingKeepsTheNewestSamples) {
   Telemetry t(1024, 1);
   for (std::uint64_t i = 1; i <= 5000; ++i) t.on_change(i * 2, 0, [&] { return i; });

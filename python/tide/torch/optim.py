@@ -482,8 +482,9 @@ class AdamW(torch.optim.Optimizer):
             "all_cpu_seconds": sum(r["report"].all_cpu_seconds for r in ran),
             "cpu_busy_seconds": sum(r["report"].cpu_busy_seconds for r in ran),
             "buffers": max((r["report"].buffers for r in ran), default=0),
-            # GPU memory the update phase's plans used (buffers, kept gradients): the executor
-            # allocates it outside tide's allocator, so the timeline does not show it.
+            # GPU memory the update phase's plans used (buffers, kept gradients): carved from
+            # tide's allocator when it is in use (its timeline's live bytes include it, its
+            # update-phase peaks leave it out), from the driver otherwise.
             "buffer_bytes": max((r["gpu_bytes"] for r in ran), default=0),
             "nonfinite": sum(r["report"].nonfinite for r in ran),
             "devices": ["gpu" if d else "cpu" for r in ran for d in r["devices"]],

@@ -130,8 +130,8 @@ def _unit(largest: float) -> tuple[float, str]:
 
 def _draw_device(ax, samples, steps, seconds) -> None:
     """Live and reserved bytes of tide's allocator, and the GPU buffers of each update phase where
-    the optimizer reports them ("buffer_bytes": its executor allocates them outside the
-    allocator, so that they never count against the headroom they are sized from)."""
+    the optimizer reports them ("buffer_bytes": part of the live curve when they come from tide's
+    allocator, the line shows which part; drawn alone when the driver gave them)."""
     ax.set_title("device memory (tide's allocator)", fontsize=10, loc="left")
     buffers = [(s["t_start_ns"], s["t_end_ns"], s["buffer_bytes"]) for s in steps
                if s.get("buffer_bytes") and s.get("t_start_ns") and s.get("t_end_ns")]
