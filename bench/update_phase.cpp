@@ -228,6 +228,12 @@ int main(int argc, char** argv) {
               r.cpu_seconds,
               r.cpu_seconds > 0 ? static_cast<double>(r.ran.cpu_params) / r.cpu_seconds : 0,
               gpu.c_str(), r.ran.buffers);
+          for (std::size_t s : r.ran.gpu_order) {
+            const SubgroupTiming& t = r.timings[s];
+            std::fprintf(stderr,
+                         "  GPU subgroup %zu: copy-in %.3f s, update %.3f s, copy-out %.3f s\n", s,
+                         t.h2d_s, t.gpu_update_s, t.d2h_s);
+          }
         }
         Best& b = best[policy_name(p)];
         if (r.seconds < b.seconds) {

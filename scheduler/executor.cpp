@@ -253,14 +253,17 @@ void Executor::run_gpu_side(Pipeline& p, const kernels::AdamHyper& hyper) {
     p.fallback.insert(p.fallback.end(), p.order.begin() + static_cast<std::ptrdiff_t>(j),
                       p.order.end());
   };
-  // Buffers kept from the last phase are reused when large enough: allocating and freeing
-  // device memory every phase costs driver calls (and, on a real GPU, cuMemFree synchronises).
-  std::vector<UpdateBuffer> kept = std::move(cached_);
-  cached_.clear();
-  for (auto& b : kept) {
-    if (b.size() >= buffer_bytes && p.buffer.size() < p.buffers) p.buffer.push_back(std::move(b));
+  // Buffers kept from earlier phases are reused when large enough: allocating and freeing
+  // device memory every phase costs driver calls without tide's allocator (and cuMemFree
+  // synchronises on a real GPU). Those this phase does not use stay kept (see run()'s release).
+  for (auto it = cached_.begin(); it != cached_.end() && p.buffer.size() < p.buffers;) {
+    if (it->size() >= buffer_bytes) {
+      p.buffer.push_back(std::move(*it));
+      it = cached_.erase(it);
+    } else {
+      ++it;
+    }
   }
-  kept.clear();
   if (cached_counters_.size() >= 8 * p.order.size()) p.counters = std::move(cached_counters_);
   cached_counters_ = UpdateBuffer();
   try {
@@ -446,9 +449,22 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
     p.host_counters = nullptr;
     if (p.allocation_failed || error) {
       p.buffer.clear();  // memory is short: give everything back
+      cached_.clear();
     } else {
-      cached_ = std::move(p.buffer);
-      cached_counters_ = std::move(p.counters);
+      // Kept for the next phase: this phase's buffers, then earlier ones it did not use, as far
+      // as they fit in this phase's headroom together (so that a plan that alternates between
+      // fewer and more buffers does not allocate them again each time, and one that shrank with
+      // the headroom holds no more than it).
+      std::vector<UpdateBuffer> keep = std::move(p.buffer);
+      std::uint64_t bytes = 0;
+      for (const UpdateBuffer& b : keep) bytes += b.size();
+      for (UpdateBuffer& b : cached_) {
+        if (bytes + b.size() > report.planned.headroom_bytes) continue;  // freed below
+        bytes += b.size();
+        keep.push_back(std::move(b));
+      }
+      cached_ = std::move(keep);
+      if (p.counters.get() != 0) cached_counters_ = std::move(p.counters);
     }
     resident_.clear();
     offload_->route({});

@@ -97,5 +97,38 @@ TEST_F(FaultTest, FallbackWithGradientsKeptOnTheGpu) {
   EXPECT_EQ(standin.bytes_in_use(), baseline);
 }
 
+TEST_F(FaultTest, BuffersAPhaseDoesNotUseStayKeptWithinItsHeadroom) {
+  driver::PrimaryContext context;
+  Model model(std::vector<std::uint64_t>(6, 4096));
+  ExecutorOptions options;
+  options.rates = test_rates();
+  options.refine = false;
+  Executor executor(*model.state, options);
+  const std::uint64_t baseline = standin.bytes_in_use();
+  auto phase = [&](const Policy& policy, std::uint64_t headroom) {
+    model.make_gradients(1);
+    model.offload_all(executor);
+    return executor.run(hyper(1), policy, headroom);
+  };
+  const PhaseReport many = phase(Policy::all_gpu(), kHeadroom);
+  ASSERT_GE(many.planned.buffers, 2u);
+  const std::uint64_t held = standin.bytes_in_use();
+  // Fewer buffers, then none (all-CPU), then as many again: nothing allocated after the first.
+  const std::uint64_t allocations = standin.device_allocations();
+  EXPECT_EQ(phase(Policy::every(6), kHeadroom).ran.buffers, 1u);
+  EXPECT_EQ(phase(Policy::all_cpu(), kHeadroom).ran.buffers, 0u);
+  EXPECT_EQ(standin.bytes_in_use(), held);
+  EXPECT_EQ(phase(Policy::all_gpu(), kHeadroom).ran.buffers, many.planned.buffers);
+  EXPECT_EQ(standin.device_allocations(), allocations);
+  // A headroom that no longer holds them all: what does not fit is freed.
+  const std::uint64_t buffer = many.planned.buffer_bytes;
+  phase(Policy::every(6), buffer + buffer / 2);
+  EXPECT_EQ(standin.bytes_in_use(), held - (many.planned.buffers - 1) * buffer);
+  phase(Policy::all_cpu(), 0);
+  EXPECT_LT(standin.bytes_in_use(), held - (many.planned.buffers - 1) * buffer);
+  executor.release_buffers();
+  EXPECT_EQ(standin.bytes_in_use(), baseline);
+}
+
 }  // namespace
 }  // namespace tide::scheduler::testing
