@@ -66,12 +66,18 @@ class ThreadCacheSlots {
   ThreadCacheSlots(const ThreadCacheSlots&) = delete;
   ThreadCacheSlots& operator=(const ThreadCacheSlots&) = delete;
   ~ThreadCacheSlots() {
-    LiveAllocators& l = live_allocators();
-    const std::lock_guard guard(l.mutex);
-    for (Slot& s : slots) {
-      if (s.id == 0) continue;
-      const auto it = l.live.find(s.id);
-      if (it != l.live.end()) it->second->retire_thread_cache(s.cache);
+    // A thread's exit cannot report an error (an exception here would terminate the process):
+    // a cache that could not be retired stays in its allocator's list, whose out-of-memory path
+    // still drains it (drain_thread_caches_locked); it is just not reused by a new thread.
+    try {
+      LiveAllocators& l = live_allocators();
+      const std::lock_guard guard(l.mutex);
+      for (Slot& s : slots) {
+        if (s.id == 0) continue;
+        const auto it = l.live.find(s.id);
+        if (it != l.live.end()) it->second->retire_thread_cache(s.cache);
+      }
+    } catch (...) {
     }
   }
 };
