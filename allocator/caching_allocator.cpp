@@ -174,14 +174,16 @@ std::size_t CachingAllocator::round_size(std::size_t bytes) const {
   return rounded;
 }
 
+bool CachingAllocator::refuse_oversized(std::size_t bytes, CUstream stream) {
+  if (bytes <= kMaxRequest) return false;
+  const std::lock_guard lock(mutex_);
+  const ContextScope scope(context_);
+  record_oom_locked(bytes, bytes, stream, true);
+  return true;
+}
+
 void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
-  if (bytes == 0) return nullptr;
-  if (bytes > kMaxRequest) {
-    const std::lock_guard lock(mutex_);
-    const ContextScope scope(context_);
-    record_oom_locked(bytes, bytes, stream, true);
-    return nullptr;
-  }
+  if (bytes == 0 || refuse_oversized(bytes, stream)) return nullptr;
   const std::size_t rounded = round_size(bytes);
   if (thread_cache_enabled_ && rounded <= kSmallSize && !tracing()) {
     if (ThreadCache* cache = thread_cache()) {
@@ -222,28 +224,21 @@ void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream)
 }
 
 void* CachingAllocator::allocate_from_headroom(std::size_t bytes, CUstream stream) {
-  if (bytes == 0) return nullptr;
-  if (bytes > kMaxRequest) {
-    const std::lock_guard lock(mutex_);
-    const ContextScope scope(context_);
-    record_oom_locked(bytes, bytes, stream, true);
-    return nullptr;
-  }
+  if (bytes == 0 || refuse_oversized(bytes, stream)) return nullptr;
   return allocate_core(bytes, round_size(bytes), stream, true);
 }
 
-void CachingAllocator::deallocate_from_headroom(void* ptr, std::size_t bytes, CUstream stream) {
+void CachingAllocator::deallocate_from_headroom(void* ptr, std::size_t bytes, CUstream /*stream*/) {
   if (ptr == nullptr) return;
-  {
-    const std::lock_guard lock(mutex_);
-    const Block* block = allocated_.find(to_device(ptr));
-    if (block != nullptr && !block->from_headroom) {
-      throw std::invalid_argument(
-          "tide allocator: deallocate_from_headroom of a block from allocate()");
-    }
+  // The block keeps the stream it was allocated on; one lock for the check and the free.
+  const std::lock_guard lock(mutex_);
+  const Block* block = allocated_.find(to_device(ptr));
+  if (block != nullptr && !block->from_headroom) {
+    throw std::invalid_argument(
+        "tide allocator: deallocate_from_headroom of a block from allocate()");
   }
-  (void)stream;  // the block keeps the stream it was allocated on
-  deallocate_core(to_device(ptr), bytes, false);
+  deallocate_locked(to_device(ptr), bytes, false);
+  on_change_locked();
 }
 
 void* CachingAllocator::allocate_core(std::size_t bytes, std::size_t rounded, CUstream stream,

@@ -129,6 +129,8 @@ class CachingAllocator final : public DeviceMemoryResource {
  private:
   struct Corrections;  // what the thread caches hold, subtracted from the core's counts
 
+  // Requests larger than any device: records the out-of-memory and returns true.
+  bool refuse_oversized(std::size_t bytes, CUstream stream);
   void* allocate_core(std::size_t bytes, std::size_t rounded, CUstream stream,
                       bool from_headroom = false);
   void deallocate_core(CUdeviceptr ptr, std::size_t bytes, bool from_cache);
