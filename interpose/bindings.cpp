@@ -89,6 +89,16 @@ void* companion_symbol(const void* function, const char* name) {
   return symbol != nullptr && !is_own_address(symbol) ? symbol : nullptr;
 }
 
+bool bound_to_standin() {
+  for (const auto& kind : g_bindings) {
+    for (const Binding& binding : kind) {
+      const void* real = binding.real.load(std::memory_order_acquire);
+      if (real != nullptr && companion_symbol(real, "tide_standin_stat") != nullptr) return true;
+    }
+  }
+  return false;
+}
+
 int current_device(Binding& binding) {
   using CtxGetDevice = CUresult (*)(CUdevice*);
   if (!binding.companions_resolved.load(std::memory_order_acquire)) {

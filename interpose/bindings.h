@@ -45,6 +45,10 @@ int current_device(Binding& binding);
 // Lookups the hooks could not bind because every slot was taken (reported).
 std::size_t unbound_lookups();
 
+// Whether a bound driver function belongs to tide's host stand-in driver (which exports
+// tide_standin_stat): what the process calls device memory is then host memory, and no GPU.
+bool bound_to_standin();
+
 // Looks up `name` in the library that holds `function` (how the hooks find a companion such as
 // cuCtxGetDevice in the driver they are bound to). nullptr when absent.
 void* companion_symbol(const void* function, const char* name);

@@ -278,6 +278,7 @@ std::string Interposer::report_json() const {
   std::snprintf(duration, sizeof duration, "%.3f",
                 static_cast<double>(monotonic_ns() - start_ns_) * 1e-9);
   append_json_raw_member(out, first, "duration_s", duration);
+  append_json_raw_member(out, first, "stand_in_driver", bound_to_standin() ? "true" : "false");
 
   std::string settings = "{";
   bool first_s = true;
@@ -372,12 +373,14 @@ bool Interposer::write_report(const std::string& path, std::string* error) {
 }
 
 std::string Interposer::summary_line(const std::string& report_path) const {
+  const bool standin = bound_to_standin();
   std::string line = "tide: device memory peak";
   const int devices = telemetry_->devices_seen();
   if (devices == 0) line += " 0 B";
   for (int d = 0; d < devices; ++d) {
     const DeviceMemory m = telemetry_->device_memory(d);
-    line += (d > 0 ? "; " : " ") + format_bytes(m.peak_bytes) + " on device " + std::to_string(d);
+    line += (d > 0 ? "; " : " ") + format_bytes(m.peak_bytes) +
+            (standin ? " on stand-in device " : " on device ") + std::to_string(d);
     std::string phases;
     for (Phase p : {Phase::forward, Phase::backward, Phase::update}) {
       const std::uint64_t peak = m.phase_peak_bytes[static_cast<std::size_t>(p)];
@@ -387,6 +390,7 @@ std::string Interposer::summary_line(const std::string& report_path) const {
     }
     if (!phases.empty()) line += " (" + phases + ")";
   }
+  if (standin) line += " (tide's host stand-in driver: host memory, no GPU)";
   const Counters counters = ThreadCounters::total();
   line += ", " + std::to_string(counters.allocations) + " allocations";
   if (limit_.enabled()) {

@@ -34,7 +34,7 @@ void require_aligned(const void* p, unsigned bytes, const char* name) {
 }
 
 const CpuKernels& kernels_for(const CpuAdamOptions& options) {
-  return cpu_kernels(options.force_isa ? options.isa : best_cpu_isa());
+  return cpu_kernels(options.force_isa ? options.isa : default_cpu_isa());
 }
 
 // Runs body(begin, end) over [0, count) in chunks on up to options.threads threads.

@@ -4,7 +4,7 @@
 // writes the updated weights and moments and, in the same pass, the low-precision copy of the
 // weights that goes back to the GPU. The pass runs on the process's CPU thread pool
 // (kernels/thread_pool.h) with the widest instruction set the CPU has (AVX-512, AVX2 or
-// scalar, chosen at run time; every one computes the same bits).
+// scalar, chosen at run time, or forced with TIDE_CPU_ISA; every one computes the same bits).
 //
 // Non-finite values: an element whose gradient is not finite (or whose update overflows) keeps
 // its old weight, moments and copy; nothing non-finite that the gradient brings is ever written,
@@ -46,14 +46,21 @@ std::string_view isa_name(CpuIsa isa);
 // Whether this CPU (and OS) can run `isa`: AVX2 needs AVX2, FMA and F16C; AVX-512 needs
 // AVX-512 F, BW, VL and DQ.
 bool cpu_supports(CpuIsa isa);
-// The widest supported instruction set: what cpu_adam_step uses by default.
+// The widest supported instruction set.
 CpuIsa best_cpu_isa();
+// What the kernels use unless the caller forces one (CpuAdamOptions::force_isa): TIDE_CPU_ISA
+// (auto, avx512, avx2 or scalar; read once), auto meaning best_cpu_isa(). Throws
+// config::EnvError naming TIDE_CPU_ISA for a value it does not accept or one this CPU cannot run.
+CpuIsa default_cpu_isa();
+// TIDE_CPU_ISA's rule over a given value and set of instruction sets (bit 1 << isa for each one
+// supported): what default_cpu_isa() applies to the environment and this CPU.
+CpuIsa choose_cpu_isa(std::string_view knob_value, unsigned supported);
 
 struct CpuAdamOptions {
   // Threads to run on, 0 for all of the pool's (TIDE_CPU_THREADS, default: the CPUs this
   // process may run on). Small subgroups use fewer.
   unsigned threads = 0;
-  // Use this instruction set instead of the best one (tests); must be supported.
+  // Use this instruction set instead of default_cpu_isa() (tests); must be supported.
   bool force_isa = false;
   CpuIsa isa = CpuIsa::kScalar;
   // Check every gradient before writing anything, and leave the whole subgroup untouched if one

@@ -1,6 +1,8 @@
-// Which instruction sets this CPU and OS can run, from CPUID and XGETBV.
+// Which instruction sets this CPU and OS can run, from CPUID and XGETBV, and which one the kernels
+// use (TIDE_CPU_ISA).
 #include <string_view>
 
+#include "config/env.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/cpu_variant.h"
 
@@ -83,6 +85,42 @@ CpuIsa best_cpu_isa() {
   if (cpu_supports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
   if (cpu_supports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
   return CpuIsa::kScalar;
+}
+
+CpuIsa choose_cpu_isa(std::string_view knob_value, unsigned supported) {
+  static constexpr CpuIsa kWidestFirst[] = {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar};
+  const std::size_t choice =
+      config::parse_choice("TIDE_CPU_ISA", knob_value, {"auto", "avx512", "avx2", "scalar"});
+  const auto runs = [&](CpuIsa isa) {
+    return isa == CpuIsa::kScalar || (supported & (1u << static_cast<unsigned>(isa))) != 0;
+  };
+  if (choice == 0) {  // auto
+    for (CpuIsa isa : kWidestFirst) {
+      if (runs(isa)) return isa;
+    }
+  }
+  const CpuIsa isa = kWidestFirst[choice - 1];
+  if (runs(isa)) return isa;
+  // A machine that lacks the forced variant: say which ones it can run.
+  std::string accepts = "one of: auto";
+  for (CpuIsa other : kWidestFirst) {
+    if (runs(other)) accepts += ", " + std::string(isa_name(other));
+  }
+  accepts += " (this CPU cannot run the " + std::string(isa_name(isa)) + " kernels)";
+  throw config::EnvError("TIDE_CPU_ISA", knob_value, accepts);
+}
+
+CpuIsa default_cpu_isa() {
+  // Thread-safe and once: a throwing initialiser leaves it to be tried again, so a bad value fails
+  // every call, never just the first.
+  static const CpuIsa isa = [] {
+    unsigned supported = 0;
+    for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      if (cpu_supports(i)) supported |= 1u << static_cast<unsigned>(i);
+    }
+    return choose_cpu_isa(config::env_text("TIDE_CPU_ISA").value_or("auto"), supported);
+  }();
+  return isa;
 }
 
 const CpuKernels& cpu_kernels(CpuIsa isa) {

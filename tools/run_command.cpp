@@ -23,6 +23,7 @@
 
 #include "config/env.h"
 #include "tools/command.h"
+#include "tools/report_directory.h"
 
 namespace tide::tools {
 namespace {
@@ -38,17 +39,16 @@ constexpr const char* kUsage =
     "  --limit SIZE    device memory limit per device (e.g. 20GiB): cuMemGetInfo reports it and\n"
     "                  allocations beyond it fail with out-of-memory (TIDE_MEMORY_LIMIT)\n"
     "  --report PATH   write the report here at exit; %p becomes the process id, the Perfetto\n"
-    "                  trace goes next to it as *.trace.json (TIDE_REPORT; default:\n"
-    "                  tide-report.%p.json)\n"
+    "                  trace goes next to it as *.trace.json (default: TIDE_REPORT if set,\n"
+    "                  else $XDG_STATE_HOME/tide/reports/tide-report.%p.json, XDG_STATE_HOME\n"
+    "                  being ~/.local/state unless set; the 64 most recent reports stay there)\n"
     "  --stacks        capture allocation call stacks with libunwind (TIDE_STACKS)\n"
     "  --optimizer     Python programs: replace torch.optim.Adam/AdamW by tide's offloading\n"
     "                  optimizer, through a start-up hook (sitecustomize)\n";
 
-constexpr const char* kDefaultReport = "tide-report.%p.json";
-
 struct Options {
   std::optional<std::string> limit;
-  std::string report = kDefaultReport;
+  std::optional<std::string> report;
   bool stacks = false;
   bool optimizer = false;
   std::vector<char*> command;  // null-terminated
@@ -164,12 +164,34 @@ std::string with_preload(const std::string& preload, const char* existing) {
   return out;
 }
 
+// TIDE_REPORT for a run that names no report: the per-user report directory. Without one, the
+// run goes on with the summary line alone, and says so.
+void setenv_default_report() {
+  const std::optional<fs::path> dir = default_report_directory();
+  if (!dir) {
+    std::fprintf(stderr,
+                 "tide run: no report file (neither XDG_STATE_HOME nor HOME is set; --report "
+                 "PATH writes one)\n");
+    return;
+  }
+  try {
+    setenv("TIDE_REPORT", prepare_report_directory(*dir, kKeptReports).c_str(), 1);
+  } catch (const fs::filesystem_error& e) {
+    std::fprintf(stderr, "tide run: no report file (%s: %s; --report PATH writes one)\n",
+                 dir->c_str(), e.code().message().c_str());
+  }
+}
+
 void set_environment(const Options& options) {
   const fs::path bin = executable_dir();
   const std::string preload = preload_library(bin).string();
   setenv("LD_PRELOAD", with_preload(preload, std::getenv("LD_PRELOAD")).c_str(), 1);
   if (options.limit) setenv("TIDE_MEMORY_LIMIT", options.limit->c_str(), 1);
-  setenv("TIDE_REPORT", options.report.c_str(), 1);
+  if (options.report) {
+    setenv("TIDE_REPORT", options.report->c_str(), 1);
+  } else if (!config::env_text("TIDE_REPORT")) {
+    setenv_default_report();
+  }
   if (options.stacks) setenv("TIDE_STACKS", "1", 1);
   if (options.optimizer) {
     std::string path = startup_dir(bin).string();

@@ -39,6 +39,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def report_directory(tmp_path_factory):
+    """`tide run`'s default report directory ($XDG_STATE_HOME/tide/reports) in a temporary
+    directory, not the user's home; subprocesses inherit it."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg_state"))
+    return pathlib.Path(os.environ["XDG_STATE_HOME"]) / "tide" / "reports"
+
+
 @pytest.fixture
 def repo() -> pathlib.Path:
     return REPO

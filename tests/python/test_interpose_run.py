@@ -124,3 +124,103 @@ def test_the_report_is_json(tide, build_dir, tmp_path):
     assert any(site["frames"][0].get("function", "").startswith("report_child_forward")
                for site in report["stacks"]["top_sites"])
     assert {e["name"] for e in trace["traceEvents"]} >= {"memory", "forward", "backward", "update"}
+
+
+@pytest.fixture
+def standin_child(build_dir, tmp_path):
+    """A program that allocates 20 MiB of device memory through libcuda.so.1, which is tide's
+    host stand-in driver here."""
+    driver_dir = tmp_path / "standin_driver"
+    driver_dir.mkdir()
+    (driver_dir / "libcuda.so.1").symlink_to(build_dir / "lib" / "libtide_standin_cuda.so")
+    program = pathlib.Path(__file__).parent / "fixtures" / "driver_alloc.py"
+    return [sys.executable, program], {"LD_LIBRARY_PATH": str(driver_dir)}
+
+
+def test_without_report_the_report_goes_to_the_per_user_directory(tide, standin_child,
+                                                                   tmp_path):
+    child, env = standin_child
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    state = tmp_path / "state"
+    result = run([tide, "run", "--", *child], cwd=cwd,
+                 env=clean_env(XDG_STATE_HOME=str(state), **env))
+    assert result.returncode == 0, result.stderr
+    assert not list(cwd.iterdir()), "nothing in the program's working directory"
+    reports = state / "tide" / "reports"
+    assert oct(reports.stat().st_mode & 0o777) == "0o700"
+    (report,) = reports.glob("tide-report.*[0-9].json")
+    assert (reports / report.name.replace(".json", ".trace.json")).is_file()
+    assert f"; report: {report}" in result.stderr
+    assert json.loads(report.read_text())["stand_in_driver"] is True
+
+    # Without XDG_STATE_HOME: ~/.local/state.
+    home = tmp_path / "home"
+    no_state = {k: v for k, v in clean_env(HOME=str(home), **env).items()
+                if k != "XDG_STATE_HOME"}
+    result = run([tide, "run", "--", *child], cwd=cwd, env=no_state)
+    assert result.returncode == 0, result.stderr
+    assert len(list((home / ".local/state/tide/reports").glob("tide-report.*[0-9].json"))) == 1
+
+    # TIDE_REPORT, when set, is where it goes; and --report over both.
+    result = run([tide, "run", "--", *child], cwd=cwd,
+                 env=clean_env(XDG_STATE_HOME=str(state), TIDE_REPORT=str(tmp_path / "mine.json"),
+                               **env))
+    assert result.returncode == 0 and (tmp_path / "mine.json").is_file(), result.stderr
+    result = run([tide, "run", "--report", tmp_path / "flag.json", "--", *child],
+                 cwd=cwd, env=clean_env(TIDE_REPORT=str(tmp_path / "mine2.json"), **env))
+    assert (tmp_path / "flag.json").is_file() and not (tmp_path / "mine2.json").exists()
+
+
+def test_the_per_user_directory_keeps_the_most_recent_reports(tide, standin_child, tmp_path):
+    child, env = standin_child
+    reports = tmp_path / "state" / "tide" / "reports"
+    reports.mkdir(parents=True)
+    for pid in range(1000, 1070):  # 70 older reports, each with its trace, oldest first
+        for name in (f"tide-report.{pid}.json", f"tide-report.{pid}.trace.json"):
+            (reports / name).write_text("{}")
+            os.utime(reports / name, (1e9 + pid, 1e9 + pid))
+    (reports / "notes.txt").write_text("mine")
+    (reports / "tide-report.x.json").write_text("not a report's name")
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    (reports / "tide-report.1.json").symlink_to(outside)  # not a regular file: left alone
+    os.utime(reports / "tide-report.1.json", (1e9, 1e9), follow_symlinks=False)
+    result = run([tide, "run", "--", *child], cwd=tmp_path,
+                 env=clean_env(XDG_STATE_HOME=str(tmp_path / "state"), **env))
+    assert result.returncode == 0, result.stderr
+    new = pathlib.Path(result.stderr.split("; report: ")[1].split()[0])
+    assert new.is_file() and new.parent == reports
+    older = sorted(int(p.name.split(".")[1]) for p in reports.glob("tide-report.*.json")
+                   if p.name.split(".")[1].isdigit() and not p.name.endswith(".trace.json")
+                   and not p.is_symlink() and p != new)
+    assert older == list(range(1007, 1070)), "the 63 most recent older ones, and this run's"
+    assert not (reports / "tide-report.1006.trace.json").exists()
+    assert (reports / "tide-report.1007.trace.json").exists()
+    assert (reports / "notes.txt").read_text() == "mine"
+    assert (reports / "tide-report.x.json").exists() and outside.read_text() == "{}"
+
+
+def test_a_run_over_the_stand_in_says_so(tide, standin_child, tmp_path):
+    child, env = standin_child
+    result = run([tide, "run", "--report", "r.json", "--", *child], cwd=tmp_path,
+                 env=clean_env(**env))
+    assert result.returncode == 0, result.stderr
+    assert ("tide: device memory peak 20.00 MiB on stand-in device 0 (tide's host stand-in "
+            "driver: host memory, no GPU)") in result.stderr
+
+
+def test_no_report_directory_is_said_and_the_run_goes_on(tide, standin_child, tmp_path):
+    child, env = standin_child
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the directory would be")
+    result = run([tide, "run", "--", *child], cwd=tmp_path,
+                 env=clean_env(XDG_STATE_HOME=str(blocker), **env))
+    assert result.returncode == 0, result.stderr
+    assert f"tide run: no report file ({blocker}/tide/reports: " in result.stderr
+    assert "--report PATH writes one" in result.stderr
+    assert "tide: device memory peak 20.00 MiB" in result.stderr and "; report:" not in result.stderr
+    env = {k: v for k, v in clean_env(**env).items() if k not in ("HOME", "XDG_STATE_HOME")}
+    result = run([tide, "run", "--", *child], cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "tide run: no report file (neither XDG_STATE_HOME nor HOME is set" in result.stderr

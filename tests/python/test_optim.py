@@ -1,19 +1,23 @@
 """tide.torch.AdamW / Adam against torch.optim: numerics under every placement, checkpoints both
 ways, param groups, LR schedulers, clipping, GradScaler, and the edge cases of a drop-in optimizer.
 
-Without a GPU these run in CPU mode (CPU tensors over the stand-in driver); with one (`-m gpu`),
-the same checks run on CUDA tensors.
+The reference is torch.optim's for-loop implementation (foreach=False); end-to-end runs may differ
+from it by what correct implementations differ by on this machine, measured in each test
+(torch_reference.py). Without a GPU these run in CPU mode (CPU tensors over the stand-in driver);
+with one (`-m gpu`), the same checks run on CUDA tensors.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import tide.torch as tt  # noqa: E402
+from torch_reference import REFERENCE, TorchReference, max_rel_diff  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PLACEMENTS = ["cpu", "gpu", 2, "auto"]
@@ -62,26 +66,26 @@ def train(model, opt, data, *, after_backward=None, scheduler=None):
             scheduler.step()
 
 
-def max_rel_diff(a_model, b_model):
-    worst = 0.0
-    for a, b in zip(a_model.parameters(), b_model.parameters()):
-        scale = b.detach().float().abs().max().item() or 1.0
-        worst = max(worst, (a.detach().float() - b.detach().float()).abs().max().item() / scale)
-    return worst
+@functools.cache
+def fp32_reference(kind):
+    """torch.optim's run of test_fp32_model_matches_torch_under_every_placement (the same for
+    every placement)."""
+    wd = 0.1 if kind == "AdamW" else 0.01
+    data = batches(50)
+    return TorchReference(make_model, lambda model, options: train(
+        model, getattr(torch.optim, kind)(model.parameters(), lr=3e-3, weight_decay=wd,
+                                          **options), data))
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("kind", ["AdamW", "Adam"])
 def test_fp32_model_matches_torch_under_every_placement(placement, kind):
-    ours, ref = make_model(), make_model()
+    ours = make_model()
     wd = 0.1 if kind == "AdamW" else 0.01
     opt = getattr(tt, kind)(ours.parameters(), lr=3e-3, weight_decay=wd, subgroup_size=3000,
                             placement=placement)
-    ref_opt = getattr(torch.optim, kind)(ref.parameters(), lr=3e-3, weight_decay=wd)
-    data = batches(50)
-    train(ours, opt, data)
-    train(ref, ref_opt, data)
-    assert max_rel_diff(ours, ref) < 1e-5
+    train(ours, opt, batches(50))
+    fp32_reference(kind).assert_close(ours)
     plan = opt.last_plan
     assert plan["gpu_subgroups"] + plan["cpu_subgroups"] == len(plan["devices"]) > 4
     if placement == "cpu":
@@ -93,14 +97,15 @@ def test_fp32_model_matches_torch_under_every_placement(placement, kind):
 
 
 def test_bf16_model_is_bf16_rounding_of_fp32_master_weights():
-    """The reference keeps fp32 master weights, updated by torch.optim.AdamW with the same bf16
-    gradients, and the model must be their bf16 rounding at every step (within one bf16 ulp: a
-    master weight 1e-7 away from a rounding boundary may round the other way)."""
+    """The reference keeps fp32 master weights, updated by torch.optim.AdamW (foreach=False) with
+    the same bf16 gradients, and the model must be their bf16 rounding at every step (within one
+    bf16 ulp: a master weight 1e-7 away from a rounding boundary may round the other way). Both
+    step on the same gradients, so nothing amplifies their rounding differences."""
     ours = make_model(torch.bfloat16)
     opt = tt.AdamW(ours.parameters(), lr=1e-3, weight_decay=0.1, subgroup_size=3000,
                    placement=2)
     masters = [p.detach().float().clone().requires_grad_(True) for p in ours.parameters()]
-    ref_opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(masters, lr=1e-3, weight_decay=0.1, **REFERENCE)
     for tokens in batches(20):
         loss_of(ours, tokens).backward()
         for m, p in zip(masters, ours.parameters()):
@@ -125,8 +130,8 @@ def test_bf16_model_is_bf16_rounding_of_fp32_master_weights():
 
 def test_checkpoint_moves_between_tide_and_torch_both_ways():
     data = batches(20)
-    straight = make_model()
-    train(straight, torch.optim.AdamW(straight.parameters(), lr=3e-3), data)
+    straight = TorchReference(make_model, lambda model, options: train(
+        model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options), data))
 
     # tide for 10 steps, saved; continued by a fresh tide optimizer and by torch's.
     first = make_model()
@@ -144,59 +149,60 @@ def test_checkpoint_moves_between_tide_and_torch_both_ways():
         if continue_with == "tide":
             resumed = tt.AdamW(model.parameters(), lr=1.0, placement="auto", subgroup_size=4000)
         else:
-            resumed = torch.optim.AdamW(model.parameters(), lr=1.0)
+            resumed = torch.optim.AdamW(model.parameters(), lr=1.0, **REFERENCE)
         resumed.load_state_dict(saved)
         assert resumed.param_groups[0]["lr"] == 3e-3
         train(model, resumed, data[10:])
-        assert max_rel_diff(model, straight) < 1e-5, continue_with
+        straight.assert_close(model, f"tide, then {continue_with}")
 
     # torch for 10 steps, saved; continued by tide.
     torch_first = make_model()
-    torch_opt = torch.optim.AdamW(torch_first.parameters(), lr=3e-3)
+    torch_opt = torch.optim.AdamW(torch_first.parameters(), lr=3e-3, **REFERENCE)
     train(torch_first, torch_opt, data[:10])
     model = make_model(seed=7)
     model.load_state_dict(torch_first.state_dict())
     resumed = tt.AdamW(model.parameters(), subgroup_size=2500, placement=2)
     resumed.load_state_dict(torch_opt.state_dict())
     train(model, resumed, data[10:])
-    assert max_rel_diff(model, straight) < 1e-5
+    straight.assert_close(model, "torch, then tide")
 
 
 def test_param_groups_and_lr_scheduler():
-    ours, ref = make_model(), make_model()
-
     def groups(model):
         decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
         return [{"params": decay, "weight_decay": 0.2},
                 {"params": no_decay, "weight_decay": 0.0, "lr": 1e-3}]
 
-    opt = tt.AdamW(groups(ours), lr=5e-3, subgroup_size=2000, placement=2)
-    ref_opt = torch.optim.AdamW(groups(ref), lr=5e-3)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[5e-3, 1e-3], total_steps=30)
-    ref_sched = torch.optim.lr_scheduler.OneCycleLR(ref_opt, max_lr=[5e-3, 1e-3], total_steps=30)
     data = batches(30)
-    train(ours, opt, data, scheduler=sched)
-    train(ref, ref_opt, data, scheduler=ref_sched)
-    assert opt.param_groups[1]["lr"] == ref_opt.param_groups[1]["lr"]
-    assert max_rel_diff(ours, ref) < 1e-5
+
+    def run(model, opt):
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[5e-3, 1e-3], total_steps=30)
+        train(model, opt, data, scheduler=sched)
+        return opt
+
+    ours = make_model()
+    opt = run(ours, tt.AdamW(groups(ours), lr=5e-3, subgroup_size=2000, placement=2))
+    ref = TorchReference(make_model, lambda model, options: run(
+        model, torch.optim.AdamW(groups(model), lr=5e-3, **options)))
+    assert opt.param_groups[1]["lr"] == ref.result.param_groups[1]["lr"]
+    ref.assert_close(ours)
 
 
 def test_tensor_lr_and_maximize():
-    ours, ref = make_model(), make_model()
-    opt = tt.AdamW(ours.parameters(), lr=torch.tensor(2e-3), maximize=True, subgroup_size=3000)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=torch.tensor(2e-3), maximize=True)
     data = batches(10)
-    train(ours, opt, data)
-    train(ref, ref_opt, data)
-    assert max_rel_diff(ours, ref) < 1e-5
+    ours = make_model()
+    train(ours, tt.AdamW(ours.parameters(), lr=torch.tensor(2e-3), maximize=True,
+                         subgroup_size=3000), data)
+    TorchReference(make_model, lambda model, options: train(
+        model, torch.optim.AdamW(model.parameters(), lr=torch.tensor(2e-3), maximize=True,
+                                 **options), data)).assert_close(ours)
 
 
 @pytest.mark.parametrize("how", ["tide", "torch"])
 def test_gradient_clipping(how):
-    ours, ref = make_model(), make_model()
+    ours = make_model()
     opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
     norms = []
 
     def clip_ours(model, o):
@@ -205,58 +211,72 @@ def test_gradient_clipping(how):
         else:  # changes the gradients after their offload: tide must notice
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
 
-    ref_norms = []
+    def train_ref(model, options):
+        ref_norms = []
 
-    def clip_ref(model, o):
-        ref_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+        def clip_ref(model, o):
+            ref_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+
+        train(model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options), data,
+              after_backward=clip_ref)
+        return ref_norms
 
     data = batches(15)
     train(ours, opt, data, after_backward=clip_ours)
-    train(ref, ref_opt, data, after_backward=clip_ref)
-    assert norms == pytest.approx(ref_norms, rel=1e-4)
-    assert max(ref_norms) > 0.5  # the clipping did something
-    assert max_rel_diff(ours, ref) < 1e-5
+    ref = TorchReference(make_model, train_ref)
+    # The norms follow the weights: within what the weights may differ by, and 1e-4.
+    assert norms == pytest.approx(ref.result, rel=max(1e-4, 10 * ref.bound))
+    assert max(ref.result) > 0.5  # the clipping did something
+    ref.assert_close(ours)
 
 
 def test_grad_scaler_skips_a_step_on_inf_and_unscales_otherwise():
-    device = "cuda" if DEVICE == "cuda" else "cpu"
-    ours, ref = make_model(), make_model()
-    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
-    scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 10)
-    ref_scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 10)
     data = batches(12)
-    for step, tokens in enumerate(data):
-        for model, o, s in ((ours, opt, scaler), (ref, ref_opt, ref_scaler)):
+
+    def run(model, o, *, check=None):
+        scaler = torch.amp.GradScaler(DEVICE, init_scale=2.0 ** 10)
+        for step, tokens in enumerate(data):
             loss = loss_of(model, tokens)
             if step == 5:
                 loss = loss * float("inf")  # every gradient non-finite: the step is skipped
-            s.scale(loss).backward()
-            s.step(o)
-            s.update()
+            scaler.scale(loss).backward()
+            scaler.step(o)
+            scaler.update()
             o.zero_grad()
-        if step == 5:
-            assert opt.last_plan["skipped"]
-            assert scaler.get_scale() == ref_scaler.get_scale() == 2.0 ** 9
+            if step == 5:
+                assert scaler.get_scale() == 2.0 ** 9
+                if check is not None:
+                    check()
+
+    ours = make_model()
+    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2)
+
+    def skipped():
+        assert opt.last_plan["skipped"]
+
+    run(ours, opt, check=skipped)
     assert not opt.last_plan["skipped"]
-    assert max_rel_diff(ours, ref) < 1e-5
+    TorchReference(make_model, lambda model, options: run(
+        model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options))).assert_close(ours)
 
 
 def test_grad_scaler_with_unscale_and_clipping():
-    device = "cuda" if DEVICE == "cuda" else "cpu"
-    ours, ref = make_model(), make_model()
-    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
-    for model, o in ((ours, opt), (ref, ref_opt)):
-        scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 8)
-        for tokens in batches(8):
+    data = batches(8)
+
+    def run(model, o):
+        scaler = torch.amp.GradScaler(DEVICE, init_scale=2.0 ** 8)
+        for tokens in data:
             scaler.scale(loss_of(model, tokens)).backward()
             scaler.unscale_(o)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
             scaler.step(o)
             scaler.update()
             o.zero_grad()
-    assert max_rel_diff(ours, ref) < 1e-5
+
+    ours = make_model()
+    run(ours, tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2))
+    TorchReference(make_model, lambda model, options: run(
+        model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options))).assert_close(ours)
 
 
 def test_parameters_without_gradients_are_left_alone():
@@ -264,69 +284,121 @@ def test_parameters_without_gradients_are_left_alone():
     decayed, as with torch, even when it shares a subgroup with parameters that are. (Its step
     count stays behind, but the bias correction uses its bucket's step count: a known
     difference from torch, which counts per parameter.)"""
-    ours, ref = make_model(), make_model()
-    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=1 << 20)  # one subgroup
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
     data = batches(2)
-    train(ours, opt, data[:1])
-    train(ref, ref_opt, data[:1])
-    before = ours.head.bias.detach().clone()
-    moments = opt.state_dict()["state"]
-    bias_index = [n for n, _ in ours.named_parameters()].index("head.bias")
-    for model, o in ((ours, opt), (ref, ref_opt)):
+
+    def second_step_without_head_bias(model, o):
         loss_of(model, data[1]).backward()
         model.head.bias.grad = None
         o.step()
         o.zero_grad()
+
+    ours = make_model()
+    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=1 << 20)  # one subgroup
+    train(ours, opt, data[:1])
+    before = ours.head.bias.detach().clone()
+    moments = opt.state_dict()["state"]
+    bias_index = [n for n, _ in ours.named_parameters()].index("head.bias")
+    second_step_without_head_bias(ours, opt)
     assert torch.equal(ours.head.bias.detach(), before)
     after = opt.state_dict()["state"][bias_index]
     assert torch.equal(after["exp_avg"], moments[bias_index]["exp_avg"])
     assert torch.equal(after["exp_avg_sq"], moments[bias_index]["exp_avg_sq"])
-    assert max_rel_diff(ours, ref) < 1e-5  # every other parameter as torch's
+
+    def train_ref(model, options):
+        o = torch.optim.AdamW(model.parameters(), lr=3e-3, **options)
+        train(model, o, data[:1])
+        second_step_without_head_bias(model, o)
+
+    TorchReference(make_model, train_ref).assert_close(ours)  # every other parameter as torch's
     assert int(opt.state[ours.head.bias]["step"]) == 1
     assert int(opt.state[ours.head.weight]["step"]) == 2
 
 
 def test_parameters_written_from_outside_are_picked_up():
     """model.load_state_dict after creating the optimizer: the master weights follow."""
-    ours, ref = make_model(), make_model(seed=3)
+    ours = make_model()
     opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
-    ours.load_state_dict(ref.state_dict())
+    ours.load_state_dict(make_model(seed=3).state_dict())
     data = batches(5)
     train(ours, opt, data)
-    train(ref, ref_opt, data)
-    assert max_rel_diff(ours, ref) < 1e-5
+    TorchReference(lambda: make_model(seed=3), lambda model, options: train(
+        model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options), data)).assert_close(ours)
 
 
-def test_autocast_bf16_training_matches_torch():
-    """fp32 parameters under torch.autocast(bfloat16): fp32 gradients, offloaded as such."""
-    ours, ref = make_model(), make_model()
+def autocast_loss(model, tokens):
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        return loss_of(model, tokens)
+
+
+def test_autocast_bf16_step_matches_torch_on_the_same_gradients():
+    """fp32 parameters under torch.autocast(bfloat16): fp32 gradients, offloaded as such, and each
+    step equal to torch.optim.AdamW's (foreach=False) on the same gradients, to a few roundings of
+    the weights: tide's model computes them, fp32 copies of its starting weights get the same
+    ones. (Trained end to end, each model computes its own gradients and bf16 matmuls amplify
+    last-bit differences machine by machine: see the test below.)"""
+    ours = make_model()
     opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2, threads=1)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
-    for model, o in ((ours, opt), (ref, ref_opt)):
-        for tokens in batches(10):
-            with torch.autocast(DEVICE, dtype=torch.bfloat16):
-                loss = loss_of(model, tokens)
-            loss.backward()
-            assert next(model.parameters()).grad.dtype == torch.float32
+    copies = {name: [p.detach().clone().requires_grad_(True) for p in ours.parameters()]
+              for name in ("reference", "fused")}
+    torch_opts = {"reference": torch.optim.AdamW(copies["reference"], lr=3e-3, **REFERENCE),
+                  "fused": torch.optim.AdamW(copies["fused"], lr=3e-3, fused=True)}
+
+    def worst(a, b):
+        return max(((x.detach() - y.detach()).abs().max() / y.detach().abs().max()).item()
+                   for x, y in zip(a, b, strict=True))
+
+    for step, tokens in enumerate(batches(10), start=1):
+        autocast_loss(ours, tokens).backward()
+        assert next(ours.parameters()).grad.dtype == torch.float32
+        for params in copies.values():
+            for c, p in zip(params, ours.parameters()):
+                c.grad = p.grad.clone()
+        opt.step()
+        opt.zero_grad()
+        for o in torch_opts.values():
+            o.step()
+        ours_off = worst(list(ours.parameters()), copies["reference"])
+        fused_off = worst(copies["fused"], copies["reference"])
+        # Eight float32 roundings of the largest weight (2**-23 each; 1.3 measured), or twice
+        # what torch's fused implementation differs by.
+        bound = max(8 * 2.0 ** -23, 2 * fused_off)
+        assert ours_off <= bound, (step, ours_off, fused_off)
+
+
+def test_autocast_bf16_training_matches_torch_within_what_this_machine_amplifies():
+    """End to end under bf16 autocast, each model computing its own gradients: within what
+    torch's own implementations and a last-bit nudge of the weights become in this training on
+    this machine (torch_reference.py; a few percent: the check is coarse, the one above tight)."""
+    data = batches(10)
+
+    def run(model, o):
+        for tokens in data:
+            autocast_loss(model, tokens).backward()
             o.step()
             o.zero_grad()
-    assert max_rel_diff(ours, ref) < 1e-5
+
+    ours = make_model()
+    run(ours, tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2, threads=1))
+    ref = TorchReference(make_model, lambda model, options: run(
+        model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options)))
+    ref.assert_close(ours)
+    assert ref.bound < 0.25  # the measure stays a measure of rounding, not of divergence
 
 
 def test_gradient_accumulation_over_micro_batches():
-    ours, ref = make_model(), make_model()
-    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
     data = batches(12)
-    for model, o in ((ours, opt), (ref, ref_opt)):
+
+    def run(model, o):
         for i in range(0, 12, 3):
             for tokens in data[i:i + 3]:
                 (loss_of(model, tokens) / 3).backward()
             o.step()
             o.zero_grad()
-    assert max_rel_diff(ours, ref) < 1e-5
+
+    ours = make_model()
+    run(ours, tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2))
+    TorchReference(make_model, lambda model, options: run(
+        model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options))).assert_close(ours)
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="counts the stand-in device's bytes in tide's allocator")
