@@ -440,6 +440,28 @@ def test_step_stats_and_closure():
     assert len(opt.stats) == 1
 
 
+@pytest.mark.parametrize("placement, knob, expected", [
+    (None, None, "auto"), (None, "cpu", "cpu"), (None, "gpu", "gpu"), (None, "k3", 3),
+    (None, "2", 2), ("cpu", "gpu", "cpu"), (2, "cpu", 2), ("auto", "cpu", "auto")])
+def test_last_plan_names_the_placement_in_force(monkeypatch, placement, knob, expected):
+    """The argument, else TIDE_PLACEMENT, else auto; and the plan follows it."""
+    if knob is None:
+        monkeypatch.delenv("TIDE_PLACEMENT", raising=False)
+    else:
+        monkeypatch.setenv("TIDE_PLACEMENT", knob)
+    model = make_model()
+    opt = tt.AdamW(model.parameters(), subgroup_size=3000, placement=placement)
+    train(model, opt, batches(1))
+    plan = opt.last_plan
+    assert plan["placement"] == expected
+    if expected == "cpu":
+        assert plan["gpu_subgroups"] == 0
+    elif expected == "gpu":
+        assert plan["cpu_subgroups"] == 0
+    elif isinstance(expected, int):
+        assert plan["gpu_subgroups"] == math.ceil(len(plan["devices"]) / expected)
+
+
 def test_bad_arguments_and_knobs_are_clear_errors(monkeypatch):
     params = make_model().parameters
     with pytest.raises(ValueError, match="amsgrad"):

@@ -217,3 +217,52 @@ def test_a_failing_install_never_fails_import_torch(checks):
     assert checks["install_failure"] == [
         "tide run --optimizer: could not install tide's optimizer (ZeroDivisionError: division "
         "by zero); running the program with PyTorch's"]
+
+
+# ---- what tide run --optimizer says (fixtures/tide_run_messages.py) ----
+
+
+@pytest.fixture(scope="module")
+def messages(tide_exe, tmp_path_factory):
+    result = run([tide_exe, "run", "--optimizer", "--", sys.executable,
+                  FIXTURES / "tide_run_messages.py"], env=clean_env(),
+                 cwd=tmp_path_factory.mktemp("tide_run_messages"))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty", "optimizer got an empty parameter list"),
+    ("negative_lr", "Invalid learning rate: -1"),
+    ("negative_lr_amsgrad", "Invalid learning rate: -1")])
+def test_when_pytorch_refuses_the_call_too_its_error_comes_alone(messages, case, message):
+    assert messages[case]["error"] == [message, True], "PyTorch's error, nothing chained"
+    assert messages[case]["lines"] == [], "no line about an optimizer that was not built"
+
+
+def test_pytorchs_refusal_is_one_traceback_under_tide_run(tide_exe, tmp_path):
+    result = run([tide_exe, "run", "--optimizer", "--", sys.executable, "-c",
+                  "import torch; torch.optim.AdamW([], lr=1e-3)"], env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.count("Traceback") == 1, result.stderr
+    assert "During handling" not in result.stderr
+    assert "ValueError: optimizer got an empty parameter list" in result.stderr
+    assert tide_lines(result.stderr) == [INSTALLED + " (tide.torch.AdamW, tide.torch.Adam)"]
+
+
+def test_a_derived_class_is_said_once_when_built_never_at_import(messages):
+    entry = messages["subclasses"]
+    assert entry["lines"] == [
+        f"tide run --optimizer: {name} derives from torch.optim.AdamW, so it keeps PyTorch's "
+        "AdamW (a subclass relies on PyTorch's implementation)" for name in ("Built", "BuiltToo")]
+    assert entry["built"] == ["torch.optim.adamw", "first", 0.5, "x", True]
+    assert entry["signature"] == "(params, lr=0.001, tag='x')"
+
+
+def test_fused_is_said_once_and_kept_in_the_param_groups(messages):
+    entry = messages["fused"]
+    assert entry["lines"] == [
+        "tide run --optimizer: torch.optim.AdamW(fused=True): tide's optimizer runs its own "
+        "fused update and ignores this choice among PyTorch's implementations; fused=True stays "
+        "in its param groups and checkpoints, as PyTorch's would keep it"]
+    assert entry["kept"] == ["tide.torch.optim", True, True, True, True, "tide.torch.optim"]

@@ -85,6 +85,15 @@ def _placement(option: str | int | None) -> _executor.PlacementPolicy | None:
                      f"subgroup every K), got {option!r}")
 
 
+def _placement_in_force(option: str | int | None) -> str | int:
+    """The policy a step ran under: 'auto', 'cpu', 'gpu' or K, from the argument, else
+    TIDE_PLACEMENT (which tide's executor read and accepted), else 'auto'."""
+    text = str(option) if option is not None else os.environ.get("TIDE_PLACEMENT") or "auto"
+    if text in ("auto", "cpu", "gpu"):
+        return text
+    return int(text.lstrip("kK"))
+
+
 def _threads(option: int | None) -> int:
     if option is None:
         return 0
@@ -218,7 +227,7 @@ class AdamW(torch.optim.Optimizer):
         self._ready = False
         self._subgroup_size = _subgroup_size(subgroup_size)
         self._policy = _placement(placement)
-        self._placement_name = "env/auto" if placement is None else str(placement)
+        self._placement_option = placement
         self._threads = _threads(threads)
         self._gradients_on_gpu = bool(gradients_on_gpu)
         self._keep_buffers = bool(keep_buffers)
@@ -472,7 +481,7 @@ class AdamW(torch.optim.Optimizer):
         stat = {
             "step": len(self.stats) + 1,
             "skipped": skipped,
-            "placement": self._placement_name,
+            "placement": _placement_in_force(self._placement_option),
             "gpu_subgroups": sum(r["report"].gpu_subgroups for r in ran),
             "cpu_subgroups": sum(r["report"].cpu_subgroups for r in ran),
             "fallback_subgroups": sum(r["report"].fallback_subgroups for r in ran),

@@ -26,7 +26,8 @@ PyTorch's classes do:
   parameters that are sparse, complex, not fp32/bf16/fp16, not contiguous, or not on the device
   kind tide runs on) makes that one optimizer PyTorch's own, with a one-line warning, instead of
   failing; so does a tide optimizer that refuses to be built (RuntimeError, e.g. tide.TideError,
-  or ValueError: if PyTorch refuses the call too, the program gets PyTorch's own error).
+  or ValueError). If PyTorch refuses the call too, the program gets PyTorch's own error, alone,
+  and no line.
   ``Adam(..., decoupled_weight_decay=True)``, which is PyTorch's AdamW, builds tide's AdamW.
 - ``isinstance``/``issubclass`` give PyTorch's answers, with tide's classes read as the PyTorch
   classes they replace: ``isinstance(opt, torch.optim.AdamW)`` is true for tide's AdamW and for
@@ -35,8 +36,11 @@ PyTorch's classes do:
   tide's Adam derives from tide's AdamW). tide's classes do not derive from PyTorch's: they share
   none of its implementation, state layout or per-parameter state.
 - A class the program derives from ``torch.optim.AdamW``/``Adam`` derives from PyTorch's own
-  class, with a one-line note: a subclass is written against PyTorch's implementation (its
-  ``step``, ``_init_group``, ``state[p]["exp_avg"]``), which tide's optimizer does not have.
+  class: a subclass is written against PyTorch's implementation (its ``step``, ``_init_group``,
+  ``state[p]["exp_avg"]``), which tide's optimizer does not have. Its first construction says so
+  in one line (once per class; libraries define such classes at import, built or not).
+- ``foreach=True``/``fused=True`` choose among PyTorch's implementations: tide's optimizer
+  ignores them, says so once, and keeps them in its param groups (and so in checkpoints).
 
 PyTorch's classes stay reachable: ``original("AdamW")`` / ``original("Adam")``, whether or not
 tide run replaced them (tide's own comparisons with PyTorch use them).
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import collections.abc
 import ctypes
+import functools
 import inspect
 import sys
 import threading
@@ -100,18 +105,18 @@ class _Replacement(type):
     def __new__(mcls, name, bases, namespace, _tide_replacement=False, **kwargs):
         if _tide_replacement:
             return super().__new__(mcls, name, bases, namespace, **kwargs)
-        # A class of the program's, derived from torch.optim.AdamW/Adam as tide run installed them.
+        # A class of the program's (or of a library it imports), derived from
+        # torch.optim.AdamW/Adam as tide run installed them.
         rebased = tuple(b._tide_original if isinstance(b, _Replacement) else b
                         for b in bases)
-        replacements = [b for b in bases if isinstance(b, _Replacement)]
-        _say(f"{namespace.get('__qualname__', name)} derives from torch.optim."
-             f"{replacements[0]._tide_name}, so it keeps PyTorch's {replacements[0]._tide_name} "
-             "(a subclass relies on PyTorch's implementation)")
+        replacement = next(b for b in bases if isinstance(b, _Replacement))
         meta = type(rebased[0]) if rebased else type
         for base in rebased[1:]:
             if issubclass(type(base), meta):
                 meta = type(base)
-        return meta(name, rebased, namespace, **kwargs)
+        cls = meta(name, rebased, namespace, **kwargs)
+        _note_at_first_construction(cls, replacement._tide_name)
+        return cls
 
     def __call__(cls, *args, **kwargs):
         return _construct(cls, args, kwargs)
@@ -127,6 +132,33 @@ class _Replacement(type):
             if base in _meanings:
                 return issubclass(_meanings[base], cls._tide_original)
         return issubclass(subclass, cls._tide_original)
+
+
+_noted: set[type] = set()  # classes whose first construction said that they stay PyTorch's
+
+
+def _note_at_first_construction(cls: type, torch_name: str) -> None:
+    """Makes the first construction of `cls` (or of a class derived from it) say, once per class,
+    that it keeps PyTorch's optimizer. Libraries define such classes at import (accelerate pulls
+    in DeepSpeed's) whether or not the program builds one: only those built are worth a line."""
+    own_init = cls.__dict__.get("__init__")
+    inherited_init = super(cls, cls).__init__  # what cls's instances run without an own __init__
+
+    @functools.wraps(own_init or inherited_init)
+    def __init__(self, *args, **kwargs):
+        built = type(self)
+        with _lock:
+            first = built not in _noted
+            _noted.add(built)
+        if first:
+            _say(f"{built.__qualname__} derives from torch.optim.{torch_name}, so it keeps "
+                 f"PyTorch's {torch_name} (a subclass relies on PyTorch's implementation)")
+        if own_init is not None:
+            own_init(self, *args, **kwargs)
+        else:
+            super(cls, self).__init__(*args, **kwargs)
+
+    cls.__init__ = __init__
 
 
 def _replacement(name: str, torch_cls: type, tide_cls: type) -> type:
@@ -227,15 +259,43 @@ def _construct(replacement: type, args: tuple, kwargs: dict) -> Any:
     call = "torch.optim.{}({})".format(
         name, ", ".join(f"{k}={v!r}" for k, v in arguments.items() if k != "params"))
     if reasons:
+        # PyTorch's is built first: if PyTorch refuses the call too, its error alone surfaces.
+        fallback = torch_cls(**arguments)
         _say(f"{call}: tide's optimizer does not support {', '.join(reasons)}; "
              f"this optimizer is PyTorch's {name}")
-        return torch_cls(**arguments)
+        return fallback
     try:
-        return tide_cls(**tide_arguments)
+        optimizer = tide_cls(**tide_arguments)
     except (RuntimeError, ValueError) as error:  # TideError is a RuntimeError
-        _say(f"{call}: tide's optimizer cannot run here ({error}); "
-             f"this optimizer is PyTorch's {name}")
-        return torch_cls(**arguments)
+        refusal = str(error)
+    else:
+        _say_once_about_implementation_flags(name, arguments)
+        return optimizer
+    # Outside the except clause, so that PyTorch's own error, if it refuses the call too, comes
+    # alone (no chained traceback of tide's), and the line is said only for what was built.
+    fallback = torch_cls(**arguments)
+    _say(f"{call}: tide's optimizer cannot run here ({refusal}); "
+         f"this optimizer is PyTorch's {name}")
+    return fallback
+
+
+_flags_said = False
+
+
+def _say_once_about_implementation_flags(name: str, arguments: dict[str, Any]) -> None:
+    """foreach/fused=True pick among PyTorch's implementations: tide's optimizer has its own, and
+    keeps the values in its param groups (so that checkpoints move between tide and PyTorch).
+    Said once per process."""
+    global _flags_said
+    flags = [f"{key}=True" for key in ("fused", "foreach") if arguments.get(key)]
+    with _lock:
+        if not flags or _flags_said:
+            return
+        _flags_said = True
+    _say(f"torch.optim.{name}({', '.join(flags)}): tide's optimizer runs its own fused update "
+         "and ignores this choice among PyTorch's implementations; "
+         f"{' and '.join(flags)} stay{'s' if len(flags) == 1 else ''} in its param groups and "
+         "checkpoints, as PyTorch's would keep it")
 
 
 # --- the allocator ---------------------------------------------------------------------------
