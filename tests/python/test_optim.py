@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import math
 
 import pytest
@@ -500,6 +501,29 @@ def test_a_failed_construction_leaves_no_gradient_hooks():
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
         tt.AdamW([{"params": good}, {"params": [bad]}])
     assert all(not p._post_accumulate_grad_hooks for p in good)
+
+
+def test_a_wrapper_that_takes_on_its_class_does_not_close_it_on_going_away():
+    """Lightning's LightningOptimizer takes on the optimizer's class (a type derived from both)
+    and forwards attributes to it: when such a wrapper goes, the optimizer must stay usable."""
+
+    class Wrapper:
+        def __init__(self, optimizer):
+            self._optimizer = optimizer
+            self.__class__ = type("Wrapped" + type(optimizer).__name__,
+                                  (Wrapper, type(optimizer)), {})
+
+        def __getattr__(self, name):
+            return getattr(self._optimizer, name)
+
+    model = make_model()
+    opt = tt.AdamW(model.parameters(), subgroup_size=3000, placement=2)
+    wrapper = Wrapper(opt)
+    assert isinstance(wrapper, tt.AdamW)
+    del wrapper
+    gc.collect()
+    train(model, opt, batches(2))
+    assert opt.last_plan["step"] == 2
 
 
 def test_parameter_memory_moving_is_an_error():

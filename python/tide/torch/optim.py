@@ -30,6 +30,7 @@ import math
 import os
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
@@ -92,6 +93,16 @@ def _placement_in_force(option: str | int | None) -> str | int:
     if text in ("auto", "cpu", "gpu"):
         return text
     return int(text.lstrip("kK"))
+
+
+def _release(hooks: list[Any], buckets: list[_Bucket]) -> None:
+    """An optimizer's end: its gradient hooks removed, its executors destroyed (once)."""
+    for hook in hooks:
+        hook.remove()
+    hooks.clear()
+    for bucket in buckets:
+        bucket.executor.close()
+    buckets.clear()
 
 
 def _threads(option: int | None) -> int:
@@ -239,6 +250,10 @@ class AdamW(torch.optim.Optimizer):
         self._offloaded: dict[int, tuple[torch.Tensor, int]] = {}  # id(param) -> (grad, version)
         self._keepalive: list[torch.Tensor] = []  # gradients whose offload may be in flight
         self._hooks: list[Any] = []
+        # Released when this optimizer goes, never through another object: wrappers that take on
+        # its class and forward attributes to it (Lightning's LightningOptimizer) would run a
+        # __del__ of this class on going away, and close the executors still in use.
+        self._release = weakref.finalize(self, _release, self._hooks, self._buckets)
         self._clip_coef = 1.0
         self._streams: dict[int, Any] = {}
         self.stats: list[dict[str, Any]] = []
@@ -575,15 +590,7 @@ class AdamW(torch.optim.Optimizer):
                 bucket.step = max(steps)
 
     def _close(self) -> None:
-        for hook in getattr(self, "_hooks", []):
-            hook.remove()
-        self._hooks = []
-        for bucket in getattr(self, "_buckets", []):
-            bucket.executor.close()
-        self._buckets = []
-
-    def __del__(self) -> None:
-        self._close()
+        self._release()
 
 
 class Adam(AdamW):
