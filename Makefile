@@ -1,8 +1,8 @@
 # tide: the two commands (README) and a few more.
 #
 #   make run     build, then run tide's main job
-#   make test    build, then run every test: clang-format, C++ (ctest), Python (pytest), ASan+UBSan,
-#                TSan
+#   make test    build, then run every test: clang-format, C++ (ctest), Python (pytest), the
+#                numerics tests once more per CPU kernel variant, ASan+UBSan, TSan
 #   make bench   run the benchmarks (BENCH=name for one), JSON lines on stdout
 #
 # Each target installs what it needs first (scripts/bootstrap.sh) and skips what is there.
@@ -15,7 +15,8 @@ CMAKE_FLAGS ?=
 BENCH ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
-.PHONY: run test bench build bootstrap test-cpp test-python test-asan test-tsan test-pip-install \
+.PHONY: run test bench build bootstrap test-cpp test-python test-cpu-variants test-asan test-tsan \
+        test-pip-install \
         format-check tidy clean
 
 bootstrap:
@@ -30,7 +31,8 @@ run: build
 	@scripts/run_main.sh --compare
 
 test: build
-	@$(MAKE) --no-print-directory format-check test-cpp test-python test-asan test-tsan
+	@$(MAKE) --no-print-directory format-check test-cpp test-python test-cpu-variants test-asan \
+	  test-tsan
 	@echo "make test: all passed"
 
 test-cpp:
@@ -40,6 +42,11 @@ test-cpp:
 test-python:
 	@echo "== Python tests (pytest)"
 	@$(PY) -m pytest -q -m "not gpu" tests/python
+
+# The numerics tests again with each other CPU kernel variant this machine runs (TIDE_CPU_ISA),
+# PyTorch's CPU kernels held to the same instruction set.
+test-cpu-variants:
+	@scripts/test_cpu_variants.sh $(JOBS)
 
 # Sanitizer builds reuse the main build's kernels fatbin instead of running nvcc again.
 test-asan: build

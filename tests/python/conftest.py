@@ -17,6 +17,11 @@ STANDIN = BUILD / "lib" / "libtide_standin_cuda.so"
 
 sys.path.insert(0, str(REPO / "python"))
 
+# PyTorch on one thread (before it is imported; subprocesses inherit it): its OpenMP threads
+# spin while waiting, and on a small machine they fight tide's own CPU threads for the cores (the
+# numerics tests took 2.5x as long). Numbers are compared within one setting, never across.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def real_driver_present() -> bool:
     try:

@@ -1,7 +1,12 @@
-"""Every TIDE_* environment variable is registered (config/knobs.cpp) and documented (README)."""
+"""Every TIDE_* environment variable is registered (config/knobs.cpp) and documented (README);
+knobs the Python tests can reach are checked strictly."""
 
+import os
 import re
 import subprocess
+import sys
+
+import pytest
 
 SOURCE_DIRS = ["config", "driver", "allocator", "kernels", "scheduler", "interpose", "standin",
                "tools", "capi", "python", "scripts", "examples", "bench"]
@@ -41,3 +46,28 @@ def test_tide_env_lists_what_each_knob_accepts(build_dir):
     out = subprocess.run([str(build_dir / "bin" / "tide"), "env"], check=True,
                          capture_output=True, text=True).stdout
     assert "TIDE_CUDA_DRIVER=" in out and "accepts:" in out
+
+
+@pytest.mark.parametrize("value", ["avx3", "AVX2", "avx512", "avx2", "scalar"])
+def test_tide_cpu_isa_is_checked(value):
+    """A value TIDE_CPU_ISA does not accept, or a variant this CPU cannot run, is an error naming
+    the knob; one it runs is what the kernels use. In a fresh process: the knob is read once."""
+    from tide import kernels
+
+    supported = kernels.cpu_info()["supported"]
+    code = ("from tide import kernels\nimport torch\nprint(kernels.cpu_info()['isa'])\n"
+            "p = torch.zeros(8)\n"
+            "kernels.cpu_adam_step(p, torch.ones(8), torch.zeros(8), torch.zeros(8), step=1)\n"
+            "print(round(float(p[0]), 6))")
+    env = dict(os.environ, TIDE_CPU_ISA=value)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=120)
+    if value in supported:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [value, "-0.001"], result.stdout
+    else:
+        assert result.returncode != 0
+        assert "TideError" in result.stderr and f'TIDE_CPU_ISA="{value}"' in result.stderr
+        expected = ("this CPU cannot run the avx512 kernels" if value == "avx512"
+                    else "accepts one of: auto avx512 avx2 scalar")
+        assert expected in result.stderr, result.stderr

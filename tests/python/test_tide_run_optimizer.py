@@ -94,6 +94,7 @@ def test_the_unmodified_scripts_adamw_is_tides(runs):
     assert "optimizer tide.torch.optim AdamW" in results["explicit"].stdout.splitlines()
 
 
+@pytest.mark.numerics
 def test_weights_match_a_run_with_tides_adamw_picked_explicitly(runs):
     out, _ = runs
     tide_run, explicit = load(out / "tide_run.pt"), load(out / "explicit.pt")

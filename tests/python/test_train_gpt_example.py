@@ -42,6 +42,7 @@ def png_size(path: pathlib.Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.numerics
 def test_fp32_run_with_compare(tmp_path):
     out = tmp_path / "out"
     result = run_example(*TINY, "--steps", "3", "--compare", "--out", str(out), "--seed", "1")

@@ -59,13 +59,14 @@ class TorchReference:
         self.model = make()
         self.result = train(self.model, dict(REFERENCE))
         self.variants: dict[str, float] = {}
+        self.variant_results: dict[str, Any] = {}
         for name, (options, nudge) in VARIANTS.items():
             model = make()
             if nudge:
                 with torch.no_grad():
                     for p in model.parameters():
                         p.mul_(1.0 + nudge)
-            train(model, dict(options))
+            self.variant_results[name] = train(model, dict(options))
             self.variants[name] = max_rel_diff(model, self.model)
         self.floor = floor
         self.spread = max(self.variants.values())
@@ -79,3 +80,9 @@ class TorchReference:
             f"what correct implementations differ by here: "
             + ", ".join(f"{k} {v:.3g}" for k, v in self.variants.items()) + ")")
         return diff
+
+    def bound_on(self, difference: Callable[[Any, Any], float], floor: float) -> float:
+        """The same rule for another measure of the runs (e.g. their losses): max(floor, FACTOR x
+        the largest difference(variant's result, reference's result))."""
+        return max(floor, FACTOR * max(difference(result, self.result)
+                                       for result in self.variant_results.values()))
