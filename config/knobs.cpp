@@ -58,7 +58,9 @@ std::span<const Knob> knobs() {
       {"TIDE_REPORT", "a path; %p becomes the process id",
        "interposer (tide run --report): where a process that used CUDA writes its memory report "
        "at exit (JSON), with the Perfetto trace next to it as *.trace.json (default: no file, a "
-       "one-line summary on stderr; tide run's default is tide-report.%p.json)"},
+       "one-line summary on stderr; tide run's default is "
+       "$XDG_STATE_HOME/tide/reports/tide-report.%p.json, ~/.local/state/... without "
+       "XDG_STATE_HOME)"},
       {"TIDE_STACKS", "a boolean (1/0, true/false, yes/no, on/off)",
        "interposer (tide run --stacks): capture device allocation call stacks with libunwind "
        "for the report's top allocation sites (default off)"},

@@ -69,6 +69,9 @@ def test_fp32_run_with_compare(tmp_path):
                       rf"(\S+), relative ({NUMBER}) \(to the largest weight\); difference norm "
                       rf"relative ({NUMBER})", text)
     assert match, text
+    # The reference: torch.optim.AdamW's default implementation (the for-loop on CPU tensors), in
+    # fp32 for 3 steps, where nothing but the key biases amplifies rounding (make test also runs
+    # this with PyTorch's kernels at AVX2 and without vectors).
     # The whole model within 1e-5 (fp32). The single largest difference is looser: the key
     # biases get only rounding noise as gradient and Adam scales it up to full steps, so they part
     # in the last digits between any two implementations (torch.optim.AdamW against itself with

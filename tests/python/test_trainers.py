@@ -34,7 +34,8 @@ from torch_reference import TorchReference, max_rel_diff  # noqa: E402
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
-from tiny_gpt2 import record_losses, tiny_dataset, tiny_model, training_args  # noqa: E402
+from tiny_gpt2 import (DEVICE, record_losses, tiny_dataset, tiny_model,  # noqa: E402
+                       training_args)
 
 pytestmark = pytest.mark.numerics
 LOSS_FLOOR = 1e-5  # relative: a few roundings of the loss
@@ -190,9 +191,10 @@ def test_an_unmodified_trainer_script_under_tide_run(build_dir, runs, reference)
     script = FIXTURES / "hf_train.py"
     command = [{"tide": str(tide_exe), "python": sys.executable, "train.py": str(script)}.get(w, w)
                for w in shlex.split(snippet("tide-run", "sh"))]
+    # A user's environment: no tide knobs, no preload; the GPU, if any, in sight (as for the
+    # reference, which runs on the same device).
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TIDE_") and k not in ("LD_PRELOAD", "PYTHONPATH")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
     straight, resumed = runs / "tide_run", runs / "tide_run_resumed"
     processes = [subprocess.Popen(command + [str(straight)], env=env, cwd=runs, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE),
@@ -212,7 +214,8 @@ def test_an_unmodified_trainer_script_under_tide_run(build_dir, runs, reference)
 
     def weights(directory):
         model = tiny_model(seed=1)
-        model.load_state_dict(torch.load(directory / "weights.pt", weights_only=True))
+        model.load_state_dict(torch.load(directory / "weights.pt", map_location=DEVICE,
+                                         weights_only=True))
         return model
 
     # fused: what the program passed; after resuming, what the checkpoint's groups had (as with
@@ -238,7 +241,8 @@ def test_lightning(tmp_path):
         losses = record_losses(model)
         loader = torch.utils.data.DataLoader(tiny_dataset(), batch_size=4)
         trainer = load("lightning", options)["fit"](
-            model, loader, accelerator="cpu", devices=1, logger=False,
+            model, loader, accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1,
+            logger=False,
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             default_root_dir=str(tmp_path))
         return {"losses": losses, "trainer": trainer}
