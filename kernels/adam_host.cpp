@@ -1,35 +1,13 @@
-// Host twin of kernels/cuda/adam.cu: the stand-in driver runs it for a launch of
-// tide_adam_step. It steps each subgroup of the launch with the CPU implementation on the
-// calling (stream) thread, the widest instruction set the CPU has: the same bits as the kernel.
-#include <cstring>
-
-#include "kernels/adam_kernel.h"
-#include "kernels/cpu_variant.h"
+// kernels/cuda/adam.cu compiled for the host (kernels/host/cuda.h): the stand-in driver runs this,
+// the kernel's own source, for a launch of tide_adam_step.
+#include "kernels/host/cuda.h"
+// Second: the kernel source sees the host definitions of CUDA's keywords and intrinsics.
+#include "kernels/cuda/adam.cu"
 #include "kernels/host_kernel.h"
 
 namespace tide::kernels {
 
-void adam_host(const HostGrid& grid, void** params) {
-  AdamKernelParams p;
-  std::memcpy(&p, params[0], sizeof p);
-  const CpuKernels& cpu = cpu_kernels(best_cpu_isa());
-  // Grid rows past subgroup_count return at once in the kernel, and rows past the grid never run.
-  const unsigned rows = p.subgroup_count < grid.grid[1] ? p.subgroup_count : grid.grid[1];
-  for (unsigned row = 0; row < rows; ++row) {
-    const AdamKernelSubgroup& d = p.subgroups[row];
-    AdamSubgroup s;
-    s.grad = reinterpret_cast<const void*>(d.grad);
-    s.param = reinterpret_cast<float*>(d.param);
-    s.exp_avg = reinterpret_cast<void*>(d.exp_avg);
-    s.exp_avg_sq = reinterpret_cast<void*>(d.exp_avg_sq);
-    s.param_copy = p.has_copy ? reinterpret_cast<void*>(d.param_copy) : nullptr;
-    s.count = d.count;
-    s.grad_dtype = p.grad_dtype;
-    s.state_dtype = p.state_dtype;
-    s.copy_dtype = p.copy_dtype;
-    const std::uint64_t rejected = cpu.adam(p.terms, s, 0, s.count);
-    reinterpret_cast<unsigned long long*>(p.nonfinite)[row] += rejected;
-  }
-}
+extern const HostKernelEntry kAdamHostKernel{kAdamKernel, &host::kernel_thread<&tide_adam_step>,
+                                             sizeof(AdamKernelParams)};
 
 }  // namespace tide::kernels

@@ -1,5 +1,7 @@
 #include "standin/modules.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -8,6 +10,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "kernels/host/grid.h"
 #include "kernels/host_kernel.h"
 #include "standin/contexts.h"
 #include "standin/stats.h"
@@ -15,15 +18,24 @@
 namespace tide::standin {
 namespace {
 
-// A kernel as the stand-in runs it: one of tide's host twins or a test's kernel.
+// A kernel as the stand-in runs it: one of tide's kernels compiled for the host, or a test's
+// kernel.
 struct Kernel {
-  kernels::HostKernel twin = nullptr;
+  const kernels::HostKernelEntry* source = nullptr;
   tide_standin_kernel test_kernel = nullptr;
   std::size_t param_bytes = 0;
 
   void run(const kernels::HostGrid& grid, void** params) const {
-    if (twin != nullptr) {
-      twin(grid, params);
+    if (source != nullptr) {
+      try {
+        kernels::host::run_grid(grid, source->thread, params[0]);
+      } catch (const kernels::host::KernelFault& e) {
+        // On a GPU the context would be lost (CUDA_ERROR_ILLEGAL_ADDRESS and the like, from
+        // every later call); here the process stops, saying where.
+        std::fprintf(stderr, "tide stand-in: kernel %.*s faulted: %s\n",
+                     static_cast<int>(source->name.size()), source->name.data(), e.what());
+        std::abort();
+      }
       return;
     }
     tide_standin_grid g;
@@ -65,7 +77,7 @@ bool find_kernel(Registry& r, std::string_view name, Kernel* out) {
     return true;
   }
   if (const kernels::HostKernelEntry* entry = kernels::find_host_kernel(name)) {
-    *out = Kernel{entry->run, nullptr, entry->param_bytes};
+    *out = Kernel{entry, nullptr, entry->param_bytes};
     return true;
   }
   return false;
