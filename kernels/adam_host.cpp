@@ -6,8 +6,28 @@
 #include "kernels/host_kernel.h"
 
 namespace tide::kernels {
+namespace {
+
+// Each grid row that has a subgroup reads and writes its buffers, and its counter.
+std::vector<KernelRange> adam_ranges(const HostGrid& grid, const void* params) {
+  const auto& p = *static_cast<const AdamKernelParams*>(params);
+  const std::uint32_t rows = p.subgroup_count < grid.grid[1] ? p.subgroup_count : grid.grid[1];
+  std::vector<KernelRange> out;
+  out.push_back({p.nonfinite, std::uint64_t{rows} * sizeof(unsigned long long), true});
+  for (std::uint32_t r = 0; r < rows && r < kMaxAdamKernelSubgroups; ++r) {
+    const AdamKernelSubgroup& s = p.subgroups[r];
+    out.push_back({s.grad, s.count * dtype_size(p.grad_dtype), false});
+    out.push_back({s.param, s.count * 4, true});
+    out.push_back({s.exp_avg, s.count * dtype_size(p.state_dtype), true});
+    out.push_back({s.exp_avg_sq, s.count * dtype_size(p.state_dtype), true});
+    if (p.has_copy) out.push_back({s.param_copy, s.count * 2, true});
+  }
+  return out;
+}
+
+}  // namespace
 
 extern const HostKernelEntry kAdamHostKernel{kAdamKernel, &host::kernel_thread<&tide_adam_step>,
-                                             sizeof(AdamKernelParams)};
+                                             sizeof(AdamKernelParams), &adam_ranges};
 
 }  // namespace tide::kernels

@@ -6,8 +6,16 @@
 #include "kernels/host_kernel.h"
 
 namespace tide::kernels {
+namespace {
+
+std::vector<KernelRange> cast_ranges(const HostGrid& /*grid*/, const void* params) {
+  const auto& p = *static_cast<const CastParams*>(params);
+  return {{p.src, p.count * 4, false}, {p.dst, p.count * 2, true}};
+}
+
+}  // namespace
 
 extern const HostKernelEntry kCastHostKernel{
-    kCastKernel, &host::kernel_thread<&tide_cast_f32_to_half>, sizeof(CastParams)};
+    kCastKernel, &host::kernel_thread<&tide_cast_f32_to_half>, sizeof(CastParams), &cast_ranges};
 
 }  // namespace tide::kernels

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace tide::kernels {
 
@@ -21,10 +23,20 @@ struct HostGrid {
 // One thread of a kernel: the kernel's body, called with a pointer to its parameter struct.
 using KernelThread = void (*)(const void* params);
 
+// Device memory a launch may read (and write): the stand-in checks that the device can address
+// it, and that nothing unmaps it while the launch is pending.
+struct KernelRange {
+  std::uint64_t address;
+  std::uint64_t bytes;
+  bool write;
+};
+using KernelRanges = std::vector<KernelRange> (*)(const HostGrid& grid, const void* params);
+
 struct HostKernelEntry {
   std::string_view name;  // the kernel's extern "C" name
   KernelThread thread;
   std::size_t param_bytes;  // sizeof the parameter struct: a launch copies it, as CUDA does
+  KernelRanges ranges;
 };
 
 // The kernel named `name`, compiled for the host, or nullptr.
