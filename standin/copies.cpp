@@ -50,7 +50,7 @@ struct Use {
 
 // The work of one copy on the worker: the memcpy, then, with a simulated rate, a sleep until the
 // device's link for that direction would have moved the bytes.
-std::function<void()> copy_work(const Copy& copy, Device& device, std::shared_ptr<Use> use) {
+std::function<void()> copy_work(const Copy& copy, Device& device, const std::shared_ptr<Use>& use) {
   const double bytes_per_s = rate(copy.direction);
   Link* link = copy.direction == Direction::kHostToDevice   ? &device.h2d
                : copy.direction == Direction::kDeviceToHost ? &device.d2h
@@ -77,9 +77,10 @@ CUresult submit_copy(const Copy& copy, Mode mode, CUstream handle, DefaultStream
   const auto dst = reinterpret_cast<std::uintptr_t>(copy.dst);
   const auto src = reinterpret_cast<std::uintptr_t>(copy.src);
   // Registered before the checks: memory unmapped after them is caught at the unmap.
-  auto use = std::make_shared<Use>(std::make_unique<PendingUse>(
+  auto use = std::make_shared<Use>();
+  use->use = std::make_unique<PendingUse>(
       std::vector<UsedRange>{{dst, copy.bytes}, {src, copy.bytes}},
-      std::string(name(copy.direction)) + " of " + std::to_string(copy.bytes) + " bytes"));
+      std::string(name(copy.direction)) + " of " + std::to_string(copy.bytes) + " bytes");
   const bool host_dst = copy.direction == Direction::kDeviceToHost;
   const bool host_src = copy.direction == Direction::kHostToDevice;
   if ((host_dst ? dst == 0 : !is_device_range(dst, copy.bytes, true)) ||
@@ -124,7 +125,7 @@ CUresult submit_copy(const Copy& copy, Mode mode, CUstream handle, DefaultStream
       break;
   }
   Device& device = *find_device(stream->context().device());
-  const Position position = stream->submit(copy_work(copy, device, std::move(use)));
+  const Position position = stream->submit(copy_work(copy, device, use));
   if (wait) position.timeline->wait(position.seq);
   return CUDA_SUCCESS;
 }
@@ -177,8 +178,9 @@ CUresult memset_d8_async(CUdeviceptr dst, unsigned char value, std::size_t bytes
   std::shared_ptr<Stream> stream;
   if (CUresult r = resolve_stream(handle, fallback, &stream); r != CUDA_SUCCESS) return r;
   if (bytes == 0) return CUDA_SUCCESS;
-  auto use = std::make_shared<Use>(std::make_unique<PendingUse>(
-      std::vector<UsedRange>{{dst, bytes}}, "a memset of " + std::to_string(bytes) + " bytes"));
+  auto use = std::make_shared<Use>();
+  use->use = std::make_unique<PendingUse>(std::vector<UsedRange>{{dst, bytes}},
+                                          "a memset of " + std::to_string(bytes) + " bytes");
   if (!is_device_range(dst, bytes, true)) return CUDA_ERROR_INVALID_VALUE;
   stream->submit([p = host_pointer(dst), value, bytes, use] {
     std::memset(p, value, bytes);

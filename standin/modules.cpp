@@ -278,6 +278,7 @@ CUresult launch_kernel(CUfunction function, const unsigned grid[3], const unsign
   if (kernel.source != nullptr) {
     ranges = kernel.source->ranges(shape, bytes.get());
     std::vector<UsedRange> used;
+    used.reserve(ranges.size());
     for (const kernels::KernelRange& range : ranges) used.push_back({range.address, range.bytes});
     use = std::make_shared<PendingUse>(std::move(used), "a launch of " + kernel.name());
   }
