@@ -4,6 +4,8 @@
 #   make test    build, then run every test: clang-format, C++ (ctest), Python (pytest), the
 #                numerics tests once more per CPU kernel variant, ASan+UBSan, TSan
 #   make bench   run the benchmarks (BENCH=name for one), JSON lines on stdout
+#   make gpu-check   on a machine with a GPU: the GPU tests, the example on CUDA and the GPU
+#                benchmarks, one report (out/gpu-check/); without one, a line saying so
 #
 # Each target installs what it needs first (scripts/bootstrap.sh) and skips what is there.
 
@@ -16,8 +18,7 @@ BENCH ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
 .PHONY: run test bench build bootstrap test-cpp test-python test-cpu-variants test-asan test-tsan \
-        test-pip-install \
-        format-check tidy clean
+        test-pip-install format-check tidy clean gpu-check
 
 bootstrap:
 	@scripts/bootstrap.sh --python
@@ -77,6 +78,10 @@ test-pip-install: bootstrap
 
 bench: build
 	@scripts/run_bench.sh $(BENCH)
+
+# Checks for the GPU first and builds only when there is one (scripts/gpu_check.sh).
+gpu-check:
+	@scripts/gpu_check.sh
 
 format-check:
 	@echo "== clang-format"

@@ -41,6 +41,19 @@ void for_devices(int device, const std::function<void(CachingAllocator&)>& fn) {
   tide::allocator::for_each_device_allocator(fn);
 }
 
+// Allocates; when out of memory returns NULL with this thread's last error describing the
+// allocator's state. Throws what the allocator throws (a failing driver call).
+void* allocate_or_describe(size_t size, int device, void* stream) {
+  CachingAllocator& allocator = device_allocator(device);
+  void* ptr = allocator.allocate(size, as_stream(stream));
+  if (ptr == nullptr && size != 0) {
+    const auto ooms = allocator.ooms();
+    tide::capi::set_last_error(ooms.empty() ? std::string("tide: out of memory")
+                                            : ooms.back().describe(device));
+  }
+  return ptr;
+}
+
 tide_alloc_stat to_c(const tide::allocator::Stat& s) {
   return tide_alloc_stat{s.current, s.peak, s.allocated, s.freed};
 }
@@ -83,18 +96,33 @@ extern "C" {
 
 TIDE_API void* tide_alloc(size_t size, int device, void* stream) {
   try {
-    CachingAllocator& allocator = device_allocator(device);
-    void* ptr = allocator.allocate(size, as_stream(stream));
-    if (ptr == nullptr && size != 0) {
-      const auto ooms = allocator.ooms();
-      tide::capi::set_last_error(ooms.empty() ? std::string("tide: out of memory")
-                                              : ooms.back().describe(device));
-    }
-    return ptr;
+    return allocate_or_describe(size, device, stream);
   } catch (...) {
     tide::capi::status_of_current_exception();
     return nullptr;
   }
+}
+
+// PyTorch stores what its pluggable allocate function returns as the tensor's data pointer without
+// looking (CUDAPluggableAllocator::malloc, PyTorch 2.15): a NULL would be a crash later, far from
+// the cause. Its own caching allocator throws c10::OutOfMemoryError from the same place, so every
+// caller above is written for an exception; one of c10's types cannot be thrown without building
+// against PyTorch, a std::runtime_error can, and PyTorch's bindings make it a RuntimeError with
+// this message. The "CUDA out of memory." prefix is PyTorch's own, which code that retries with
+// smaller batches looks for.
+TIDE_API void* tide_alloc_throwing(size_t size, int device, void* stream) {
+  void* ptr = nullptr;
+  try {
+    ptr = allocate_or_describe(size, device, stream);
+  } catch (const std::exception& e) {
+    tide::capi::status_of_current_exception();
+    throw std::runtime_error(e.what());
+  }
+  if (ptr == nullptr && size != 0) {
+    throw std::runtime_error(std::string("CUDA out of memory. ") + tide::capi::last_error_text() +
+                             " (tide.torch.last_oom() and tide.torch.memory_stats() have more)");
+  }
+  return ptr;
 }
 
 TIDE_API void tide_free(void* ptr, size_t size, int device, void* stream) {

@@ -13,7 +13,7 @@
 // - the simulated bandwidth keeps the H100 node's ratio to the CPU update's rate (25 GB/s x r /
 //   2.2e9), capped at a quarter of the memcpy rate, both rates per second of CPU time, so that a
 //   busy machine picks the same link as an idle one;
-// - the GPU kernel sleeps at 5e10 params/s instead of running the host twin's arithmetic, which
+// - the GPU kernel sleeps at 5e10 params/s instead of running the kernel's host build, which
 //   would compete for the cores as a GPU never does.
 // Each policy is run --repeats times (default 3) in rounds over all of them and the best kept
 // (noise on a shared machine only slows a run down); tide's plan refines its rates from the

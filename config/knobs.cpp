@@ -13,9 +13,8 @@ std::span<const Knob> knobs() {
        "threads of the CPU optimizer kernels (default: the CPUs this process may run on, "
        "sched_getaffinity)"},
       {"TIDE_CPU_ISA", "auto, avx512, avx2 or scalar",
-       "instruction set of the CPU optimizer kernels (and of the stand-in driver's GPU kernel "
-       "twin): auto, the widest this CPU runs, or the one named, which this CPU must be able "
-       "to run (default auto)"},
+       "instruction set of the CPU optimizer kernels: auto, the widest this CPU runs, or the one "
+       "named, which this CPU must be able to run (default auto)"},
       {"TIDE_STANDIN_MEMORY", "a size (e.g. 8GiB)",
        "stand-in driver: device memory capacity (default 8GiB)"},
       {"TIDE_STANDIN_DEVICES", "an integer from 1 to 16",

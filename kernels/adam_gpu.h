@@ -1,6 +1,6 @@
 // The launcher of the fused CUDA Adam kernel (kernels/cuda/adam.cu): loads the embedded fatbin
 // through driver/ and launches tide_adam_step on a stream. Against the host stand-in driver the
-// same calls run the kernel's host twin.
+// same calls run the kernel's own source compiled for the host (kernels/host_kernel.h).
 #pragma once
 
 #include <cuda.h>

@@ -1,50 +1,33 @@
-// Host twin of kernels/cuda/adam.cu: the stand-in driver runs it for a launch of
-// tide_adam_step. It steps each subgroup of the launch with the CPU implementation on the
-// calling (stream) thread, with the instruction set the CPU kernels use (default_cpu_isa()): the
-// same bits as the kernel.
-#include <cstring>
-#include <exception>
-
-#include "kernels/adam_kernel.h"
-#include "kernels/cpu_variant.h"
+// kernels/cuda/adam.cu compiled for the host (kernels/host/cuda.h): the stand-in driver runs this,
+// the kernel's own source, for a launch of tide_adam_step.
+#include "kernels/host/cuda.h"
+// Second: the kernel source sees the host definitions of CUDA's keywords and intrinsics.
+#include "kernels/cuda/adam.cu"
 #include "kernels/host_kernel.h"
 
 namespace tide::kernels {
 namespace {
 
-// The twin runs on a stream's thread, where nothing may throw: a TIDE_CPU_ISA the kernels refuse
-// is reported by the CPU kernels' own calls, and the twin uses the widest set (the same bits).
-CpuIsa twin_isa() noexcept {
-  try {
-    return default_cpu_isa();
-  } catch (const std::exception&) {
-    return best_cpu_isa();
+// Each grid row that has a subgroup reads and writes its buffers, and its counter.
+std::vector<KernelRange> adam_ranges(const HostGrid& grid, const void* params) {
+  const auto& p = *static_cast<const AdamKernelParams*>(params);
+  const std::uint32_t rows = p.subgroup_count < grid.grid[1] ? p.subgroup_count : grid.grid[1];
+  std::vector<KernelRange> out;
+  out.push_back({p.nonfinite, std::uint64_t{rows} * sizeof(unsigned long long), true});
+  for (std::uint32_t r = 0; r < rows && r < kMaxAdamKernelSubgroups; ++r) {
+    const AdamKernelSubgroup& s = p.subgroups[r];
+    out.push_back({s.grad, s.count * dtype_size(p.grad_dtype), false});
+    out.push_back({s.param, s.count * 4, true});
+    out.push_back({s.exp_avg, s.count * dtype_size(p.state_dtype), true});
+    out.push_back({s.exp_avg_sq, s.count * dtype_size(p.state_dtype), true});
+    if (p.has_copy) out.push_back({s.param_copy, s.count * 2, true});
   }
+  return out;
 }
 
 }  // namespace
 
-void adam_host(const HostGrid& grid, void** params) {
-  AdamKernelParams p;
-  std::memcpy(&p, params[0], sizeof p);
-  const CpuKernels& cpu = cpu_kernels(twin_isa());
-  // Grid rows past subgroup_count return at once in the kernel, and rows past the grid never run.
-  const unsigned rows = p.subgroup_count < grid.grid[1] ? p.subgroup_count : grid.grid[1];
-  for (unsigned row = 0; row < rows; ++row) {
-    const AdamKernelSubgroup& d = p.subgroups[row];
-    AdamSubgroup s;
-    s.grad = reinterpret_cast<const void*>(d.grad);
-    s.param = reinterpret_cast<float*>(d.param);
-    s.exp_avg = reinterpret_cast<void*>(d.exp_avg);
-    s.exp_avg_sq = reinterpret_cast<void*>(d.exp_avg_sq);
-    s.param_copy = p.has_copy ? reinterpret_cast<void*>(d.param_copy) : nullptr;
-    s.count = d.count;
-    s.grad_dtype = p.grad_dtype;
-    s.state_dtype = p.state_dtype;
-    s.copy_dtype = p.copy_dtype;
-    const std::uint64_t rejected = cpu.adam(p.terms, s, 0, s.count);
-    reinterpret_cast<unsigned long long*>(p.nonfinite)[row] += rejected;
-  }
-}
+extern const HostKernelEntry kAdamHostKernel{kAdamKernel, &host::kernel_thread<&tide_adam_step>,
+                                             sizeof(AdamKernelParams), &adam_ranges};
 
 }  // namespace tide::kernels

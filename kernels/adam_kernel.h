@@ -1,5 +1,5 @@
 // The fused CUDA Adam kernel (kernels/cuda/adam.cu): its parameter struct, shared by the kernel,
-// its launcher (kernels/adam_gpu.h) and its host twin (kernels/adam_host.cpp).
+// its launcher (kernels/adam_gpu.h) and its host build (kernels/adam_host.cpp).
 //
 // One launch updates up to kMaxAdamKernelSubgroups flat subgroups that share their dtypes: grid
 // row blockIdx.y works on subgroup blockIdx.y. The subgroup descriptors travel inside the

@@ -1,17 +1,21 @@
-// Host twin of kernels/cuda/cast.cu.
-#include <cstring>
-
-#include "kernels/cast.h"
+// kernels/cuda/cast.cu compiled for the host (kernels/host/cuda.h): the stand-in driver runs this,
+// the kernel's own source, for a launch of tide_cast_f32_to_half.
+#include "kernels/host/cuda.h"
+// Second: the kernel source sees the host definitions of CUDA's keywords and intrinsics.
+#include "kernels/cuda/cast.cu"
 #include "kernels/host_kernel.h"
 
 namespace tide::kernels {
+namespace {
 
-void cast_host(const HostGrid& /*grid*/, void** params) {
-  CastParams p;
-  std::memcpy(&p, params[0], sizeof p);
-  const auto* src = reinterpret_cast<const float*>(p.src);
-  auto* dst = reinterpret_cast<std::uint16_t*>(p.dst);
-  for (std::uint64_t i = 0; i < p.count; ++i) dst[i] = cast_element(src[i], p.dst_dtype);
+std::vector<KernelRange> cast_ranges(const HostGrid& /*grid*/, const void* params) {
+  const auto& p = *static_cast<const CastParams*>(params);
+  return {{p.src, p.count * 4, false}, {p.dst, p.count * 2, true}};
 }
+
+}  // namespace
+
+extern const HostKernelEntry kCastHostKernel{
+    kCastKernel, &host::kernel_thread<&tide_cast_f32_to_half>, sizeof(CastParams), &cast_ranges};
 
 }  // namespace tide::kernels

@@ -1,14 +1,16 @@
-// Host twins of the CUDA kernels.
+// tide's CUDA kernels compiled for the host, by name.
 //
 // Every kernel in kernels/cuda/ is an extern "C" __global__ function taking one parameter struct
-// by value. Its host twin computes the same thing over the whole launch grid on the CPU, from the
-// same `void** params` array that cuLaunchKernel receives. The host stand-in driver runs these
-// twins when tide launches a kernel on it, so the launch path tide uses on a GPU is the path its
-// tests exercise.
+// by value. Its .cu file is compiled a second time as host C++ through kernels/host/cuda.h
+// (kernels/adam_host.cpp, kernels/cast_host.cpp), and kernels/host/grid.h runs that compiled
+// source over a launch's grid, every block and every thread. The host stand-in driver does so when
+// tide launches a kernel on it: the kernel that runs in the tests is the kernel's own code.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace tide::kernels {
 
@@ -18,17 +20,26 @@ struct HostGrid {
   unsigned shared_bytes;
 };
 
-// Runs the whole grid. `params` is cuLaunchKernel's kernelParams: params[0] points to the
-// kernel's parameter struct.
-using HostKernel = void (*)(const HostGrid& grid, void** params);
+// One thread of a kernel: the kernel's body, called with a pointer to its parameter struct.
+using KernelThread = void (*)(const void* params);
+
+// Device memory a launch may read (and write): the stand-in checks that the device can address
+// it, and that nothing unmaps it while the launch is pending.
+struct KernelRange {
+  std::uint64_t address;
+  std::uint64_t bytes;
+  bool write;
+};
+using KernelRanges = std::vector<KernelRange> (*)(const HostGrid& grid, const void* params);
 
 struct HostKernelEntry {
   std::string_view name;  // the kernel's extern "C" name
-  HostKernel run;
+  KernelThread thread;
   std::size_t param_bytes;  // sizeof the parameter struct: a launch copies it, as CUDA does
+  KernelRanges ranges;
 };
 
-// The host twin of the kernel named `name`, or nullptr.
+// The kernel named `name`, compiled for the host, or nullptr.
 const HostKernelEntry* find_host_kernel(std::string_view name);
 
 }  // namespace tide::kernels

@@ -1,20 +1,14 @@
-// The registry of host twins, by kernel name.
-#include "kernels/adam_kernel.h"
-#include "kernels/cast.h"
+// The kernels compiled for the host, by name.
 #include "kernels/host_kernel.h"
 
 namespace tide::kernels {
 
-void cast_host(const HostGrid& grid, void** params);
-void adam_host(const HostGrid& grid, void** params);
+extern const HostKernelEntry kAdamHostKernel;  // adam_host.cpp
+extern const HostKernelEntry kCastHostKernel;  // cast_host.cpp
 
 const HostKernelEntry* find_host_kernel(std::string_view name) {
-  static constexpr HostKernelEntry kEntries[] = {
-      {kCastKernel, &cast_host, sizeof(CastParams)},
-      {kAdamKernel, &adam_host, sizeof(AdamKernelParams)},
-  };
-  for (const HostKernelEntry& entry : kEntries) {
-    if (entry.name == name) return &entry;
+  for (const HostKernelEntry* entry : {&kAdamHostKernel, &kCastHostKernel}) {
+    if (entry->name == name) return entry;
   }
   return nullptr;
 }

@@ -1,7 +1,10 @@
 #include "standin/copies.h"
 
 #include <cstring>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "standin/bandwidth.h"
 #include "standin/contexts.h"
@@ -10,6 +13,7 @@
 #include "standin/faults.h"
 #include "standin/host_access.h"
 #include "standin/host_memory.h"
+#include "standin/pending_uses.h"
 #include "standin/stats.h"
 #include "standin/virtual_memory.h"
 
@@ -25,17 +29,37 @@ struct Copy {
   std::size_t bytes;
 };
 
+const char* name(Direction direction) {
+  switch (direction) {
+    case Direction::kHostToDevice:
+      return "a host-to-device copy";
+    case Direction::kDeviceToHost:
+      return "a device-to-host copy";
+    case Direction::kDeviceToDevice:
+      break;
+  }
+  return "a device-to-device copy";
+}
+
+// The memory submitted work uses, until the work has run (standin/pending_uses.h), and the staged
+// copy of a pageable source.
+struct Use {
+  std::unique_ptr<PendingUse> use;
+  std::vector<unsigned char> staging;
+};
+
 // The work of one copy on the worker: the memcpy, then, with a simulated rate, a sleep until the
 // device's link for that direction would have moved the bytes.
-std::function<void()> copy_work(const Copy& copy, Device& device) {
+std::function<void()> copy_work(const Copy& copy, Device& device, const std::shared_ptr<Use>& use) {
   const double bytes_per_s = rate(copy.direction);
   Link* link = copy.direction == Direction::kHostToDevice   ? &device.h2d
                : copy.direction == Direction::kDeviceToHost ? &device.d2h
                                                             : nullptr;
-  return [copy, bytes_per_s, link] {
+  return [copy, bytes_per_s, link, use] {
     const auto done = bytes_per_s > 0 && link != nullptr ? link->book(copy.bytes, bytes_per_s)
                                                          : Link::Clock::time_point{};
-    std::memmove(copy.dst, copy.src, copy.bytes);
+    std::memmove(copy.dst, use->staging.empty() ? copy.src : use->staging.data(), copy.bytes);
+    use->use.reset();
     std::this_thread::sleep_until(done);
   };
 }
@@ -52,10 +76,19 @@ CUresult submit_copy(const Copy& copy, Mode mode, CUstream handle, DefaultStream
   if (copy.bytes == 0) return CUDA_SUCCESS;
   const auto dst = reinterpret_cast<std::uintptr_t>(copy.dst);
   const auto src = reinterpret_cast<std::uintptr_t>(copy.src);
+  // Registered before the checks: memory unmapped after them is caught at the unmap.
+  auto use = std::make_shared<Use>();
+  use->use = std::make_unique<PendingUse>(
+      std::vector<UsedRange>{{dst, copy.bytes}, {src, copy.bytes}},
+      std::string(name(copy.direction)) + " of " + std::to_string(copy.bytes) + " bytes");
   const bool host_dst = copy.direction == Direction::kDeviceToHost;
   const bool host_src = copy.direction == Direction::kHostToDevice;
   if ((host_dst ? dst == 0 : !is_device_range(dst, copy.bytes, true)) ||
       (host_src ? src == 0 : !is_device_range(src, copy.bytes, false))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // The device may only read host memory registered read-only.
+  if (PinnedRange pinned; host_dst && find_page_locked(copy.dst, &pinned) && pinned.read_only) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (inject_copy_failure()) return CUDA_ERROR_LAUNCH_FAILED;
@@ -65,7 +98,16 @@ CUresult submit_copy(const Copy& copy, Mode mode, CUstream handle, DefaultStream
     const void* host = host_dst ? copy.dst : copy.src;
     if (!is_page_locked(host, copy.bytes)) {
       count(Counter::kPageableAsyncCopies);
-      wait = true;
+      if (host_dst) {
+        wait = true;  // as CUDA: it returns once the copy is complete
+      } else {
+        // As CUDA: the stream's earlier work first, then the source is staged and the call
+        // returns; the copy to the device comes later, in stream order.
+        const Position tail = stream->timeline()->tail();
+        tail.timeline->wait(tail.seq);
+        const auto* first = static_cast<const unsigned char*>(copy.src);
+        use->staging.assign(first, first + copy.bytes);
+      }
     }
   }
   switch (copy.direction) {
@@ -83,7 +125,7 @@ CUresult submit_copy(const Copy& copy, Mode mode, CUstream handle, DefaultStream
       break;
   }
   Device& device = *find_device(stream->context().device());
-  const Position position = stream->submit(copy_work(copy, device));
+  const Position position = stream->submit(copy_work(copy, device, use));
   if (wait) position.timeline->wait(position.seq);
   return CUDA_SUCCESS;
 }
@@ -136,8 +178,14 @@ CUresult memset_d8_async(CUdeviceptr dst, unsigned char value, std::size_t bytes
   std::shared_ptr<Stream> stream;
   if (CUresult r = resolve_stream(handle, fallback, &stream); r != CUDA_SUCCESS) return r;
   if (bytes == 0) return CUDA_SUCCESS;
+  auto use = std::make_shared<Use>();
+  use->use = std::make_unique<PendingUse>(std::vector<UsedRange>{{dst, bytes}},
+                                          "a memset of " + std::to_string(bytes) + " bytes");
   if (!is_device_range(dst, bytes, true)) return CUDA_ERROR_INVALID_VALUE;
-  stream->submit([p = host_pointer(dst), value, bytes] { std::memset(p, value, bytes); });
+  stream->submit([p = host_pointer(dst), value, bytes, use] {
+    std::memset(p, value, bytes);
+    use->use.reset();
+  });
   count(Counter::kMemsets);
   return CUDA_SUCCESS;
 }

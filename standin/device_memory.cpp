@@ -32,13 +32,17 @@ Registry& registry() {
   return *r;
 }
 
+// CUDA promises 256-byte alignment, and no more: an allocation starts 256 bytes into its pages,
+// so that code assuming more (512 bytes, a page) fails here too.
+constexpr std::size_t kAlignment = 256;
+
 std::size_t mapped_size(std::size_t bytes) {
   const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  return (bytes + page - 1) / page * page;
+  return (bytes + kAlignment + page - 1) / page * page;
 }
 
 void unmap(const Allocation& a) {
-  munmap(reinterpret_cast<void*>(a.base), mapped_size(a.size));
+  munmap(reinterpret_cast<void*>(a.base - kAlignment), mapped_size(a.size));
   refund(a.device, a.size);
 }
 
@@ -46,8 +50,7 @@ void unmap(const Allocation& a) {
 CUresult allocate(Device& device, CUdeviceptr* out, std::size_t bytes, bool low) {
   if (inject_alloc_failure()) return CUDA_ERROR_OUT_OF_MEMORY;
   if (!charge(device.ordinal, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  // Reserved, not touched: the pages cost nothing until a copy or kernel writes them. Page
-  // alignment is more than the 256 bytes CUDA promises.
+  // Reserved, not touched: the pages cost nothing until a copy or kernel writes them.
   int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
   if (low) flags |= MAP_32BIT;
   void* p = mmap(nullptr, mapped_size(bytes), PROT_READ | PROT_WRITE, flags, -1, 0);
@@ -56,7 +59,7 @@ CUresult allocate(Device& device, CUdeviceptr* out, std::size_t bytes, bool low)
     refund(device.ordinal, bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  const auto base = reinterpret_cast<std::uintptr_t>(p) + kAlignment;
   {
     Registry& r = registry();
     const std::lock_guard lock(r.mutex);
@@ -146,6 +149,7 @@ CUresult mem_alloc(CUdeviceptr* out, std::size_t bytes, bool low) {
 CUresult mem_free(CUdeviceptr ptr) {
   Context* context = nullptr;
   if (CUresult r = current_context(&context); r != CUDA_SUCCESS) return r;
+  if (ptr == 0) return CUDA_SUCCESS;  // as CUDA: freeing nothing is no error
   Allocation a;
   if (!find_allocation(ptr, &a) || a.base != ptr) return CUDA_ERROR_INVALID_VALUE;
   // cuMemFree waits for the device's work, as in CUDA: nothing queued may still use the buffer

@@ -104,13 +104,6 @@ Device* find_context(CUcontext handle) {
   return nullptr;
 }
 
-void synchronize_all_contexts() {
-  for (int i = 0; i < device_count(); ++i) {
-    Context& context = find_device(i)->context;
-    if (context.active()) context.synchronize();
-  }
-}
-
 CUresult device_get(CUdevice* out, int ordinal) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (find_device(ordinal) == nullptr) return CUDA_ERROR_INVALID_DEVICE;

@@ -33,9 +33,6 @@ Device* find_device(int ordinal);
 // The device whose primary context `handle` is, or null.
 Device* find_context(CUcontext handle);
 
-// Waits for the work submitted so far in every active context.
-void synchronize_all_contexts();
-
 CUresult device_get(CUdevice* out, int ordinal);
 CUresult device_get_count(int* out);
 CUresult device_get_name(char* name, int length, CUdevice device);

@@ -82,6 +82,8 @@ CUresult event_record(CUevent handle, CUstream stream_handle, DefaultStream fall
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
   std::shared_ptr<Stream> stream;
   if (CUresult r = resolve_stream(stream_handle, fallback, &stream); r != CUDA_SUCCESS) return r;
+  // As CUDA: "hEvent and hStream must be from the same context".
+  if (&stream->context() != event->context) return CUDA_ERROR_INVALID_HANDLE;
   auto record = std::make_shared<EventRecord>();
   // The marker stamps the time when the stream reaches it: the completion of the work before.
   record->position = stream->submit([record] { record->time = std::chrono::steady_clock::now(); });

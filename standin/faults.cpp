@@ -4,6 +4,7 @@
 
 #include "standin/init.h"
 #include "standin/stats.h"
+#include "standin/streams.h"
 
 namespace tide::standin {
 namespace {
@@ -60,6 +61,7 @@ Trigger& call_trigger() {
 
 CUresult enter_uninitialized() {
   count(Counter::kDriverCalls);
+  if (in_host_function()) return CUDA_ERROR_NOT_PERMITTED;
   if (call_trigger().reached()) {
     count(Counter::kInjectedFaults);
     return CUDA_ERROR_DEVICE_UNAVAILABLE;

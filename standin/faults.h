@@ -8,9 +8,10 @@
 
 namespace tide::standin {
 
-// The start of every exported call but cuInit, cuGetErrorName/String and cuGetProcAddress:
-// counts the call, then fails it with CUDA_ERROR_DEVICE_UNAVAILABLE once the device is lost, or
-// with CUDA_ERROR_NOT_INITIALIZED before a successful cuInit.
+// The start of every exported call but cuGetErrorName/String and cuGetProcAddress: counts the
+// call, then fails it with CUDA_ERROR_NOT_PERMITTED from a host function (cuLaunchHostFunc), with
+// CUDA_ERROR_DEVICE_UNAVAILABLE once the device is lost, or with CUDA_ERROR_NOT_INITIALIZED before
+// a successful cuInit.
 CUresult enter();
 // The same for calls that work without cuInit (cuInit itself, cuDriverGetVersion).
 CUresult enter_uninitialized();

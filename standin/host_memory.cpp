@@ -4,8 +4,11 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "standin/contexts.h"
+#include "standin/device_faults.h"
+#include "standin/pending_uses.h"
 #include "standin/stats.h"
 
 namespace tide::standin {
@@ -15,6 +18,7 @@ struct Range {
   std::size_t size;
   bool allocated;  // by cuMemHostAlloc (else registered)
   int device;      // of the context it was registered or allocated in
+  bool read_only = false;
 };
 
 struct Registry {
@@ -49,13 +53,17 @@ CUresult host_register(void* ptr, std::size_t bytes, unsigned flags) {
   constexpr unsigned kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
                               CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
   if (ptr == nullptr || bytes == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  // I/O memory is a third-party device's physically contiguous MMIO space, never memory the
+  // stand-in could have been given: CUDA refuses ordinary memory with this flag.
+  if ((flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) return CUDA_ERROR_NOT_SUPPORTED;
   Context* context = nullptr;
   if (CUresult r = current_context(&context); r != CUDA_SUCCESS) return r;
   const auto base = reinterpret_cast<std::uintptr_t>(ptr);
   Registry& r = registry();
   const std::lock_guard lock(r.mutex);
   if (overlaps(r, base, bytes)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-  r.ranges.emplace(base, Range{bytes, false, context->device()});
+  r.ranges.emplace(
+      base, Range{bytes, false, context->device(), (flags & CU_MEMHOSTREGISTER_READ_ONLY) != 0});
   r.registered_bytes += bytes;
   count(Counter::kHostRegisters);
   return CUDA_SUCCESS;
@@ -65,11 +73,17 @@ CUresult host_unregister(void* ptr) {
   if (ptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Context* context = nullptr;
   if (CUresult r = current_context(&context); r != CUDA_SUCCESS) return r;
+  // CUDA does not wait for copies still queued: they would read or write unpinned pages.
+  const PendingUseGuard pending;
   Registry& r = registry();
   const std::lock_guard lock(r.mutex);
   // As in CUDA, by the base address that was registered.
   const auto it = r.ranges.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == r.ranges.end() || it->second.allocated) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  if (std::string what; pending.overlaps(it->first, it->second.size, &what)) {
+    device_fault("cuMemHostUnregister of " + std::to_string(it->second.size) + " bytes that " +
+                 what + ", still pending, uses");
+  }
   r.registered_bytes -= it->second.size;
   r.ranges.erase(it);
   count(Counter::kHostUnregisters);
@@ -118,7 +132,7 @@ bool find_page_locked(const void* ptr, PinnedRange* out) {
   const std::lock_guard lock(r.mutex);
   const auto it = holding(r, reinterpret_cast<std::uintptr_t>(ptr));
   if (it == r.ranges.end()) return false;
-  *out = PinnedRange{it->first, it->second.size};
+  *out = PinnedRange{it->first, it->second.size, it->second.read_only};
   return true;
 }
 

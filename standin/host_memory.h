@@ -21,6 +21,7 @@ bool is_page_locked(const void* ptr, std::size_t bytes);
 struct PinnedRange {
   std::uintptr_t base = 0;
   std::size_t size = 0;
+  bool read_only = false;  // CU_MEMHOSTREGISTER_READ_ONLY: the device may not write it
 };
 // The registered range or host allocation holding `ptr`, if any.
 bool find_page_locked(const void* ptr, PinnedRange* out);

@@ -1,7 +1,8 @@
 // Modules and kernel launches. A module is any image (the stand-in cannot run GPU code); its
-// functions are the host twins of tide's kernels (kernels/host_kernel.h) and the kernels tests
-// register through the control API. A launch copies the parameter struct when it is called, as
-// CUDA does, and runs the twin over the whole grid on the stream's worker.
+// functions are tide's kernels compiled for the host (kernels/host_kernel.h: the kernels' own
+// source) and the kernels tests register through the control API. A launch copies the parameter
+// struct when it is called, as CUDA does, and runs the kernel over the whole grid, every block
+// and thread, on the stream's worker (kernels/host/grid.h).
 #pragma once
 
 #include <cuda.h>

@@ -87,10 +87,10 @@ TIDE_STANDIN_API int tide_standin_device_memory(int device, uint64_t* used, uint
  * even above the new capacity; later allocations see the new one. */
 TIDE_STANDIN_API int tide_standin_set_capacity(int device, uint64_t bytes);
 
-/* Extra host kernels for tests: cuModuleGetFunction(name) finds these before tide's own host
- * twins (kernels/host_kernel.h), so a test can add a kernel or replace one (e.g. by a slow one).
- * `run` gets a pointer to a copy of the param_bytes parameter bytes in params[0], as a host twin
- * does. Registering a name again replaces it; run = NULL removes it. */
+/* Extra host kernels for tests: cuModuleGetFunction(name) finds these before tide's own kernels
+ * (kernels/host_kernel.h), so a test can add a kernel or replace one (e.g. by a slow one). `run`
+ * is called once for the whole grid and gets a pointer to a copy of the param_bytes parameter
+ * bytes in params[0]. Registering a name again replaces it; run = NULL removes it. */
 typedef struct tide_standin_grid {
   unsigned grid[3];
   unsigned block[3];

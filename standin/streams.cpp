@@ -23,7 +23,12 @@ Registry& registry() {
   return *r;
 }
 
+// Set on a stream worker while it runs a host function (cuLaunchHostFunc).
+thread_local bool t_in_host_function = false;
+
 }  // namespace
+
+bool in_host_function() { return t_in_host_function; }
 
 Stream::Stream(Context& context, Kind kind)
     : context_(context), kind_(kind), timeline_(Timeline::start(kind != Kind::kNonBlocking)) {}
@@ -109,7 +114,11 @@ CUresult launch_host_func(CUstream handle, CUhostFn fn, void* data, DefaultStrea
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::shared_ptr<Stream> stream;
   if (CUresult r = resolve_stream(handle, fallback, &stream); r != CUDA_SUCCESS) return r;
-  stream->submit([fn, data] { fn(data); });
+  stream->submit([fn, data] {
+    t_in_host_function = true;
+    fn(data);
+    t_in_host_function = false;
+  });
   count(Counter::kHostFuncs);
   return CUDA_SUCCESS;
 }

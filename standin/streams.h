@@ -57,4 +57,8 @@ CUresult launch_host_func(CUstream handle, CUhostFn fn, void* data, DefaultStrea
 // Destroys the streams created in `context`, when it is destroyed: their handles become invalid.
 void destroy_streams_of(const Context& context);
 
+// Whether the calling thread runs a host function: the driver calls it makes fail with
+// CUDA_ERROR_NOT_PERMITTED (CUDA: "must not make any CUDA API calls").
+bool in_host_function();
+
 }  // namespace tide::standin

@@ -7,11 +7,14 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
+#include "standin/device_faults.h"
 #include "standin/device_memory.h"
 #include "standin/devices.h"
 #include "standin/faults.h"
+#include "standin/pending_uses.h"
 #include "standin/stats.h"
 
 namespace tide::standin {
@@ -218,17 +221,17 @@ CUresult mem_map(CUdeviceptr ptr, std::size_t size, std::size_t offset,
 
 CUresult mem_unmap(CUdeviceptr ptr, std::size_t size) {
   if (size == 0 || !aligned(ptr) || !aligned(size)) return CUDA_ERROR_INVALID_VALUE;
+  // CUDA does not wait for work still queued (cuMemFree does): work that uses the range would
+  // reach an unmapped address, a device fault here at once. Other work runs on.
+  const PendingUseGuard pending;
   State& s = state();
-  {
-    const std::lock_guard lock(s.mutex);
-    if (covering(s, ptr, size).empty()) return CUDA_ERROR_INVALID_VALUE;
-  }
-  // Work still queued may use the range: let it finish before the pages go, so that a late
-  // copy cannot fault the host process (on a GPU it would be an illegal address instead).
-  synchronize_all_contexts();
   const std::lock_guard lock(s.mutex);
-  const auto found = covering(s, ptr, size);  // again: another thread may have unmapped it
+  const auto found = covering(s, ptr, size);
   if (found.empty()) return CUDA_ERROR_INVALID_VALUE;
+  if (std::string what; pending.overlaps(ptr, size, &what)) {
+    device_fault("cuMemUnmap of " + std::to_string(size) + " bytes that " + what +
+                 ", still pending, uses");
+  }
   // Back to a bare reservation.
   if (mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED) {

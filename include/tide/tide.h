@@ -223,12 +223,20 @@ TIDE_API tide_status tide_cpu_kernels_info(tide_cpu_info* info);
  * `stream` is a CUstream / cudaStream_t (the same handle), as void* here; NULL is the default
  * (legacy) stream. */
 
-/* PyTorch's pluggable-allocator functions, with the signatures it calls. tide_alloc returns NULL
- * when the device (or the configured limit) is out of memory, after giving cached memory back
- * and retrying; tide_last_error() then says what was asked and what was held, and the failure is
- * recorded (tide_alloc_last_oom). `size` 0: NULL. tide_free takes the size and stream the memory
- * was allocated with (PyTorch passes them); a bad pointer is reported on stderr. */
+/* Allocation with the pluggable-allocator signature. tide_alloc returns NULL when the device (or
+ * the configured limit) is out of memory, after giving cached memory back and retrying;
+ * tide_last_error() then says what was asked and what was held, and the failure is recorded
+ * (tide_alloc_last_oom). `size` 0: NULL. tide_free takes the size and stream the memory was
+ * allocated with (PyTorch passes them); a bad pointer is reported on stderr.
+ *
+ * tide_alloc_throwing is what PyTorch's CUDAPluggableAllocator gets (tide.torch.use_allocator()):
+ * PyTorch keeps whatever the function returns as the tensor's memory, a NULL included, so a
+ * failure must not return. It throws a C++ std::runtime_error instead ("CUDA out of memory.
+ * tide: out of memory on device D: asked for ..., live, reserved, limit, ..."; or the failing
+ * driver call), which PyTorch's bindings turn into a RuntimeError, as from its own allocator. For
+ * C++ callers that handle exceptions only: never call it from C or through ctypes. */
 TIDE_API void* tide_alloc(size_t size, int device, void* stream);
+TIDE_API void* tide_alloc_throwing(size_t size, int device, void* stream);
 TIDE_API void tide_free(void* ptr, size_t size, int device, void* stream);
 
 /* PyTorch's optional pluggable-allocator hooks (CUDAPluggableAllocator::set_init_fn,

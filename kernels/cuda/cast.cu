@@ -1,4 +1,4 @@
-// fp32 → bf16/fp16 copy; element math shared with the host twin (kernels/cast.h).
+// fp32 → bf16/fp16 copy; element math shared with the CPU path (kernels/cast.h).
 #include "kernels/cast.h"
 
 using tide::kernels::CastParams;

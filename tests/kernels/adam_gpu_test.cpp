@@ -3,7 +3,7 @@
 // vector width, aligned and unaligned buffers, non-finite gradients.
 //
 // Built twice: kernels_adam_gpu_standin_test runs it against the host stand-in driver (the
-// launch runs the kernel's host twin); kernels_adam_gpu_test (label `gpu`, TIDE_REAL_GPU) against
+// launch runs the kernel's own source, compiled for the host); kernels_adam_gpu_test (label `gpu`, TIDE_REAL_GPU) against
 // the real driver, and exits 77 (skipped) when no GPU driver loads.
 #include <gtest/gtest.h>
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -64,15 +65,38 @@ inline void from_float(void* base, Dtype d, std::size_t i, float x) {
   }
 }
 
-// One buffer of `count` elements whose first element sits `misalign` elements past a 64-byte
-// boundary.
+// One buffer of `count` elements whose first element sits `misalign` (< 16) elements past a
+// 64-byte boundary. The bytes around the elements hold a canary pattern.
 class Buffer {
  public:
+  static constexpr unsigned char kCanary = 0xa5;
+
   Buffer() = default;
   Buffer(std::size_t count, Dtype dtype, unsigned misalign)
-      : dtype_(dtype), storage_(count * dtype_size(dtype) + 128) {
+      : dtype_(dtype),
+        count_(count),
+        misalign_(misalign),
+        storage_(count * dtype_size(dtype) + 128, kCanary) {
     const auto address = reinterpret_cast<std::uintptr_t>(storage_.data());
     offset_ = static_cast<std::size_t>((64 - address % 64) % 64) + misalign * dtype_size(dtype);
+  }
+  // A copy has the same elements at the same misalignment (its own storage is elsewhere).
+  Buffer(const Buffer& other) : Buffer(other.count_, other.dtype_, other.misalign_) {
+    std::memcpy(data(), other.data(), count_ * dtype_size(dtype_));
+  }
+  Buffer& operator=(const Buffer& other) {
+    if (this != &other) *this = Buffer(other);
+    return *this;
+  }
+  Buffer(Buffer&&) = default;
+  Buffer& operator=(Buffer&&) = default;
+  // Whether nothing wrote outside the elements.
+  bool canaries_intact() const {
+    const std::size_t end = offset_ + count_ * dtype_size(dtype_);
+    for (std::size_t i = 0; i < storage_.size(); ++i) {
+      if ((i < offset_ || i >= end) && storage_[i] != kCanary) return false;
+    }
+    return true;
   }
   void* data() { return storage_.data() + offset_; }
   const void* data() const { return storage_.data() + offset_; }
@@ -87,6 +111,8 @@ class Buffer {
 
  private:
   Dtype dtype_ = Dtype::kFloat32;
+  std::size_t count_ = 0;
+  unsigned misalign_ = 0;
   std::vector<unsigned char> storage_;
   std::size_t offset_ = 0;
 };
@@ -118,13 +144,20 @@ inline std::vector<Layout> all_layouts() {
 // A subgroup's buffers with random contents.
 struct Subgroup {
   Subgroup(std::size_t n, const Layout& l, std::mt19937_64& rng, unsigned misalign_seed = 0)
+      : Subgroup(n, l, rng,
+                 {misalign_seed % 16, (misalign_seed / 16) % 16, (misalign_seed / 7) % 16,
+                  (misalign_seed / 3) % 16, (misalign_seed / 5) % 16}) {}
+  // Each buffer (grad, param, exp_avg, exp_avg_sq, copy) `misalign[k]` elements past a 64-byte
+  // boundary.
+  Subgroup(std::size_t n, const Layout& l, std::mt19937_64& rng,
+           const std::array<unsigned, 5>& misalign)
       : count(n),
         layout(l),
-        grad(n, l.grad, misalign_seed % 16),
-        param(n, Dtype::kFloat32, (misalign_seed / 16) % 16),
-        exp_avg(n, l.state, (misalign_seed / 7) % 16),
-        exp_avg_sq(n, l.state, (misalign_seed / 3) % 16),
-        copy(n, l.copy.value_or(Dtype::kBFloat16), (misalign_seed / 5) % 16) {
+        grad(n, l.grad, misalign[0]),
+        param(n, Dtype::kFloat32, misalign[1]),
+        exp_avg(n, l.state, misalign[2]),
+        exp_avg_sq(n, l.state, misalign[3]),
+        copy(n, l.copy.value_or(Dtype::kBFloat16), misalign[4]) {
     fill(rng);
   }
 

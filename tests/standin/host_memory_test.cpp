@@ -1,4 +1,5 @@
 // Page-locked host memory: registration rules, host allocations, pageable copies.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -66,7 +67,10 @@ TEST_F(HostMemoryTest, HostAllocationsArePageLockedAndFreedByFreeHost) {
   EXPECT_EQ(cuMemHostAlloc(&p, 16, 0x100), CUDA_ERROR_INVALID_VALUE);
 }
 
-TEST_F(HostMemoryTest, PageableAsyncCopiesCompleteBeforeReturning) {
+// As CUDA: an asynchronous copy from pageable memory returns once its source is staged (the
+// caller may reuse it at once) and reaches the device later, in stream order; one to pageable
+// memory returns once it is complete.
+TEST_F(HostMemoryTest, PageableAsyncCopiesAreStagedOrComplete) {
   constexpr std::size_t kBytes = 1 << 20;  // 105 ms each way at 10 MB/s
   const double one = kBytes / 0.01e9;
   ASSERT_EQ(tide_standin_set_bandwidth(0.01, 0.01), 0);
@@ -77,8 +81,11 @@ TEST_F(HostMemoryTest, PageableAsyncCopiesCompleteBeforeReturning) {
 
   auto start = Clock::now();
   ASSERT_EQ(cuMemcpyHtoDAsync(buffer.get(), pageable.data(), kBytes, stream.get()), CUDA_SUCCESS);
-  EXPECT_GE(seconds_since(start), one * 0.95);
-  EXPECT_EQ(cuStreamQuery(stream.get()), CUDA_SUCCESS);  // nothing left to do
+  EXPECT_LT(seconds_since(start), one * 0.5);
+  std::fill(pageable.begin(), pageable.end(), std::uint8_t{9});  // the staged copy is unaffected
+  EXPECT_EQ(cuStreamQuery(stream.get()), CUDA_ERROR_NOT_READY);
+  ASSERT_EQ(cuStreamSynchronize(stream.get()), CUDA_SUCCESS);
+  std::fill(pageable.begin(), pageable.end(), std::uint8_t{3});
 
   std::vector<std::uint8_t> back(kBytes, 0);
   start = Clock::now();

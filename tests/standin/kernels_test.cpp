@@ -1,4 +1,5 @@
-// Modules and kernel launches: host twins run on the stream, with parameters copied at launch.
+// Modules and kernel launches: tide's kernels (their own source, compiled for the host) and test
+// kernels run on the stream, with parameters copied at launch.
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -44,7 +45,10 @@ class KernelsTest : public StandinTest {
     StandinTest::TearDown();
   }
 
-  static constexpr char kImage[] = "any image: the stand-in runs host twins";
+  // PTX text: a module has the kernels its image names.
+  static constexpr char kImage[] =
+      "// PTX\n.entry standin_test_record(\n.entry standin_test_other(\n"
+      ".entry tide_cast_f32_to_half(\n";
   CUmodule module_ = nullptr;
 };
 
@@ -89,7 +93,7 @@ TEST_F(KernelsTest, ModulesAndFunctionsAreLookedUp) {
             CUDA_ERROR_INVALID_HANDLE);
 }
 
-TEST_F(KernelsTest, CastKernelRunsItsHostTwin) {
+TEST_F(KernelsTest, CastKernelRunsItsOwnSource) {
   CUfunction cast = nullptr;
   ASSERT_EQ(cuModuleGetFunction(&cast, module_, kernels::kCastKernel), CUDA_SUCCESS);
   std::mt19937 rng(42);

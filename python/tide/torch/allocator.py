@@ -18,8 +18,13 @@ Install it before anything touches CUDA::
         tide.torch.mark_phase("end")
     print(tide.torch.memory_stats()["allocated_bytes.all.peak"], tide.torch.headroom())
 
-PyTorch calls tide's ``tide_alloc``/``tide_free`` (libtide.so) through
-``torch.cuda.memory.CUDAPluggableAllocator``. Under a pluggable allocator PyTorch's own memory
+PyTorch calls tide's ``tide_alloc_throwing``/``tide_free`` (libtide.so) through
+``torch.cuda.memory.CUDAPluggableAllocator``. Out of memory is a ``RuntimeError`` whose message
+starts with PyTorch's own "CUDA out of memory." and says what was asked for and what tide's
+allocator holds (live, reserved, its limit, the device's free memory); catch it, free memory and
+carry on, as with PyTorch's allocator. (PyTorch raises its ``torch.OutOfMemoryError``, a subclass
+of ``RuntimeError``, only from its own allocator: a pluggable allocator cannot throw its C++ type
+without being built against PyTorch.) Under a pluggable allocator PyTorch's own memory
 statistics (``torch.cuda.memory_stats``, ``max_memory_allocated``, snapshots), its
 ``empty_cache``, ``set_per_process_memory_fraction`` and ``Tensor.record_stream`` do nothing or
 fail: PyTorch's Python API cannot hand those hooks to a pluggable allocator. Use this module's
@@ -42,6 +47,10 @@ _PHASES = {"forward": 0, "backward": 1, "update": 2, "end": 3, "iteration_end": 
 _POOLS = ("all", "small_pool", "large_pool")
 _STATS = ("allocated_bytes", "requested_bytes", "reserved_bytes", "active_bytes", "allocation",
           "active", "segment")
+
+# The function PyTorch allocates with: on failure it throws (a RuntimeError in Python) instead of
+# returning NULL (include/tide/tide.h).
+ALLOCATE_FUNCTION = "tide_alloc_throwing"
 
 _lock = threading.Lock()
 _installed: Any = None  # the CUDAPluggableAllocator once use_allocator() has swapped it in
@@ -193,7 +202,8 @@ def use_allocator():
             raise AllocatorError(f"tide.torch.use_allocator(): cannot locate libtide.so ({path!r})")
         # The same file libtide was loaded from: dlopen hands back the same library, so PyTorch
         # and tide's Python functions share one allocator.
-        pluggable = torch.cuda.memory.CUDAPluggableAllocator(path, "tide_alloc", "tide_free")
+        # tide_alloc_throwing, not tide_alloc: PyTorch keeps a NULL as the tensor's memory.
+        pluggable = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOCATE_FUNCTION, "tide_free")
         try:
             torch.cuda.memory.change_current_allocator(pluggable)
         except RuntimeError as e:
