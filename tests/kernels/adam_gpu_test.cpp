@@ -3,8 +3,8 @@
 // vector width, aligned and unaligned buffers, non-finite gradients.
 //
 // Built twice: kernels_adam_gpu_standin_test runs it against the host stand-in driver (the
-// launch runs the kernel's own source, compiled for the host); kernels_adam_gpu_test (label `gpu`, TIDE_REAL_GPU) against
-// the real driver, and exits 77 (skipped) when no GPU driver loads.
+// launch runs the kernel's own source, compiled for the host); kernels_adam_gpu_test (label `gpu`,
+// TIDE_REAL_GPU) against the real driver, and exits 77 (skipped) when no GPU driver loads.
 #include <gtest/gtest.h>
 
 #include <cstdio>
