@@ -421,9 +421,7 @@ void Executor::Phase::run() {
 
   bool closed = false;
   for (;;) {
-    if (!gpu_stopped && device_usable) {
-      while (next < order.size() && start_next()) {
-      }
+    while (!gpu_stopped && device_usable && next < order.size() && start_next()) {
     }
     if (gpu_stopped || !device_usable) {
       while (next < order.size()) roll_forward(order[next++]);
