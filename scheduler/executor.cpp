@@ -141,8 +141,6 @@ void Executor::release_buffers() {
 
 void Executor::set_frozen(std::size_t subgroup, std::size_t slice, bool frozen) {
   frozen_.at(subgroup).at(slice) = frozen ? 1 : 0;
-  any_frozen_ = false;
-  for (const auto& f : frozen_) any_frozen_ |= std::find(f.begin(), f.end(), 1) != f.end();
 }
 
 bool Executor::frozen(std::size_t subgroup, std::size_t slice) const {
@@ -151,13 +149,13 @@ bool Executor::frozen(std::size_t subgroup, std::size_t slice) const {
 
 void Executor::save_frozen(std::vector<float>& saved) {
   saved.clear();
-  if (!any_frozen_) return;
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < state_.size(); ++i) {
     for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
       if (frozen_[i][k]) total += state_.spec(i).slices[k].count;
     }
   }
+  if (total == 0) return;
   saved.resize(3 * total);  // may throw: before anything changed
   float* out = saved.data();
   for (std::size_t i = 0; i < state_.size(); ++i) {

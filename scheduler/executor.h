@@ -213,7 +213,6 @@ class Executor {
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
   std::vector<std::vector<char>> frozen_;  // per subgroup, per slice
-  bool any_frozen_ = false;
   bool ready_ = false;                // ready() ran, with no offload since
   std::uint64_t ready_offloads_ = 0;  // the offload count it saw
   // Left by a phase whose streams could not be waited for: what its queued work may still write.
