@@ -77,7 +77,11 @@ void placement(std::string_view name, std::string_view value) {
   if (value == "auto" || value == "cpu" || value == "gpu") return;
   std::string_view digits = value;
   if (!digits.empty() && (digits[0] == 'k' || digits[0] == 'K')) digits.remove_prefix(1);
-  parse_int(name, digits, 1, std::int64_t{1} << 30);
+  try {
+    parse_int(name, digits, 1, std::int64_t{1} << 30);
+  } catch (const EnvError&) {
+    throw EnvError(name, value, "auto, cpu, gpu, or an integer K >= 1 (one GPU subgroup every K)");
+  }
 }
 
 // As tide.torch reads it: an integer >= 1 with an optional K, M or G suffix (x1024^n).

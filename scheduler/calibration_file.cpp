@@ -192,11 +192,26 @@ Calibration load_calibration(const std::filesystem::path& path) {
   return parse_calibration(text, path.string());
 }
 
+namespace {
+
+// A calibration file is tide's own to replace: one that names the format.
+bool is_calibration(std::string_view text) {
+  return text.find("\"" + std::string(kCalibrationFormat) + "\"") != std::string_view::npos;
+}
+
+}  // namespace
+
 void save_calibration(const std::filesystem::path& path, const Calibration& calibration) {
   try {
-    replace_file(path, format_calibration(calibration), kMaxFileBytes, [](std::string_view old) {
-      return old.find("\"" + std::string(kCalibrationFormat) + "\"") != std::string_view::npos;
-    });
+    replace_file(path, format_calibration(calibration), kMaxFileBytes, &is_calibration);
+  } catch (const FileError& e) {
+    throw CalibrationError("calibration " + path.string() + ": " + e.what());
+  }
+}
+
+void check_calibration_path(const std::filesystem::path& path) {
+  try {
+    check_replaceable(path, kMaxFileBytes, &is_calibration);
   } catch (const FileError& e) {
     throw CalibrationError("calibration " + path.string() + ": " + e.what());
   }

@@ -80,6 +80,8 @@ Calibration load_calibration(const std::filesystem::path& path);
 // and only an absent path or an existing calibration file is replaced; anything else is
 // refused with CalibrationError).
 void save_calibration(const std::filesystem::path& path, const Calibration& calibration);
+// Throws the CalibrationError save_calibration would for `path`, writing nothing.
+void check_calibration_path(const std::filesystem::path& path);
 
 // The path described above. Throws if neither TIDE_CALIBRATION_FILE nor HOME nor an absolute
 // XDG_CACHE_HOME is set.

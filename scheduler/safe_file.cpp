@@ -84,8 +84,11 @@ std::string read_regular_file(const fs::path& path, std::size_t max_bytes) {
   return text;
 }
 
-void replace_file(const fs::path& path, std::string_view text, std::size_t max_bytes,
-                  const std::function<bool(std::string_view)>& ours) {
+namespace {
+
+// The target replace_file writes, checked: absent, or a regular file that is `ours`.
+fs::path checked_target(const fs::path& path, std::size_t max_bytes,
+                        const std::function<bool(std::string_view)>& ours) {
   const fs::path target = follow_links(path);
   struct stat st {};
   if (::stat(target.c_str(), &st) == 0) {
@@ -106,7 +109,21 @@ void replace_file(const fs::path& path, std::string_view text, std::size_t max_b
     }
   } else if (errno != ENOENT) {
     throw FileError("cannot be examined: " + error_text(errno));
-  } else if (target.has_parent_path()) {
+  }
+  return target;
+}
+
+}  // namespace
+
+void check_replaceable(const fs::path& path, std::size_t max_bytes,
+                       const std::function<bool(std::string_view)>& ours) {
+  checked_target(path, max_bytes, ours);
+}
+
+void replace_file(const fs::path& path, std::string_view text, std::size_t max_bytes,
+                  const std::function<bool(std::string_view)>& ours) {
+  const fs::path target = checked_target(path, max_bytes, ours);
+  if (!fs::exists(target) && target.has_parent_path()) {
     std::error_code ec;
     fs::create_directories(target.parent_path(), ec);
     if (ec) throw FileError("cannot create its folder: " + ec.message());

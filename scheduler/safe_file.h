@@ -31,4 +31,9 @@ std::string read_regular_file(const std::filesystem::path& path, std::size_t max
 void replace_file(const std::filesystem::path& path, std::string_view text, std::size_t max_bytes,
                   const std::function<bool(std::string_view)>& ours);
 
+// Whether replace_file would write `path` (throws the FileError it would), without writing or
+// creating anything: for callers that check an output path before a long computation.
+void check_replaceable(const std::filesystem::path& path, std::size_t max_bytes,
+                       const std::function<bool(std::string_view)>& ours);
+
 }  // namespace tide::scheduler
