@@ -205,6 +205,7 @@ void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
 
 void Executor::write_params(std::size_t s) {
   context_.make_current();
+  settle();  // no queued write of an earlier phase may land after this one
   const char* src = reinterpret_cast<const char*>(state_.param(s));
   if (state_.low_precision_params()) {
     // The cast the update would have written (round to nearest even, as every kernel does).

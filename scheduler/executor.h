@@ -165,7 +165,8 @@ class Executor {
   bool frozen(std::size_t subgroup, std::size_t slice) const;
 
   // Writes the model's parameters of subgroup s from its committed master weights, now
-  // (synchronously), skipping frozen slices. Throws CudaError when the device fails.
+  // (synchronously, after any work a failed phase left queued), skipping frozen slices. Throws
+  // CudaError when the device fails.
   void write_params(std::size_t s);
 
   // The plan `policy` gives now (no side effects), as prepare() would make it.
@@ -213,8 +214,8 @@ class Executor {
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
   std::vector<std::vector<char>> frozen_;  // per subgroup, per slice
-  bool ready_ = false;                // ready() ran, with no offload since
-  std::uint64_t ready_offloads_ = 0;  // the offload count it saw
+  bool ready_ = false;                     // ready() ran, with no offload since
+  std::uint64_t ready_offloads_ = 0;       // the offload count it saw
   // Left by a phase whose streams could not be waited for: what its queued work may still write.
   bool unconfirmed_ = false;
   std::vector<UpdateBuffer> quarantined_;

@@ -294,7 +294,6 @@ TIDE_API tide_status tide_optimizer_last_outcome(const tide_optimizer* optimizer
 TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer) {
   return tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
-    o.executor->release_buffers();  // waits for anything a failed step left queued
     for (std::size_t s = 0; s < o.state->size(); ++s) o.executor->write_params(s);
   });
 }

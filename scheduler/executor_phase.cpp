@@ -80,6 +80,7 @@ struct Executor::Phase {
   void to_cpu(std::size_t s);
   void fall_back(std::size_t s);
   void roll_forward(std::size_t s);
+  void roll_forward(const GpuTask& t);
   void take_cpu_results();
   // Faults.
   void fault(const std::exception_ptr& error);
@@ -157,8 +158,36 @@ void Executor::Phase::device_failed(const std::exception_ptr& error) {
   while (!in_flight.empty()) {
     failed.push_back(in_flight.front());
     in_flight.pop_front();
-    roll_forward(failed.back().subgroup);
+    roll_forward(failed.back());
   }
+}
+
+// A GPU subgroup that was started: its copy-in may still be reading its state. Wait for it; or,
+// when the device cannot be waited for, move the state to a fresh slot first (the same bits), so
+// that the CPU update never writes what a queued copy may still read; the old slot waits in
+// quarantine.
+void Executor::Phase::roll_forward(const GpuTask& t) {
+  bool settled = false;
+  if (device_usable) {
+    try {
+      x.h2d_->synchronize();
+      settled = true;
+    } catch (...) {
+      fault(std::current_exception());
+      device_usable = false;
+    }
+  }
+  if (!settled) {
+    const std::size_t s = t.subgroup;
+    try {
+      float* fresh = state.take_spare(s);
+      std::copy(state.param(s), state.param(s) + 3 * state.params(s), fresh);
+      x.quarantined_slots_.emplace_back(s, state.commit(s, fresh));
+    } catch (...) {
+      // No memory for it: updated where it is (only the stand-in still runs queued work).
+    }
+  }
+  roll_forward(t.subgroup);
 }
 
 void Executor::Phase::to_cpu(std::size_t s) {
@@ -287,7 +316,7 @@ bool Executor::Phase::start_next() {
   } catch (...) {
     fault(std::current_exception());
     failed.push_back(t);
-    roll_forward(s);
+    roll_forward(t);
   }
   return true;
 }
@@ -509,6 +538,8 @@ void Executor::Phase::release(bool confirmed) {
     return;
   }
   for (const GpuTask& t : failed) state.give_spare(t.subgroup, t.slot);
+  for (const auto& [subgroup, slot] : x.quarantined_slots_) state.give_spare(subgroup, slot);
+  x.quarantined_slots_.clear();
   if (host_counters != nullptr) state.arena().deallocate(host_counters, 8 * host_counter_count);
   if (allocation_failed || !report.fault.empty()) {
     buffer.clear();  // memory is short, or the device failed: give everything back
@@ -531,8 +562,6 @@ void Executor::Phase::release(bool confirmed) {
   }
   x.resident_.clear();
   x.offload_->route({});
-  // Spares: as many per size as were in flight at once, at most.
-  state.trim_spares(std::max<std::size_t>(buffer_free.size(), 1));
 }
 
 const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& policy,

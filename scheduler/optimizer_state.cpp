@@ -116,20 +116,6 @@ float* OptimizerState::commit(std::size_t i, float* slot) {
   return static_cast<float*>(std::exchange(buffers_.at(i).state, slot));
 }
 
-void OptimizerState::trim_spares(std::size_t keep) {
-  std::vector<std::pair<std::uint64_t, float*>> kept;
-  for (const auto& [n, slot] : spares_) {
-    const auto same =
-        std::count_if(kept.begin(), kept.end(), [n = n](const auto& s) { return s.first == n; });
-    if (static_cast<std::size_t>(same) < keep) {
-      kept.emplace_back(n, slot);
-    } else {
-      arena_->deallocate(slot, 12 * n);
-    }
-  }
-  spares_ = std::move(kept);
-}
-
 std::size_t OptimizerState::spares() const { return spares_.size(); }
 
 }  // namespace tide::scheduler

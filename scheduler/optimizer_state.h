@@ -12,7 +12,8 @@
 // that is neither the old one nor the new one. So the executor copies a GPU subgroup's result
 // into a spare slot of the same size and, once the copy is known complete, commits it: the spare
 // becomes the subgroup's state slot and the old slot becomes a spare. The spares are a small pool
-// (as many as GPU subgroups in flight, per subgroup size), not a second copy of the state. A
+// (at most as many as GPU subgroups were ever in flight at once, per subgroup size: kept, as
+// pinned memory is slow to get), not a second copy of the state. A
 // subgroup's state therefore moves between buffers from one step to the next: param(i),
 // exp_avg(i) and exp_avg_sq(i) are valid until the next commit (the next update phase). CPU
 // tensors that view the state (tide.torch) are re-pointed after each step.
@@ -90,8 +91,6 @@ class OptimizerState {
   // Subgroup i's state is now `slot` (a spare holding its new state); returns its old slot,
   // which is a spare from now on.
   float* commit(std::size_t i, float* slot);
-  // Frees pooled spares beyond `keep` of each size.
-  void trim_spares(std::size_t keep);
   std::size_t spares() const;  // pooled, all sizes
 
   // Queued device work that could not be waited for may still write this memory: on

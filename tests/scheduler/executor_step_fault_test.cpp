@@ -307,6 +307,29 @@ TEST_F(StepFaultTest, AFailedGpuCopyIsRolledForwardOnTheCpu) {
   EXPECT_TRUE(Snapshot::of(model) == Snapshot::of(ref));
 }
 
+// The commit point's spares are a small pool: as many as GPU subgroups were in flight, per
+// subgroup size, not a second copy of the state; the state itself moves between them.
+TEST_F(StepFaultTest, SpareSlotsAreAsManyAsBuffersNotASecondState) {
+  driver::PrimaryContext context;
+  HostModel model(std::vector<std::uint64_t>(8, 4096));
+  Reference ref = reference_of(model);
+  ExecutorOptions options = options_for_test();
+  options.planner.max_buffers = 2;
+  Executor executor(*model.state, options);
+  const float* first = model.state->param(0);
+  for (int step = 1; step <= 3; ++step) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    const PhaseReport& r = executor.run(hyper(step), Policy::all_gpu(), kHeadroom);
+    ASSERT_EQ(r.ran.gpu_order.size(), 8u);
+    ASSERT_EQ(r.ran.buffers, 2u);
+    EXPECT_LE(model.state->spares(), 2u);
+    ref.step(grads, hyper(step));
+    EXPECT_TRUE(Snapshot::of(model) == Snapshot::of(ref));
+    if (step == 1) EXPECT_NE(model.state->param(0), first);  // committed into what was a spare
+  }
+}
+
 // Frozen slices (parameters without a gradient) keep their state and weights, bit for bit.
 TEST_F(StepFaultTest, FrozenSlicesAreLeftExactlyAsTheyWere) {
   for (const Policy& policy : kPolicies) {
