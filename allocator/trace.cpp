@@ -16,6 +16,14 @@ namespace {
   throw std::invalid_argument(source + ":" + std::to_string(line) + ": " + what);
 }
 
+std::string malformed(const std::string& op, const std::string& line) {
+  std::string message = "malformed '";
+  message += op;
+  message += "' event: ";
+  message += line;
+  return message;
+}
+
 bool parse_mark(const std::string& word, Mark* out) {
   for (Mark m : {Mark::kForward, Mark::kBackward, Mark::kUpdate, Mark::kIterationEnd}) {
     if (word == mark_name(m)) {
@@ -83,7 +91,7 @@ Trace read_trace(std::istream& in, const std::string& source) {
     // One unsigned decimal field (no sign, no spaces inside), at most `max`.
     auto field = [&](const char* what, std::uint64_t max) {
       std::string word;
-      if (!(words >> word)) bad(source, number, "malformed '" + op + "' event: " + line);
+      if (!(words >> word)) bad(source, number, malformed(op, line));
       std::uint64_t value = 0;
       const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), value);
       if (error != std::errc() || end != word.data() + word.size() || value > max) {
@@ -95,7 +103,7 @@ Trace read_trace(std::istream& in, const std::string& source) {
     };
     auto end_of_line = [&](const std::string& op) {
       std::string extra;
-      if (words >> extra) bad(source, number, "malformed '" + op + "' event: " + line);
+      if (words >> extra) bad(source, number, malformed(op, line));
     };
     if (first == "device") {
       trace.device = static_cast<int>(field("device ordinal", kMaxTraceDevice));

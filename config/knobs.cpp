@@ -22,10 +22,13 @@ void integer(std::string_view name, std::string_view value) {
   parse_int(name, value, Min, Max);
 }
 
-template <double Min, double Max>
-void number(std::string_view name, std::string_view value) {
-  parse_double(name, value, Min, Max);
+void params_per_s(std::string_view name, std::string_view value) {
+  parse_double(name, value, 1e3, 1e15);
 }
+
+void gbps(std::string_view name, std::string_view value) { parse_double(name, value, 0.001, 1e5); }
+
+void margin(std::string_view name, std::string_view value) { parse_double(name, value, 0, 0.5); }
 
 void boolean(std::string_view name, std::string_view value) { parse_bool(name, value); }
 void size(std::string_view name, std::string_view value) { parse_bytes(name, value); }
@@ -196,23 +199,19 @@ std::span<const Knob> knobs() {
        &existing_file},
       {"TIDE_RATE_CPU_UPDATE", "a number of params/s from 1e3 to 1e15",
        "scheduler: CPU update rate, per rank, with no copies running (overrides the calibration)",
-       &number<1e3, 1e15>},
+       &params_per_s},
       {"TIDE_RATE_CPU_UPDATE_CONTENDED", "a number of params/s from 1e3 to 1e15",
-       "scheduler: CPU update rate, per rank, while host-GPU copies run", &number<1e3, 1e15>},
+       "scheduler: CPU update rate, per rank, while host-GPU copies run", &params_per_s},
       {"TIDE_RATE_H2D_GBPS", "a number of GB/s from 0.001 to 1e5",
-       "scheduler: pinned host to GPU copy bandwidth, per rank, alone on the link",
-       &number<0.001, 1e5>},
+       "scheduler: pinned host to GPU copy bandwidth, per rank, alone on the link", &gbps},
       {"TIDE_RATE_D2H_GBPS", "a number of GB/s from 0.001 to 1e5",
-       "scheduler: GPU to pinned host copy bandwidth, per rank, alone on the link",
-       &number<0.001, 1e5>},
+       "scheduler: GPU to pinned host copy bandwidth, per rank, alone on the link", &gbps},
       {"TIDE_RATE_H2D_DUPLEX_GBPS", "a number of GB/s from 0.001 to 1e5",
-       "scheduler: host to GPU copy bandwidth while a GPU to host copy also runs",
-       &number<0.001, 1e5>},
+       "scheduler: host to GPU copy bandwidth while a GPU to host copy also runs", &gbps},
       {"TIDE_RATE_D2H_DUPLEX_GBPS", "a number of GB/s from 0.001 to 1e5",
-       "scheduler: GPU to host copy bandwidth while a host to GPU copy also runs",
-       &number<0.001, 1e5>},
+       "scheduler: GPU to host copy bandwidth while a host to GPU copy also runs", &gbps},
       {"TIDE_RATE_GPU_UPDATE", "a number of params/s from 1e3 to 1e15",
-       "scheduler: GPU (fused Adam kernel) update rate", &number<1e3, 1e15>},
+       "scheduler: GPU (fused Adam kernel) update rate", &params_per_s},
       {"TIDE_ALLOC_MEMORY_FRACTION", "a number greater than 0 and at most 1",
        "device caching allocator: cap on the device memory it holds, as a fraction of the "
        "device's (as torch.cuda.set_per_process_memory_fraction) (default: no cap)",
@@ -245,7 +244,7 @@ std::span<const Knob> knobs() {
       {"TIDE_HEADROOM_MARGIN", "a number from 0 to 0.5",
        "headroom forecast: safety margin, as a fraction of the device memory limit, kept free "
        "below the update phase's forecast peak (default 0.02)",
-       &number<0.0, 0.5>},
+       &margin},
       {"TIDE_HEADROOM_ITERATIONS", "an integer from 1 to 1000",
        "headroom forecast: recent iterations whose highest update-phase peak it forecasts "
        "(default 5)",

@@ -45,9 +45,14 @@ class Reader {
       bool ok = false;
       for (std::string_view k : known) ok = ok || key == k;
       if (!ok) {
-        std::string list;
-        for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-        fail(where, "unknown member \"" + key + "\" (expected: " + list + ")");
+        std::string message = "unknown member \"" + key + "\" (expected: ";
+        bool first = true;
+        for (std::string_view k : known) {
+          if (!first) message += ", ";
+          message += k;
+          first = false;
+        }
+        fail(where, message + ")");
       }
     }
   }

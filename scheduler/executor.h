@@ -1,14 +1,17 @@
 // The executor: runs one update phase of a plan over an OptimizerState.
 //
-// GPU subgroups flow through streams: copy-in of the state and, unless kept on the GPU, the
-// gradient (h2d), the fused Adam kernel (compute), copy-out of the state into a spare state slot
-// (d2h), and, once the copy-out is known complete, the write of the new weights into the model's
-// parameters (params: device-to-device from the buffer). The plan's D buffers are recycled by
-// events (a buffer's next copy-in waits for its last parameter write). The calling thread
-// coordinates: it enqueues each GPU subgroup as a buffer frees up, commits each one whose
-// copy-out completed (a driver callback wakes it) and writes its weights, and uploads the weights
-// of the CPU subgroups, which a worker thread updates in place in pinned memory on the CPU thread
-// pool at the same time. No device-wide synchronisation: the phase joins on its streams.
+// GPU subgroups flow through streams: copy-in of the state and, unless kept on the GPU, of the
+// gradient (h2d), the fused Adam kernel (compute), copy-out of the state into a spare
+// state slot (d2h), and, once the copy-out is known complete, the write of the new weights into
+// the model's parameters (params: device-to-device from the buffer). Each of the plan's D buffers
+// is a lane: the next subgroup on a lane starts copying its state in as soon as the lane's last
+// copy-out is done (device-side), while the rest of it (its gradient, which goes where the last
+// subgroup's new weights wait to be written out; its update; its copy-out) is enqueued once the
+// calling thread has committed that last subgroup. The calling thread coordinates: it enqueues,
+// commits each GPU subgroup whose copy-out completed (a driver callback wakes it) and writes its
+// weights, and uploads the weights of the CPU subgroups, which a worker thread updates in place
+// in pinned memory on the CPU thread pool at the same time. No device-wide synchronisation: the
+// phase joins on its streams.
 //
 // A step happens exactly, or not at all. run() first makes sure the step can be completed from
 // host memory alone (ready(): the gradients are in pinned memory, work a failed phase left queued
@@ -186,6 +189,7 @@ class Executor {
  private:
   struct Phase;
   struct GpuTask;
+  struct Lane;
   // Waits for work an earlier phase left unconfirmed, then frees what it held. Throws if the
   // device still cannot be waited for.
   void settle();

@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "allocator/pinned_arena.h"
@@ -28,8 +29,19 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Timing events of one GPU subgroup: copy-in, update and copy-out, each start and end.
-enum Stage { kH2dStart, kH2dEnd, kUpdateStart, kUpdateEnd, kD2hStart, kD2hEnd, kStages };
+// Timing events of one GPU subgroup: copy-in of the state and of the gradient (the host may commit
+// the lane's last subgroup between them), update and copy-out, each start and end.
+enum Stage {
+  kH2dStart,
+  kStateIn,
+  kGradStart,
+  kH2dEnd,
+  kUpdateStart,
+  kUpdateEnd,
+  kD2hStart,
+  kD2hEnd,
+  kStages
+};
 
 // How long the coordinator sleeps when nothing wakes it: a lost device runs no callback, so it
 // polls now and then to find out.
@@ -51,10 +63,21 @@ std::string what_of(const std::exception_ptr& error) {
 struct Executor::GpuTask {
   std::size_t subgroup = 0;
   std::size_t position = 0;  // in the planned GPU order: its nonfinite counter
-  std::size_t buffer = 0;
-  std::size_t events = 0;   // its first timing event
-  float* slot = nullptr;    // the spare its copy-out writes
-  CUdeviceptr weights = 0;  // where the kernel leaves the new weights for the model
+  std::size_t buffer = 0;    // its lane
+  std::size_t events = 0;    // its first timing event
+  float* slot = nullptr;     // the spare its copy-out writes (taken when the copy-out is enqueued)
+  CUdeviceptr grad = 0;      // where its gradient is on the GPU
+  CUdeviceptr weights = 0;   // where the kernel leaves the new weights for the model
+  bool grad_copied = false;  // its gradient is copied in (not kept on the GPU)
+};
+
+// One GPU buffer and the subgroups that use it in turn.
+struct Executor::Lane {
+  std::optional<GpuTask> running;         // enqueued through its copy-out, not yet committed
+  std::optional<GpuTask> next;            // its state being copied in, the rest waits for `running`
+  std::optional<std::size_t> copied_out;  // events of the last subgroup whose copy-out was enqueued
+  driver::Event written;                  // after the last parameter write from the buffer
+  bool written_recorded = false;
 };
 
 // One phase, from the coordinating (calling) thread.
@@ -72,7 +95,14 @@ struct Executor::Phase {
   // The GPU side.
   void set_up_gpu();
   bool start_next();
-  void enqueue(GpuTask& t);
+  GpuTask make_task(std::size_t lane);
+  void copy_state_in(const GpuTask& t);
+  void copy_grad_in(const GpuTask& t);
+  void update_and_copy_out(GpuTask& t);
+  void finish(GpuTask t);
+  void abandon(const GpuTask& t, bool memory);
+  void drop_waiting();
+  bool any_waiting() const;
   void poll();
   void commit(const GpuTask& t);
   // The CPU side.
@@ -80,7 +110,7 @@ struct Executor::Phase {
   void to_cpu(std::size_t s);
   void fall_back(std::size_t s);
   void roll_forward(std::size_t s);
-  void roll_forward(const GpuTask& t);
+  void settle_copy_in(const GpuTask& t);
   void take_cpu_results();
   // Faults.
   void fault(const std::exception_ptr& error);
@@ -110,14 +140,18 @@ struct Executor::Phase {
   std::size_t next = 0;            // the next of `order` to start
   std::size_t buffers_cap = 0;     // buffers it may have (fewer after a failed allocation)
   std::uint64_t buffer_bytes = 0;
+  // A buffer holds the state, then the gradient, then any staging area, each sized for the
+  // largest GPU subgroup: a lane's next subgroup copies its state in while the last one's new
+  // weights still wait in the gradient's (or staging) area, whatever their sizes.
+  std::uint64_t largest = 0;
   std::vector<UpdateBuffer> buffer;
-  std::vector<driver::Event> buffer_free;  // recorded after the last parameter write from it
-  std::vector<char> buffer_recorded, buffer_busy;
-  UpdateBuffer counters;                   // one nonfinite counter per planned GPU subgroup
+  std::deque<Lane> lanes;  // one per buffer (a deque: they never move)
+  bool staging = false;    // the weights go to a staging area, not over the gradient
+  UpdateBuffer counters;   // one nonfinite counter per planned GPU subgroup
   std::uint64_t* host_counters = nullptr;  // pinned
   std::size_t host_counter_count = 0;
   std::deque<driver::Event> events;  // kStages per started subgroup (a deque: they never move)
-  std::deque<GpuTask> in_flight;     // started, not yet committed, in copy-out order
+  std::deque<GpuTask> in_flight;     // enqueued through the copy-out, in copy-out order
   std::vector<GpuTask> committed;
   std::vector<GpuTask> failed;  // started, never committed: redone on the CPU
 
@@ -156,17 +190,18 @@ void Executor::Phase::device_failed(const std::exception_ptr& error) {
   fault(error);
   device_usable = false;
   while (!in_flight.empty()) {
-    failed.push_back(in_flight.front());
+    const GpuTask t = in_flight.front();
     in_flight.pop_front();
-    roll_forward(failed.back());
+    abandon(t, /*memory=*/false);
   }
+  drop_waiting();
 }
 
 // A GPU subgroup that was started: its copy-in may still be reading its state. Wait for it; or,
 // when the device cannot be waited for, move the state to a fresh slot first (the same bits), so
 // that the CPU update never writes what a queued copy may still read; the old slot waits in
 // quarantine.
-void Executor::Phase::roll_forward(const GpuTask& t) {
+void Executor::Phase::settle_copy_in(const GpuTask& t) {
   bool settled = false;
   if (device_usable) {
     try {
@@ -187,7 +222,6 @@ void Executor::Phase::roll_forward(const GpuTask& t) {
       // No memory for it: updated where it is (only the stand-in still runs queued work).
     }
   }
-  roll_forward(t.subgroup);
 }
 
 void Executor::Phase::to_cpu(std::size_t s) {
@@ -217,7 +251,7 @@ void Executor::Phase::roll_forward(std::size_t s) {
 void Executor::Phase::set_up_gpu() {
   // Bytes of one subgroup's buffer: state, the gradient unless kept on the GPU, and a staging
   // area for the low-precision weights unless they go over the gradient.
-  const bool staging = x.needs_staging(gradients_on_gpu);
+  staging = x.needs_staging(gradients_on_gpu);
   auto bytes_of = [&](std::size_t s) {
     const std::uint64_t n = state.params(s);
     std::uint64_t b = 12 * n;
@@ -225,7 +259,10 @@ void Executor::Phase::set_up_gpu() {
     if (staging) b += n * ps;
     return b;
   };
-  for (std::size_t s : order) buffer_bytes = std::max(buffer_bytes, bytes_of(s));
+  for (std::size_t s : order) {
+    buffer_bytes = std::max(buffer_bytes, bytes_of(s));
+    largest = std::max(largest, state.params(s));
+  }
   buffers_cap = std::max<std::size_t>(report.planned.buffers, 1);
 
   // Buffers kept from earlier phases are reused when large enough: allocating and freeing
@@ -242,9 +279,7 @@ void Executor::Phase::set_up_gpu() {
   if (x.cached_counters_.size() >= 8 * order.size()) counters = std::move(x.cached_counters_);
   x.cached_counters_ = UpdateBuffer();
   try {
-    for (std::size_t b = 0; b < buffer.size(); ++b) buffer_free.emplace_back();
-    buffer_recorded.assign(buffer.size(), 0);
-    buffer_busy.assign(buffer.size(), 0);
+    while (lanes.size() < buffer.size()) lanes.emplace_back();
     if (counters.get() == 0) {
       counters = UpdateBuffer(x.memory(), 8 * order.size(), x.compute_->get());
     }
@@ -260,23 +295,161 @@ void Executor::Phase::set_up_gpu() {
   }
 }
 
-// Starts the next GPU subgroup, or sends it to the CPU. False when it must wait for a buffer.
+// A task for the next GPU subgroup on `lane`: where its gradient and new weights go, and its
+// timing events.
+Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
+  GpuTask t;
+  t.subgroup = order[next];
+  t.position = next;
+  t.buffer = lane;
+  const CUdeviceptr base = buffer[lane].get();
+  const CUdeviceptr kept = gradients_on_gpu ? x.offload_->device_gradient(t.subgroup) : 0;
+  t.grad_copied = kept == 0;
+  if (gradients_on_gpu && t.grad_copied) {
+    // The buffers have no room for it (prepare() routes every planned GPU subgroup's gradient).
+    throw std::logic_error("tide: executor: a GPU subgroup's kept gradient is missing");
+  }
+  t.grad = t.grad_copied ? base + 12 * largest : kept;
+  if (!low) {
+    t.weights = base;  // fp32: the updated master weights themselves
+  } else if (!staging) {
+    t.weights = t.grad;  // over the gradient the kernel has just read
+  } else {
+    t.weights = base + 12 * largest + (gradients_on_gpu ? 0 : largest * gs);
+  }
+  t.events = events.size();
+  for (int k = 0; k < kStages; ++k) events.emplace_back(driver::Event::Timing::kEnabled);
+  return t;
+}
+
+// The state's copy-in, once the lane's last copy-out is done (and, for fp32 weights, which are
+// the state itself, once they were written out). The gradients are in pinned memory already
+// (ready() waited for them).
+void Executor::Phase::copy_state_in(const GpuTask& t) {
+  Lane& lane = lanes[t.buffer];
+  driver::Event* ev = &events[t.events];
+  if (lane.copied_out) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
+  if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
+  ev[kH2dStart].record(*x.h2d_);
+  driver::copy_to_device_async(buffer[t.buffer].get(), state.param(t.subgroup),
+                               12 * state.params(t.subgroup), *x.h2d_);
+  ev[kStateIn].record(*x.h2d_);
+}
+
+// The gradient's copy-in, right after the state's on the same stream: over the last subgroup's
+// new weights when they go there, so only once they were written out.
+void Executor::Phase::copy_grad_in(const GpuTask& t) {
+  Lane& lane = lanes[t.buffer];
+  driver::Event* ev = &events[t.events];
+  if (low && !staging && lane.written_recorded) x.h2d_->wait(lane.written);
+  ev[kGradStart].record(*x.h2d_);
+  if (t.grad_copied) {
+    driver::copy_to_device_async(t.grad, state.grad(t.subgroup), state.params(t.subgroup) * gs,
+                                 *x.h2d_);
+  }
+  ev[kH2dEnd].record(*x.h2d_);
+}
+
+// The update and the copy-out into a spare slot (taken here), and the counter; the callback
+// wakes the coordinator to commit. Throws std::bad_alloc (or CudaError) for the spare before
+// anything is enqueued.
+void Executor::Phase::update_and_copy_out(GpuTask& t) {
+  const std::size_t s = t.subgroup;
+  const std::uint64_t n = state.params(s);
+  const CUdeviceptr base = buffer[t.buffer].get();
+  Lane& lane = lanes[t.buffer];
+  driver::Event* ev = &events[t.events];
+  t.slot = state.take_spare(s);
+
+  x.compute_->wait(ev[kH2dEnd]);
+  if (low && staging && lane.written_recorded) x.compute_->wait(lane.written);
+  ev[kUpdateStart].record(*x.compute_);
+  kernels::AdamGpuSubgroup sub;
+  sub.grad = t.grad;
+  sub.param = base;
+  sub.exp_avg = base + 4 * n;
+  sub.exp_avg_sq = base + 8 * n;
+  sub.param_copy = low ? t.weights : 0;
+  sub.count = n;
+  kernels::AdamGpuDtypes dtypes;
+  dtypes.grad = state.options().grad_dtype;
+  dtypes.state = kernels::Dtype::kFloat32;
+  dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
+  x.adam_->step({&sub, 1}, dtypes, hyper, counters.get() + 8 * t.position, *x.compute_);
+  ev[kUpdateEnd].record(*x.compute_);
+
+  x.d2h_->wait(ev[kUpdateEnd]);
+  ev[kD2hStart].record(*x.d2h_);
+  driver::copy_to_host_async(t.slot, base, 12 * n, *x.d2h_);
+  driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
+                             *x.d2h_);
+  ev[kD2hEnd].record(*x.d2h_);
+  lane.copied_out = t.events;
+  x.d2h_->host_callback([w = wakeup] { w->notify(); });
+}
+
+// Enqueues the rest of a subgroup whose state is being copied in, on a lane now free.
+void Executor::Phase::finish(GpuTask t) {
+  Lane& lane = lanes[t.buffer];
+  try {
+    if (low && !staging) copy_grad_in(t);
+    update_and_copy_out(t);
+    lane.running = t;
+    in_flight.push_back(t);
+  } catch (...) {
+    if (t.slot == nullptr && out_of_memory(std::current_exception())) {
+      abandon(t, /*memory=*/true);  // no pinned memory for its result
+    } else {
+      fault(std::current_exception());
+      abandon(t, /*memory=*/false);
+    }
+  }
+}
+
+// A started subgroup that will not complete on the GPU: updated on the CPU instead, from its
+// untouched state.
+void Executor::Phase::abandon(const GpuTask& t, bool memory) {
+  failed.push_back(t);
+  settle_copy_in(t);
+  if (memory) {
+    fall_back(t.subgroup);
+  } else {
+    roll_forward(t.subgroup);
+  }
+}
+
+void Executor::Phase::drop_waiting() {
+  for (Lane& lane : lanes) {
+    if (lane.next) {
+      const GpuTask t = *lane.next;
+      lane.next.reset();
+      abandon(t, /*memory=*/false);
+    }
+  }
+}
+
+bool Executor::Phase::any_waiting() const {
+  return std::any_of(lanes.begin(), lanes.end(), [](const Lane& l) { return l.next.has_value(); });
+}
+
+// Starts the next GPU subgroup: on a free lane, else on a new one, else, when the weights are
+// not the state, copying its state in behind the subgroup that commits next (one at a time, so
+// that the copy-in stream carries each subgroup's state and gradient in order, the gradient
+// waiting only for the host to commit the lane's last subgroup). False when it must wait.
 bool Executor::Phase::start_next() {
   const std::size_t s = order[next];
-  std::optional<std::size_t> b;
-  for (std::size_t i = 0; i < buffer.size() && !b; ++i) {
-    if (!buffer_busy[i]) b = i;
+  std::optional<std::size_t> free, behind;
+  for (std::size_t i = 0; i < lanes.size() && !free; ++i) {
+    if (!lanes[i].running && !lanes[i].next) free = i;
   }
-  if (!b) {
-    if (buffer.size() >= buffers_cap) return false;
+  if (!in_flight.empty() && !any_waiting()) behind = in_flight.front().buffer;
+  if (!free && buffer.size() < buffers_cap) {
     try {
       buffer.emplace_back(x.memory(), buffer_bytes, x.compute_->get());
-      buffer_free.emplace_back();
-      buffer_recorded.push_back(0);
-      buffer_busy.push_back(0);
-      b = buffer.size() - 1;
+      lanes.emplace_back();
+      free = buffer.size() - 1;
     } catch (...) {
-      if (buffer.size() > buffer_free.size()) buffer.pop_back();  // its event failed
+      if (buffer.size() > lanes.size()) buffer.pop_back();  // its event failed
       if (!out_of_memory(std::current_exception())) {
         fault(std::current_exception());
         return true;
@@ -293,82 +466,35 @@ bool Executor::Phase::start_next() {
       return true;
     }
   }
+  if (!free && !(low && behind)) return false;
   GpuTask t;
-  t.subgroup = s;
-  t.position = next;
-  t.buffer = *b;
   try {
-    t.slot = state.take_spare(s);
+    t = make_task(free ? *free : *behind);
   } catch (...) {
-    if (!out_of_memory(std::current_exception())) {
-      fault(std::current_exception());
-      return true;
-    }
-    ++next;
-    fall_back(s);  // no pinned memory for its result
+    fault(std::current_exception());
     return true;
   }
   ++next;
-  buffer_busy[t.buffer] = 1;
   try {
-    enqueue(t);
+    copy_state_in(t);
+    if (!free) {
+      if (staging) copy_grad_in(t);  // its gradient does not go over waiting weights
+      lanes[t.buffer].next = t;
+      return true;
+    }
+    copy_grad_in(t);
+    update_and_copy_out(t);
+    lanes[t.buffer].running = t;
     in_flight.push_back(t);
   } catch (...) {
-    fault(std::current_exception());
-    failed.push_back(t);
-    roll_forward(t);
+    if (t.slot == nullptr && out_of_memory(std::current_exception())) {
+      abandon(t, /*memory=*/true);
+    } else {
+      fault(std::current_exception());
+      abandon(t, /*memory=*/false);
+    }
   }
   return true;
-}
-
-void Executor::Phase::enqueue(GpuTask& t) {
-  const std::size_t s = t.subgroup;
-  const std::uint64_t n = state.params(s);
-  const CUdeviceptr base = buffer[t.buffer].get();
-  const CUdeviceptr kept = gradients_on_gpu ? x.offload_->device_gradient(s) : 0;
-  const CUdeviceptr grad = kept != 0 ? kept : base + 12 * n;
-  if (low) {
-    t.weights = kept == 0 && gs == ps ? grad : base + 12 * n + (kept == 0 ? n * gs : 0);
-  } else {
-    t.weights = base;
-  }
-  t.events = events.size();
-  for (int k = 0; k < kStages; ++k) events.emplace_back(driver::Event::Timing::kEnabled);
-  driver::Event* ev = &events[t.events];
-
-  // Copy-in, once the buffer's last parameter write has read it. The gradients are in pinned
-  // memory already (ready() waited for them).
-  if (buffer_recorded[t.buffer]) x.h2d_->wait(buffer_free[t.buffer]);
-  ev[kH2dStart].record(*x.h2d_);
-  driver::copy_to_device_async(base, state.param(s), 12 * n, *x.h2d_);
-  if (kept == 0) driver::copy_to_device_async(grad, state.grad(s), n * gs, *x.h2d_);
-  ev[kH2dEnd].record(*x.h2d_);
-
-  // The update: the state in the buffer, the new weights next to it (over the gradient it read).
-  x.compute_->wait(ev[kH2dEnd]);
-  ev[kUpdateStart].record(*x.compute_);
-  kernels::AdamGpuSubgroup sub;
-  sub.grad = grad;
-  sub.param = base;
-  sub.exp_avg = base + 4 * n;
-  sub.exp_avg_sq = base + 8 * n;
-  sub.param_copy = low ? t.weights : 0;
-  sub.count = n;
-  kernels::AdamGpuDtypes dtypes;
-  dtypes.grad = state.options().grad_dtype;
-  dtypes.state = kernels::Dtype::kFloat32;
-  dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
-  x.adam_->step({&sub, 1}, dtypes, hyper, counters.get() + 8 * t.position, *x.compute_);
-  ev[kUpdateEnd].record(*x.compute_);
-
-  // Copy-out into the spare slot, and the counter; the callback wakes the coordinator to commit.
-  x.d2h_->wait(ev[kUpdateEnd]);
-  ev[kD2hStart].record(*x.d2h_);
-  driver::copy_to_host_async(t.slot, base, 12 * n, *x.d2h_);
-  driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
-                             *x.d2h_);
-  ev[kD2hEnd].record(*x.d2h_);
-  x.d2h_->host_callback([w = wakeup] { w->notify(); });
 }
 
 // Commits the GPU subgroups whose copy-out completed, in order.
@@ -382,13 +508,16 @@ void Executor::Phase::poll() {
       return;
     }
     if (!done) return;
-    commit(in_flight.front());
+    const GpuTask t = in_flight.front();
     in_flight.pop_front();
+    commit(t);
   }
 }
 
 void Executor::Phase::commit(const GpuTask& t) {
   const std::size_t s = t.subgroup;
+  Lane& lane = lanes[t.buffer];
+  lane.running.reset();
   state.give_spare(s, state.commit(s, t.slot));
   report.nonfinite += host_counters[t.position];
   report.devices[s] = Device::gpu;
@@ -402,13 +531,18 @@ void Executor::Phase::commit(const GpuTask& t) {
       driver::copy_on_device_async(slices[k].device_ptr, t.weights + slices[k].offset * size,
                                    slices[k].count * size, *x.params_);
     }
-    buffer_free[t.buffer].record(*x.params_);
-    buffer_recorded[t.buffer] = 1;
-    buffer_busy[t.buffer] = 0;
+    lane.written.record(*x.params_);
+    lane.written_recorded = true;
     written.push_back(s);
   } catch (...) {
     fault(std::current_exception());
     unwritten.push_back(s);  // retried at the join
+    return;                  // the lane's next subgroup is dropped: the GPU side is stopping
+  }
+  if (lane.next && !gpu_stopped) {
+    const GpuTask waiting = *lane.next;
+    lane.next.reset();
+    finish(waiting);
   }
 }
 
@@ -454,10 +588,11 @@ void Executor::Phase::run() {
     }
     if (gpu_stopped || !device_usable) {
       while (next < order.size()) roll_forward(order[next++]);
+      drop_waiting();
     }
     poll();
     take_cpu_results();
-    if (!closed && next == order.size() && in_flight.empty()) {
+    if (!closed && next == order.size() && in_flight.empty() && !any_waiting()) {
       worker->close();
       closed = true;
     }
@@ -489,7 +624,9 @@ void Executor::Phase::join() {
       const driver::Event* ev = &events[t.events];
       SubgroupTiming& timing = report.timings[t.subgroup];
       try {
-        timing.h2d_s = ev[kH2dEnd].elapsed_ms(ev[kH2dStart]) / 1e3;
+        // The state's and the gradient's copies, without the wait between them.
+        timing.h2d_s =
+            (ev[kStateIn].elapsed_ms(ev[kH2dStart]) + ev[kH2dEnd].elapsed_ms(ev[kGradStart])) / 1e3;
         timing.gpu_update_s = ev[kUpdateEnd].elapsed_ms(ev[kUpdateStart]) / 1e3;
         timing.d2h_s = ev[kD2hEnd].elapsed_ms(ev[kD2hStart]) / 1e3;
       } catch (...) {
@@ -520,7 +657,9 @@ void Executor::Phase::release(bool confirmed) {
   allocated_bytes = counters.size() + buffer.size() * buffer_bytes;
   if (!confirmed) {
     x.unconfirmed_ = true;
-    for (const GpuTask& t : failed) x.quarantined_slots_.emplace_back(t.subgroup, t.slot);
+    for (const GpuTask& t : failed) {
+      if (t.slot != nullptr) x.quarantined_slots_.emplace_back(t.subgroup, t.slot);
+    }
     for (auto* list : {&buffer, &x.cached_, &x.resident_}) {
       for (UpdateBuffer& b : *list) x.quarantined_.push_back(std::move(b));
       list->clear();
@@ -537,7 +676,9 @@ void Executor::Phase::release(bool confirmed) {
     }
     return;
   }
-  for (const GpuTask& t : failed) state.give_spare(t.subgroup, t.slot);
+  for (const GpuTask& t : failed) {
+    if (t.slot != nullptr) state.give_spare(t.subgroup, t.slot);
+  }
   for (const auto& [subgroup, slot] : x.quarantined_slots_) state.give_spare(subgroup, slot);
   x.quarantined_slots_.clear();
   if (host_counters != nullptr) state.arena().deallocate(host_counters, 8 * host_counter_count);
@@ -596,7 +737,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   w.headroom_bytes = std::numeric_limits<std::uint64_t>::max() / 2;
   std::vector<std::size_t> ran;
   for (const GpuTask& t : phase.committed) ran.push_back(t.subgroup);
-  const std::size_t buffers_used = phase.buffer_free.size();
+  const std::size_t buffers_used = phase.lanes.size();
   report.ran = ran.empty() ? all_cpu_plan(w, refiner_.rates())
                            : evaluate(w, refiner_.rates(), Placement{ran, buffers_used});
   report.ran.headroom_bytes = report.planned.headroom_bytes;

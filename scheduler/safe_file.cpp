@@ -89,7 +89,7 @@ namespace {
 // The target replace_file writes, checked: absent, or a regular file that is `ours`.
 fs::path checked_target(const fs::path& path, std::size_t max_bytes,
                         const std::function<bool(std::string_view)>& ours) {
-  const fs::path target = follow_links(path);
+  fs::path target = follow_links(path);
   struct stat st {};
   if (::stat(target.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode)) {

@@ -115,7 +115,7 @@ int replay_command(int argc, char** argv) {
   if (!timeline.empty()) allocator::export_chrome_trace(alloc, timeline);
 
   const auto& ends = r.device_allocs_at_end;
-  const std::uint64_t after1 = ends.size() >= 1 ? r.device_allocs - ends[0] : 0;
+  const std::uint64_t after1 = !ends.empty() ? r.device_allocs - ends[0] : 0;
   const std::uint64_t after2 = ends.size() >= 2 ? r.device_allocs - ends[1] : 0;
   const std::uint64_t allocs_after1 =
       r.allocations_at_end.empty() ? 0 : r.allocations - r.allocations_at_end[0];
