@@ -93,8 +93,7 @@ Executor::~Executor() {
     context_.make_current();
     settle();
     offload_->stream().synchronize();
-    for (auto* s :
-         {h2d_.get(), compute_.get(), d2h_.get(), params_.get(), upload_.get()}) {
+    for (auto* s : {h2d_.get(), compute_.get(), d2h_.get(), params_.get(), upload_.get()}) {
       s->synchronize();
     }
   } catch (...) {
@@ -110,8 +109,7 @@ void Executor::settle() {
   if (!unconfirmed_) return;
   context_.make_current();
   offload_->stream().synchronize();
-  for (auto* s :
-       {h2d_.get(), compute_.get(), d2h_.get(), params_.get(), upload_.get()}) {
+  for (auto* s : {h2d_.get(), compute_.get(), d2h_.get(), params_.get(), upload_.get()}) {
     s->synchronize();
   }
   unconfirmed_ = false;
