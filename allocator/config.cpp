@@ -1,6 +1,10 @@
 #include "allocator/config.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "config/env.h"
+#include "config/knobs.h"
 
 namespace tide::allocator {
 
@@ -14,7 +18,12 @@ AllocatorConfig AllocatorConfig::from_environment() {
     }
     c.memory_fraction = *v;
   }
-  if (auto v = config::env_bytes("TIDE_ALLOC_MAX_BYTES")) c.max_bytes = *v;
+  // 0 is refused rather than read as a cap of nothing or as none: unset means no cap.
+  if (auto v =
+          config::env_bytes("TIDE_ALLOC_MAX_BYTES", 1, std::numeric_limits<std::uint64_t>::max(),
+                            config::kLimitAccepts)) {
+    c.max_bytes = *v;
+  }
   if (auto v = config::env_int("TIDE_ALLOC_ROUND_DIVISIONS", 0, 64)) {
     c.round_divisions = static_cast<int>(*v);
   }

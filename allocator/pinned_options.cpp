@@ -6,13 +6,21 @@
 #include <thread>
 
 #include "config/env.h"
+#include "config/knobs.h"
 
 namespace tide::allocator {
 
 PinnedOptions PinnedOptions::from_environment() {
   PinnedOptions o;
-  if (auto v = config::env_bytes("TIDE_PINNED_CHUNK")) o.chunk_bytes = *v;
-  if (auto v = config::env_bytes("TIDE_PINNED_DIRECT")) o.direct_bytes = *v;
+  // The ranges validate() checks, so that a bad value is reported under the variable's name.
+  if (auto v = config::env_bytes("TIDE_PINNED_CHUNK", 4 * kMiB, std::size_t{1} << 40,
+                                 config::kPinnedChunkAccepts)) {
+    o.chunk_bytes = *v;
+  }
+  if (auto v = config::env_bytes("TIDE_PINNED_DIRECT", 16 * 1024, std::size_t{1} << 40,
+                                 config::kPinnedDirectAccepts)) {
+    o.direct_bytes = *v;
+  }
   if (auto v = config::env_bytes("TIDE_PINNED_RETAIN")) o.retain_bytes = *v;
   if (auto v = config::env_int("TIDE_PINNED_NUMA_NODE", -1, 1023)) {
     o.numa_node = static_cast<int>(*v);
@@ -34,6 +42,7 @@ void PinnedOptions::validate() const {
   if (chunk_bytes > (std::size_t{1} << 40)) fail("chunk_bytes must be at most 1 TiB");
   // jemalloc's small size classes end at 14 KiB; below 16 KiB there is nothing to bypass.
   if (direct_bytes < 16 * 1024) fail("direct_bytes must be at least 16 KiB");
+  if (direct_bytes > (std::size_t{1} << 40)) fail("direct_bytes must be at most 1 TiB");
   if (numa_node < -1 || numa_node > 1023) fail("numa_node must be -1 (none) or 0 to 1023");
   if (device < 0) fail("device must be >= 0");
   if (touch_threads < 0 || touch_threads > 256) fail("touch_threads must be 0 to 256");

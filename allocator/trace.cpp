@@ -1,16 +1,27 @@
 #include "allocator/trace.h"
 
+#include <charconv>
 #include <fstream>
 #include <istream>
+#include <limits>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace tide::allocator {
 namespace {
 
 [[noreturn]] void bad(const std::string& source, std::size_t line, const std::string& what) {
   throw std::invalid_argument(source + ":" + std::to_string(line) + ": " + what);
+}
+
+std::string malformed(const std::string& op, const std::string& line) {
+  std::string message = "malformed '";
+  message += op;
+  message += "' event: ";
+  message += line;
+  return message;
 }
 
 bool parse_mark(const std::string& word, Mark* out) {
@@ -59,61 +70,112 @@ Trace read_trace(std::istream& in, const std::string& source) {
   std::size_t number = 0;
   bool header = false;
   std::uint64_t last_t = 0;
+  // Ids allocated so far, and whether each is still live: an id names one allocation only.
+  std::unordered_map<std::uint64_t, bool> live;
   while (std::getline(in, line)) {
     ++number;
+    if (line.size() > kMaxTraceLine) bad(source, number, "line longer than 4096 characters");
     if (line.empty() || line[0] == '#') continue;
     std::istringstream words(line);
     std::string first;
     words >> first;
     if (!header) {
-      int version = 0;
-      if (first != "tide-trace" || !(words >> version) || version != 1) {
+      std::string version;
+      if (first != "tide-trace" || !(words >> version) || version != "1") {
         bad(source, number, "not a tide allocation trace (expected 'tide-trace 1')");
       }
       header = true;
       continue;
     }
+    std::string op = first;  // the event's name, once read
+    // One unsigned decimal field (no sign, no spaces inside), at most `max`.
+    auto field = [&](const char* what, std::uint64_t max) {
+      std::string word;
+      if (!(words >> word)) bad(source, number, malformed(op, line));
+      std::uint64_t value = 0;
+      const auto [end, error] = std::from_chars(word.data(), word.data() + word.size(), value);
+      if (error != std::errc() || end != word.data() + word.size() || value > max) {
+        bad(source, number,
+            std::string(what) + " '" + word + "' is not an integer from 0 to " +
+                std::to_string(max));
+      }
+      return value;
+    };
+    auto end_of_line = [&](const std::string& op) {
+      std::string extra;
+      if (words >> extra) bad(source, number, malformed(op, line));
+    };
     if (first == "device") {
-      if (!(words >> trace.device)) bad(source, number, "expected 'device <ordinal>'");
+      trace.device = static_cast<int>(field("device ordinal", kMaxTraceDevice));
+      end_of_line(first);
       continue;
     }
     if (first == "limit") {
-      if (!(words >> trace.limit)) bad(source, number, "expected 'limit <bytes>'");
+      trace.limit = field("limit", std::numeric_limits<std::uint64_t>::max());
+      end_of_line(first);
       continue;
     }
+    if (trace.events.size() >= kMaxTraceEvents) {
+      bad(source, number, "more than " + std::to_string(kMaxTraceEvents) + " events");
+    }
     TraceEvent e;
-    try {
-      std::size_t used = 0;
-      e.t_ns = std::stoull(first, &used);
-      if (used != first.size()) throw std::invalid_argument(first);
-    } catch (const std::exception&) {
-      bad(source, number, "expected a time in nanoseconds, found '" + first + "'");
+    {
+      std::uint64_t t = 0;
+      const auto [end, error] = std::from_chars(first.data(), first.data() + first.size(), t);
+      if (error != std::errc() || end != first.data() + first.size()) {
+        bad(source, number, "expected a time in nanoseconds, found '" + first + "'");
+      }
+      e.t_ns = t;
     }
     if (e.t_ns < last_t) bad(source, number, "time goes backwards");
     last_t = e.t_ns;
-    std::string op;
+    op.clear();
     words >> op;
-    bool ok = true;
+    constexpr std::uint64_t kAnyId = std::numeric_limits<std::uint64_t>::max();
+    auto id_field = [&] {
+      const std::uint64_t id = field("id", kAnyId);
+      if (id == 0) bad(source, number, "id 0: ids start at 1");
+      return id;
+    };
     if (op == "alloc") {
       e.op = TraceOp::kAlloc;
-      ok = static_cast<bool>(words >> e.id >> e.bytes >> e.stream) && e.id != 0;
-    } else if (op == "free") {
-      e.op = TraceOp::kFree;
-      ok = static_cast<bool>(words >> e.id) && e.id != 0;
-    } else if (op == "record") {
-      e.op = TraceOp::kRecordStream;
-      ok = static_cast<bool>(words >> e.id >> e.stream) && e.id != 0;
+      e.id = id_field();
+      e.bytes = field("bytes", kMaxTraceBytes);
+      e.stream = static_cast<std::uint32_t>(field("stream", kMaxTraceStreams));
+      end_of_line(op);
+      if (!live.emplace(e.id, true).second) {
+        bad(source, number,
+            "id " + std::to_string(e.id) +
+                " allocated again (ids name one "
+                "allocation each)");
+      }
+    } else if (op == "free" || op == "record") {
+      e.op = op == "free" ? TraceOp::kFree : TraceOp::kRecordStream;
+      e.id = id_field();
+      if (e.op == TraceOp::kRecordStream) {
+        e.stream = static_cast<std::uint32_t>(field("stream", kMaxTraceStreams));
+      }
+      end_of_line(op);
+      const auto it = live.find(e.id);
+      if (it == live.end() || !it->second) {
+        bad(source, number,
+            op + " of id " + std::to_string(e.id) +
+                (it == live.end() ? ", which was never allocated" : ", which was freed already"));
+      }
+      if (e.op == TraceOp::kFree) it->second = false;
     } else if (op == "mark") {
       e.op = TraceOp::kMark;
       std::string word;
-      ok = static_cast<bool>(words >> word) && parse_mark(word, &e.mark);
+      if (!(words >> word) || !parse_mark(word, &e.mark)) {
+        bad(source, number, "malformed 'mark' event: " + line);
+      }
+      end_of_line(op);
     } else if (op == "empty") {
       e.op = TraceOp::kEmptyCache;
+      end_of_line(op);
     } else {
       bad(source, number, "unknown event '" + op + "'");
     }
-    std::string extra;
-    if (!ok || (words >> extra)) bad(source, number, "malformed '" + op + "' event: " + line);
     trace.events.push_back(e);
   }
   if (!header) bad(source, number, "empty: no 'tide-trace 1' line");

@@ -16,10 +16,16 @@
 // allocation from its alloc to its free (ids are not reused). stream: 0 for the default (null)
 // stream, 1, 2, ... for the other streams in the order they first appear. Blocks live when
 // recording starts appear as alloc events at t_ns 0.
+//
+// Bounds (a trace is an input: none may make a replay run away): every number is an unsigned
+// decimal integer; at most kMaxTraceStreams streams, kMaxTraceBytes per allocation,
+// kMaxTraceEvents events, lines of kMaxTraceLine characters. A free or record of an id that is
+// not live, and an id allocated twice, make the trace malformed.
 #pragma once
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -28,6 +34,12 @@
 #include "allocator/telemetry.h"
 
 namespace tide::allocator {
+
+inline constexpr std::uint64_t kMaxTraceStreams = 256;
+inline constexpr std::uint64_t kMaxTraceBytes = std::uint64_t{1} << 48;  // 256 TiB
+inline constexpr std::size_t kMaxTraceEvents = std::size_t{1} << 26;
+inline constexpr std::size_t kMaxTraceLine = 4096;
+inline constexpr std::uint64_t kMaxTraceDevice = 1023;
 
 enum class TraceOp : std::uint8_t { kAlloc, kFree, kRecordStream, kMark, kEmptyCache };
 

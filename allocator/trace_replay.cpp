@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <exception>
+#include <stdexcept>
+#include <string>
 
 namespace tide::allocator {
 
@@ -27,6 +29,10 @@ Replayer::~Replayer() {
 
 CUstream Replayer::stream_of(std::uint32_t index) {
   if (index == 0) return nullptr;
+  if (index > kMaxTraceStreams) {
+    throw std::invalid_argument("trace stream " + std::to_string(index) + ": at most " +
+                                std::to_string(kMaxTraceStreams) + " streams");
+  }
   while (streams_.size() < index) streams_.push_back(std::make_unique<driver::Stream>());
   return streams_[index - 1]->get();
 }

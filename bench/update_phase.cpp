@@ -27,8 +27,9 @@
 //
 // Memory: 18 bytes per parameter (fp32 state, bf16 gradient and weight copy in pinned memory,
 // bf16 parameters in the stand-in's "device" memory, which is host memory too) plus the GPU
-// buffers. With less than that free (75% of MemAvailable), --params shrinks to what fits, said on
-// stderr and in every line ("params").
+// buffers and as many spare state slots (12 bytes per parameter of a subgroup) in pinned memory.
+// With less than that free (75% of MemAvailable), --params shrinks to what fits, said on stderr and
+// in every line ("params").
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
   int repeats = 3;
   bool scalar = true;
   bool verbose = false;
+  double fixed_gbps = 0;  // 0: from the measured rates
   std::vector<std::uint64_t> subgroup_sizes = {25'000'000, 50'000'000, 100'000'000};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--params") && i + 1 < argc) {
@@ -117,6 +119,12 @@ int main(int argc, char** argv) {
       scalar = !std::strcmp(argv[++i], "scalar");
     } else if (!std::strcmp(argv[i], "--verbose")) {
       verbose = true;
+    } else if (!std::strcmp(argv[i], "--gbps") && i + 1 < argc) {
+      fixed_gbps = std::atof(argv[++i]);
+      if (!(fixed_gbps > 0)) {
+        std::fprintf(stderr, "bench_update_phase: --gbps needs a number > 0\n");
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--subgroups") && i + 1 < argc) {
       subgroup_sizes.clear();
       for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ",")) {
@@ -125,8 +133,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_update_phase [--params N (1e9)] [--subgroups S1,S2,...] "
-                   "[--repeats N (3)] [--isa scalar|best (scalar)] [--verbose: every phase on "
-                   "stderr]\n");
+                   "[--repeats N (3)] [--isa scalar|best (scalar)] [--gbps G: simulated copies "
+                   "at G GB/s instead of the H100 ratio] [--verbose: every phase on stderr]\n");
       return 2;
     }
   }
@@ -141,17 +149,18 @@ int main(int argc, char** argv) {
   auto register_kernel = standin_fn<int (*)(const char*, tide_standin_kernel, size_t)>(
       handle, "tide_standin_register_kernel");
 
-  // What fits: 18 bytes per parameter and four GPU buffers of the largest subgroup.
+  // What fits: 18 bytes per parameter, four GPU buffers of the largest subgroup and four spare
+  // state slots.
   const std::uint64_t largest = *std::max_element(subgroup_sizes.begin(), subgroup_sizes.end());
   const double budget = 0.75 * static_cast<double>(mem_available());
-  const double fits = (budget - 4.0 * 14 * static_cast<double>(largest)) / 18;
+  const double fits = (budget - 4.0 * (14 + 12) * static_cast<double>(largest)) / 18;
   if (budget > 0 && fits < total) {
     const double shrunk =
         std::floor(fits / static_cast<double>(largest)) * static_cast<double>(largest);
     std::fprintf(stderr,
                  "bench_update_phase: %.3g parameters need %.1f GB, more than 75%% of the %.1f GB "
                  "available: running %.3g\n",
-                 total, (18 * total + 4.0 * 14 * static_cast<double>(largest)) / 1e9,
+                 total, (18 * total + 4.0 * (14 + 12) * static_cast<double>(largest)) / 1e9,
                  budget / 0.75 / 1e9, shrunk);
     total = shrunk;
   }
@@ -169,7 +178,9 @@ int main(int argc, char** argv) {
   }
   const auto [cpu_per_s, memcpy_per_s] = measure_cpu_cost(std::uint64_t{4} << 20, cpu_options);
   const double h100_gbps = 25.0 * cpu_per_s / 2.2e9;
-  const double gbps = std::min(h100_gbps, memcpy_per_s / 4 / 1e9);
+  // A fixed link (--gbps) compares two builds whose kernels run at different speeds (code
+  // placement alone moved the scalar kernel by 30% between two builds of the same source).
+  const double gbps = fixed_gbps > 0 ? fixed_gbps : std::min(h100_gbps, memcpy_per_s / 4 / 1e9);
   set_bandwidth(gbps, gbps);
   std::fprintf(stderr,
                "machine: CPU update %.3g params/s (1 thread, %s kernel) and memcpy %.2f GB/s per "

@@ -99,6 +99,18 @@ std::uint64_t parse_bytes(std::string_view name, std::string_view text) {
   throw EnvError(name, text, kAccepts);
 }
 
+std::uint64_t parse_bytes(std::string_view name, std::string_view text, std::uint64_t min,
+                          std::uint64_t max, std::string_view accepts) {
+  std::uint64_t bytes = 0;
+  try {
+    bytes = parse_bytes(name, text);
+  } catch (const EnvError&) {
+    throw EnvError(name, text, accepts);
+  }
+  if (bytes < min || bytes > max) throw EnvError(name, text, accepts);
+  return bytes;
+}
+
 bool parse_bool(std::string_view name, std::string_view text) {
   const std::string_view s = trim(text);
   for (std::string_view yes : {"1", "true", "yes", "on"}) {
@@ -157,6 +169,13 @@ std::optional<std::uint64_t> env_bytes(const char* name) {
   auto text = env_text(name);
   if (!text) return std::nullopt;
   return parse_bytes(name, *text);
+}
+
+std::optional<std::uint64_t> env_bytes(const char* name, std::uint64_t min, std::uint64_t max,
+                                       std::string_view accepts) {
+  auto text = env_text(name);
+  if (!text) return std::nullopt;
+  return parse_bytes(name, *text, min, max, accepts);
 }
 
 std::optional<bool> env_bool(const char* name) {

@@ -23,6 +23,9 @@ class EnvError : public std::invalid_argument {
 // Sizes: a number with an optional unit B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB
 // (powers of 1024), case-insensitive, e.g. "8GiB", "1.5GB", "4096".
 std::uint64_t parse_bytes(std::string_view name, std::string_view text);
+// A size from `min` to `max`; `accepts` (e.g. "a size from 4MiB to 1TiB") names the range.
+std::uint64_t parse_bytes(std::string_view name, std::string_view text, std::uint64_t min,
+                          std::uint64_t max, std::string_view accepts);
 // Booleans: 1/0, true/false, yes/no, on/off.
 bool parse_bool(std::string_view name, std::string_view text);
 std::int64_t parse_int(std::string_view name, std::string_view text, std::int64_t min,
@@ -36,6 +39,8 @@ std::size_t parse_choice(std::string_view name, std::string_view text,
 std::optional<std::string> env_text(const char* name);
 
 std::optional<std::uint64_t> env_bytes(const char* name);
+std::optional<std::uint64_t> env_bytes(const char* name, std::uint64_t min, std::uint64_t max,
+                                       std::string_view accepts);
 std::optional<bool> env_bool(const char* name);
 std::optional<std::int64_t> env_int(const char* name, std::int64_t min, std::int64_t max);
 std::optional<double> env_double(const char* name, double min, double max);

@@ -9,12 +9,26 @@
 
 namespace tide::config {
 
+// What the knobs whose readers share their range with the registry accept.
+inline constexpr std::string_view kPinnedChunkAccepts = "a size from 4MiB to 1TiB (e.g. 256MiB)";
+inline constexpr std::string_view kPinnedDirectAccepts = "a size from 16KiB to 1TiB (e.g. 1MiB)";
+inline constexpr std::string_view kLimitAccepts =
+    "a size greater than 0 (e.g. 20GiB); unset or empty for no limit";
+
 struct Knob {
   std::string_view name;
   std::string_view accepts;
   std::string_view description;
+  // Throws EnvError when a value is not one the variable accepts: the same ranges as where it
+  // is read, so that `tide env` can mark a bad value and `tide run` refuse it before the program
+  // starts. Null: any value (or checked only where it is read).
+  void (*check)(std::string_view name, std::string_view value) = nullptr;
 };
 
 std::span<const Knob> knobs();
+// The registered knob `name`, or null.
+const Knob* find_knob(std::string_view name);
+// Checks every registered variable that is set; throws the first one's EnvError.
+void check_environment();
 
 }  // namespace tide::config

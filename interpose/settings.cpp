@@ -1,6 +1,10 @@
 #include "interpose/settings.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "config/env.h"
+#include "config/knobs.h"
 
 namespace tide::interpose {
 
@@ -19,7 +23,11 @@ std::string expand_report_path(const std::string& pattern, long pid) {
 
 Settings read_settings() {
   Settings s;
-  s.memory_limit = config::env_bytes("TIDE_MEMORY_LIMIT").value_or(0);
+  // 0 is refused rather than read as no limit: unset means none (as TIDE_ALLOC_MAX_BYTES).
+  s.memory_limit =
+      config::env_bytes("TIDE_MEMORY_LIMIT", 1, std::numeric_limits<std::uint64_t>::max(),
+                        config::kLimitAccepts)
+          .value_or(0);
   if (auto path = config::env_text("TIDE_REPORT")) {
     s.report_pattern = *path;
   }

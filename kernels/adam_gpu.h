@@ -21,6 +21,9 @@ class Stream;
 namespace tide::kernels {
 
 // One subgroup in device memory; every buffer `count` elements, aligned to its element size.
+// param_copy may be the gradient itself when both have the same element size (the executor puts
+// the new weights over the gradient the kernel has read): each element's gradient is read
+// before its copy is written, by the same thread, in the kernel and in every CPU variant.
 struct AdamGpuSubgroup {
   CUdeviceptr grad = 0;
   CUdeviceptr param = 0;

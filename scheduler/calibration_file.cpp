@@ -14,6 +14,7 @@
 
 #include "config/env.h"
 #include "scheduler/json.h"
+#include "scheduler/safe_file.h"
 
 namespace tide::scheduler {
 namespace {
@@ -44,9 +45,14 @@ class Reader {
       bool ok = false;
       for (std::string_view k : known) ok = ok || key == k;
       if (!ok) {
-        std::string list;
-        for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-        fail(where, "unknown member \"" + key + "\" (expected: " + list + ")");
+        std::string message = "unknown member \"" + key + "\" (expected: ";
+        bool first = true;
+        for (std::string_view k : known) {
+          if (!first) message += ", ";
+          message += k;
+          first = false;
+        }
+        fail(where, message + ")");
       }
     }
   }
@@ -182,51 +188,37 @@ std::string format_calibration(const Calibration& c) {
 }
 
 Calibration load_calibration(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw CalibrationError("calibration " + path.string() +
-                           ": cannot be read: " + std::generic_category().message(errno));
-  }
   std::string text;
-  char buffer[4096];
-  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(in.gcount()));
-    if (text.size() > kMaxFileBytes) {
-      throw CalibrationError("calibration " + path.string() +
-                             ": larger than 1 MiB, not a calibration file");
-    }
+  try {
+    text = read_regular_file(path, kMaxFileBytes);
+  } catch (const FileError& e) {
+    throw CalibrationError("calibration " + path.string() + ": " + e.what());
   }
   return parse_calibration(text, path.string());
 }
 
+namespace {
+
+// A calibration file is tide's own to replace: one that names the format.
+bool is_calibration(std::string_view text) {
+  return text.find("\"" + std::string(kCalibrationFormat) + "\"") != std::string_view::npos;
+}
+
+}  // namespace
+
 void save_calibration(const std::filesystem::path& path, const Calibration& calibration) {
-  const std::string text = format_calibration(calibration);
-  std::error_code ec;
-  if (path.has_parent_path()) {
-    std::filesystem::create_directories(path.parent_path(), ec);
-    if (ec) {
-      throw CalibrationError("calibration " + path.string() +
-                             ": cannot create its folder: " + ec.message());
-    }
+  try {
+    replace_file(path, format_calibration(calibration), kMaxFileBytes, &is_calibration);
+  } catch (const FileError& e) {
+    throw CalibrationError("calibration " + path.string() + ": " + e.what());
   }
-  // Same folder, so that the rename is atomic; the pid keeps concurrent ranks apart.
-  std::filesystem::path temporary = path;
-  temporary += ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::filesystem::remove(temporary, ec);
-      throw CalibrationError("calibration " + path.string() + ": cannot write " +
-                             temporary.string());
-    }
-  }
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    throw CalibrationError("calibration " + path.string() + ": cannot replace it: " + ec.message());
+}
+
+void check_calibration_path(const std::filesystem::path& path) {
+  try {
+    check_replaceable(path, kMaxFileBytes, &is_calibration);
+  } catch (const FileError& e) {
+    throw CalibrationError("calibration " + path.string() + ": " + e.what());
   }
 }
 

@@ -74,9 +74,14 @@ class CalibrationError : public std::invalid_argument {
 Calibration parse_calibration(std::string_view text, std::string_view origin);
 std::string format_calibration(const Calibration& calibration);
 
+// Reads a regular file only (symlinks followed; a FIFO or device is refused, never waited on).
 Calibration load_calibration(const std::filesystem::path& path);
-// Writes atomically (a temporary file in the same folder, then rename), creating the folder.
+// Writes atomically, creating the folder (scheduler/safe_file.h: symlinks are written through,
+// and only an absent path or an existing calibration file is replaced; anything else is
+// refused with CalibrationError).
 void save_calibration(const std::filesystem::path& path, const Calibration& calibration);
+// Throws the CalibrationError save_calibration would for `path`, writing nothing.
+void check_calibration_path(const std::filesystem::path& path);
 
 // The path described above. Throws if neither TIDE_CALIBRATION_FILE nor HOME nor an absolute
 // XDG_CACHE_HOME is set.

@@ -1,22 +1,50 @@
 // The executor: runs one update phase of a plan over an OptimizerState.
 //
-// GPU subgroups flow through three streams: copy-in (state and, unless kept on the GPU, the
-// gradient) on one copy stream, the fused Adam kernel on a compute stream, copy-out of the state
-// on a second copy stream, with the plan's D buffers recycled by events (the copy-in of the j-th
-// GPU subgroup waits for the copy-out of the (j-D)-th). The kernel writes the low-precision
-// weights straight into the model's parameters when the subgroup is one slice, else into the
-// buffer and device-to-device copies scatter them. The whole GPU side is enqueued up front (a
-// few microseconds), then the calling thread runs the CPU subgroups on the CPU thread pool from
-// pinned memory and uploads their weights on an upload stream as each finishes. The phase joins
-// on one event per stream: no device-wide synchronisation.
+// GPU subgroups flow through streams: copy-in of the state and, unless kept on the GPU, of the
+// gradient (h2d), the fused Adam kernel (compute), copy-out of the state into a spare
+// state slot (d2h), and, once the copy-out is known complete, the write of the new weights into
+// the model's parameters (params: device-to-device from the buffer). Each of the plan's D buffers
+// is a lane: the next subgroup on a lane starts copying its state in as soon as the lane's last
+// copy-out is done (device-side), while the rest of it (its gradient, which goes where the last
+// subgroup's new weights wait to be written out; its update; its copy-out) is enqueued once the
+// calling thread has committed that last subgroup. The calling thread coordinates: it enqueues,
+// commits each GPU subgroup whose copy-out completed (a driver callback wakes it) and writes its
+// weights, and uploads the weights of the CPU subgroups, which a worker thread updates in place
+// in pinned memory on the CPU thread pool at the same time. No device-wide synchronisation: the
+// phase joins on its streams.
+//
+// A step happens exactly, or not at all. run() first makes sure the step can be completed from
+// host memory alone (ready(): the gradients are in pinned memory, work a failed phase left queued
+// is done); a failure there leaves everything as it was and is rethrown. After that nothing
+// changes a subgroup's state but a commit: a GPU subgroup's result becomes its state only when
+// its whole copy-out completed, and the model's parameters are written only from committed state.
+// A fault after that point never leaves a half-made step; what the executor does, by fault:
+// - a GPU buffer, its counters or a spare slot cannot be allocated (memory pressure): that
+//   subgroup is updated on the CPU instead (fallback_subgroups), later plans get less headroom;
+// - any other failed driver call of the GPU side (copy, kernel launch, event, a lost device):
+//   no further GPU work is started; subgroups in flight whose copy-out completes are committed,
+//   every other GPU subgroup is redone on the CPU from its untouched state (rolled_forward): the
+//   same bits, as both sides compute kernels/adam_math.h exactly;
+// - a parameter write that fails is retried once synchronously from the committed state; if the
+//   device still cannot be written (a lost device), the subgroup is reported `unwritten`: its
+//   state is committed and its parameters are to be written from the master weights by the
+//   caller (tide.torch does, with torch);
+// - a subgroup whose gradient was kept on a lost device (gradients_on_gpu) cannot be redone on
+//   the CPU: it is reported `not_updated` (the only outcome that is neither the whole step nor
+//   none of it; the caller must restore a checkpoint).
+// If the phase's streams cannot be waited for (a lost device), the buffers and spare slots their
+// queued work may still write are quarantined, never reused or freed until a later ready()
+// waits for that work; queued work only ever writes spare slots, GPU buffers, and the model's
+// parameters with committed values.
 //
 // Buffers are kept from one phase to the next (release_buffers() frees them).
-// Memory pressure: buffers are allocated as the pipeline is set up; if one cannot be, the GPU
+// Memory pressure: buffers are allocated as the pipeline runs; if one cannot be, the GPU
 // subgroups that would have used it (and any after, when none was allocated) are updated on the
 // CPU instead, the report says so, and the headroom the next plans may use is capped at what
 // could be allocated (the cap grows back by a quarter per phase without failure).
 //
-// Measured times of every subgroup feed a RateRefiner, whose rates plan the next phase.
+// Measured times of every subgroup feed a RateRefiner, whose rates plan the next phase (not after
+// a phase with a fault: its times are not the plan's).
 #pragma once
 
 #include <chrono>
@@ -26,6 +54,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "allocator/headroom_resource.h"
@@ -88,11 +117,15 @@ struct PhaseReport {
   Plan ran;                     // what ran (after any fallback), with the model's prediction
   std::vector<Device> devices;  // by subgroup: where it was updated
   std::vector<SubgroupTiming> timings;
-  double seconds = 0;                  // measured, from the first enqueue to the join
-  double cpu_seconds = 0;              // the CPU workers' busy time
-  std::uint64_t nonfinite = 0;         // elements left unchanged: non-finite gradient or update
-  std::size_t fallback_subgroups = 0;  // planned on the GPU, updated on the CPU
-  std::uint64_t headroom_cap = 0;      // cap on the next plans' headroom (0: none)
+  double seconds = 0;                    // measured, from the first enqueue to the join
+  double cpu_seconds = 0;                // the CPU workers' busy time
+  std::uint64_t nonfinite = 0;           // elements left unchanged: non-finite gradient or update
+  std::size_t fallback_subgroups = 0;    // planned on the GPU, updated on the CPU
+  std::uint64_t headroom_cap = 0;        // cap on the next plans' headroom (0: none)
+  std::size_t rolled_forward = 0;        // GPU subgroups redone on the CPU after a fault
+  std::string fault;                     // the first fault of the phase (empty: none)
+  std::vector<std::size_t> unwritten;    // updated, but their model parameters were not written
+  std::vector<std::size_t> not_updated;  // not updated: their gradient was lost with the device
 };
 
 class Executor {
@@ -114,10 +147,30 @@ class Executor {
   // itself when no plan was prepared.
   const Plan& prepare(const Policy& policy, std::uint64_t headroom_bytes);
 
+  // Everything the step needs before it can change anything: checks `hyper`, waits for the
+  // gradients offloaded so far and for work a failed phase left queued. Throws when it cannot
+  // (nothing changed). Optional (run() calls it when needed): callers that step several
+  // executors as one step call it on all of them first, so that none starts when one cannot.
+  void ready(const kernels::AdamHyper& hyper);
+
   // One update phase: the prepared plan, or a fresh one for `policy` and `headroom_bytes`.
-  // Waits for the offloaded gradients by event. Returns the report (also kept: last_report()).
+  // Throws only before anything changed (ready(), a bad policy or hyperparameters, no memory
+  // for the frozen slices' saved state); every later fault is handled as described above and
+  // reported. Returns the report (also kept: last_report()).
   const PhaseReport& run(const kernels::AdamHyper& hyper, const Policy& policy,
                          std::uint64_t headroom_bytes);
+
+  // Frozen slices (their parameters had no gradient this step, as torch.optim leaves such
+  // parameters untouched): the phase leaves their elements exactly as they were, state and
+  // model parameters. `slice` is the slice's position in spec(subgroup).slices. Kept until
+  // changed.
+  void set_frozen(std::size_t subgroup, std::size_t slice, bool frozen);
+  bool frozen(std::size_t subgroup, std::size_t slice) const;
+
+  // Writes the model's parameters of subgroup s from its committed master weights, now
+  // (synchronously, after any work a failed phase left queued), skipping frozen slices. Throws
+  // CudaError when the device fails.
+  void write_params(std::size_t s);
 
   // The plan `policy` gives now (no side effects), as prepare() would make it.
   Plan plan_for(const Policy& policy, std::uint64_t headroom_bytes) const;
@@ -125,6 +178,8 @@ class Executor {
   // The GPU buffers are kept from one phase to the next (allocating them every phase costs
   // driver calls without tide's allocator, and cuMemFree synchronises on a real GPU): this frees
   // them, e.g. before a forward pass that needs the memory. The next phase allocates them again.
+  // After a phase whose work could not be waited for, it waits for it first (throws if it still
+  // cannot: nothing is freed under queued work).
   void release_buffers();
 
   const PhaseReport& last_report() const { return report_; }
@@ -132,8 +187,16 @@ class Executor {
   Footprint footprint(bool gradients_on_gpu) const;
 
  private:
-  struct Pipeline;
-  void run_gpu_side(Pipeline& p, const kernels::AdamHyper& hyper);
+  struct Phase;
+  struct GpuTask;
+  struct Lane;
+  // Waits for work an earlier phase left unconfirmed, then frees what it held. Throws if the
+  // device still cannot be waited for.
+  void settle();
+  void upload_weights(std::size_t s, const driver::Stream& stream);
+  void save_frozen(std::vector<float>& saved);
+  bool needs_staging(bool gradients_on_gpu) const;
+  void restore_frozen(const std::vector<float>& saved);
   std::uint64_t capped(std::uint64_t headroom) const;
   Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu) const;
   allocator::DeviceMemoryResource& memory();
@@ -143,7 +206,7 @@ class Executor {
   driver::PrimaryContext context_;
   std::unique_ptr<GradientOffload> offload_;
   std::unique_ptr<kernels::AdamGpu> adam_;
-  std::unique_ptr<driver::Stream> h2d_, compute_, d2h_, upload_;
+  std::unique_ptr<driver::Stream> h2d_, compute_, d2h_, params_, upload_;
   RateRefiner refiner_;
   std::optional<Plan> prepared_;
   // Before the buffers: they go back to these when they go.
@@ -154,6 +217,15 @@ class Executor {
   UpdateBuffer cached_counters_;
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
+  std::vector<std::vector<char>> frozen_;  // per subgroup, per slice
+  bool ready_ = false;                     // ready() ran, with no offload since
+  std::uint64_t ready_offloads_ = 0;       // the offload count it saw
+  // Left by a phase whose streams could not be waited for: what its queued work may still write.
+  bool unconfirmed_ = false;
+  std::vector<UpdateBuffer> quarantined_;
+  std::vector<std::pair<std::size_t, float*>> quarantined_slots_;  // (subgroup, spare)
+  void* quarantined_counters_ = nullptr;                           // pinned
+  std::size_t quarantined_counter_bytes_ = 0;
 };
 
 }  // namespace tide::scheduler

@@ -1,9 +1,11 @@
 // The executor's part of the C ABI (include/tide/tide.h, "executor"): the offloading optimizer's
 // state, gradient offload and update phase, for the Python layer.
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capi/status.h"
@@ -17,6 +19,8 @@ struct tide_optimizer {
   std::unique_ptr<tide::driver::PrimaryContext> context;
   std::unique_ptr<tide::scheduler::OptimizerState> state;
   std::unique_ptr<tide::scheduler::Executor> executor;
+  // Each create-time slice: its subgroup and its position among that subgroup's slices.
+  std::vector<std::pair<std::size_t, std::size_t>> slices;
 };
 
 namespace {
@@ -133,6 +137,13 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     result->context = std::make_unique<tide::driver::PrimaryContext>(o.device);
     result->state = std::make_unique<OptimizerState>(std::move(specs), so);
     result->executor = std::make_unique<Executor>(*result->state, eo);
+    for (size_t i = 0; i < slice_count; ++i) {
+      const std::vector<ParamSlice>& placed = result->state->spec(slices[i].subgroup).slices;
+      const auto at = std::find_if(placed.begin(), placed.end(), [&](const ParamSlice& p) {
+        return p.offset == slices[i].offset;
+      });
+      result->slices.emplace_back(slices[i].subgroup, at - placed.begin());
+    }
     *optimizer = result.release();
   });
 }
@@ -208,13 +219,40 @@ TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
   });
 }
 
+TIDE_API tide_status tide_optimizer_ready(tide_optimizer* optimizer, const tide_adam_hyper* hyper) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(hyper != nullptr, "tide_optimizer_ready: null hyperparameters");
+    o.executor->ready(hyper_of(*hyper));
+  });
+}
+
 TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_adam_hyper* hyper,
                                          const tide_placement_policy* policy,
                                          uint64_t headroom_bytes, tide_phase_report* report) {
-  return tide::capi::guard([&] {
+  // Errors thrown here come before the step changed anything; what happened after is in the
+  // report, and decides the status below.
+  tide_status after = TIDE_OK;
+  std::string message;
+  const tide_status status = tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
     require(hyper != nullptr, "tide_optimizer_step: null hyperparameters");
     const PhaseReport& r = o.executor->run(hyper_of(*hyper), policy_of(policy), headroom_bytes);
+    if (!r.not_updated.empty()) {
+      after = TIDE_ERROR_STEP_INCOMPLETE;
+      message = "tide_optimizer_step: " + std::to_string(r.not_updated.size()) +
+                " subgroups could not be updated (their gradients were kept on the GPU, which "
+                "failed: " +
+                r.fault + "); the others were";
+    } else if (!r.unwritten.empty()) {
+      after = TIDE_ERROR_PARAMS_NOT_WRITTEN;
+      message = "tide_optimizer_step: the step completed, but the model's parameters of " +
+                std::to_string(r.unwritten.size()) +
+                " subgroups could not be written from the new master weights: " + r.fault;
+    } else if (!r.fault.empty()) {
+      message = "tide_optimizer_step: completed after a fault (" +
+                std::to_string(r.rolled_forward) + " subgroups redone on the CPU): " + r.fault;
+    }
     if (report == nullptr) return;
     tide_phase_report out{};
     out.seconds = r.seconds;
@@ -228,7 +266,49 @@ TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_a
     out.buffers = r.ran.buffers;
     out.nonfinite = r.nonfinite;
     out.headroom_cap = r.headroom_cap;
+    out.rolled_forward = r.rolled_forward;
+    out.unwritten = r.unwritten.size();
+    out.not_updated = r.not_updated.size();
     *report = out;
+  });
+  if (status != TIDE_OK) return status;
+  if (!message.empty()) tide::capi::set_last_error(message);
+  return after;
+}
+
+TIDE_API tide_status tide_optimizer_last_outcome(const tide_optimizer* optimizer, uint8_t* outcome,
+                                                 size_t count) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    require(outcome != nullptr, "tide_optimizer_last_outcome: null array");
+    require(count == o.state->size(), "tide_optimizer_last_outcome: count is " +
+                                          std::to_string(count) + ", there are " +
+                                          std::to_string(o.state->size()) + " subgroups");
+    const PhaseReport& r = o.executor->last_report();
+    std::fill(outcome, outcome + count, TIDE_SUBGROUP_UPDATED);
+    for (std::size_t s : r.unwritten) outcome[s] = TIDE_SUBGROUP_UNWRITTEN;
+    for (std::size_t s : r.not_updated) outcome[s] = TIDE_SUBGROUP_NOT_UPDATED;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    for (std::size_t s = 0; s < o.state->size(); ++s) o.executor->write_params(s);
+  });
+}
+
+TIDE_API tide_status tide_optimizer_set_frozen(tide_optimizer* optimizer, const uint8_t* frozen,
+                                               size_t slice_count) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(slice_count == o.slices.size(),
+            "tide_optimizer_set_frozen: slice_count is " + std::to_string(slice_count) +
+                ", the optimizer was created with " + std::to_string(o.slices.size()));
+    require(slice_count == 0 || frozen != nullptr, "tide_optimizer_set_frozen: null array");
+    for (std::size_t i = 0; i < slice_count; ++i) {
+      o.executor->set_frozen(o.slices[i].first, o.slices[i].second, frozen[i] != 0);
+    }
   });
 }
 

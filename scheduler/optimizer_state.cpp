@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "allocator/pinned_arena.h"
 
@@ -68,6 +70,11 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
 }
 
 OptimizerState::~OptimizerState() {
+  if (abandoned_) {
+    static_cast<void>(arena_.release());  // its chunks stay registered and mapped
+    return;
+  }
+  for (const auto& [n, slot] : spares_) arena_->deallocate(slot, 12 * n);
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     const std::uint64_t n = specs_[i].params;
     arena_->deallocate(buffers_[i].state, 12 * n);
@@ -84,5 +91,31 @@ std::vector<std::uint64_t> OptimizerState::sizes() const {
 }
 
 bool OptimizerState::contiguous(std::size_t i) const { return spec(i).slices.size() == 1; }
+
+float* OptimizerState::take_spare(std::size_t i) {
+  const std::uint64_t n = params(i);
+  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+    if (it->first == n) {
+      float* slot = it->second;
+      spares_.erase(it);
+      return slot;
+    }
+  }
+  return static_cast<float*>(arena_->allocate(12 * n));
+}
+
+void OptimizerState::give_spare(std::size_t i, float* slot) {
+  try {
+    spares_.emplace_back(params(i), slot);
+  } catch (const std::bad_alloc&) {
+    arena_->deallocate(slot, 12 * params(i));  // the pool only saves allocations
+  }
+}
+
+float* OptimizerState::commit(std::size_t i, float* slot) {
+  return static_cast<float*>(std::exchange(buffers_.at(i).state, slot));
+}
+
+std::size_t OptimizerState::spares() const { return spares_.size(); }
 
 }  // namespace tide::scheduler

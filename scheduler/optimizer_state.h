@@ -2,10 +2,21 @@
 // moments and its gradient buffer live in pinned host memory (a pinned arena), and its model
 // parameters (bf16, fp16 or fp32) live in device memory, described as slices.
 //
-// Host layout of one subgroup of n parameters: param, exp_avg and exp_avg_sq back to back (12n
-// bytes: one copy each way moves the whole state), the gradient (n elements of the gradient
-// dtype), and, when the model's parameters are low precision, the host copy of the updated
-// weights that CPU updates upload (n elements of the parameter dtype).
+// Host layout of one subgroup of n parameters: its state slot holds param, exp_avg and exp_avg_sq
+// back to back (12n bytes: one copy each way moves the whole state); then the gradient (n elements
+// of the gradient dtype), and, when the model's parameters are low precision, the host copy of the
+// updated weights that CPU updates upload (n elements of the parameter dtype).
+//
+// State slots and spares. A GPU update must not copy its result over the state it started from:
+// a copy that fails half way, or a device lost with the copy still queued, would leave a state
+// that is neither the old one nor the new one. So the executor copies a GPU subgroup's result
+// into a spare slot of the same size and, once the copy is known complete, commits it: the spare
+// becomes the subgroup's state slot and the old slot becomes a spare. The spares are a small pool
+// (at most as many as GPU subgroups were ever in flight at once, per subgroup size: kept, as
+// pinned memory is slow to get), not a second copy of the state. A
+// subgroup's state therefore moves between buffers from one step to the next: param(i),
+// exp_avg(i) and exp_avg_sq(i) are valid until the next commit (the next update phase). CPU
+// tensors that view the state (tide.torch) are re-pointed after each step.
 #pragma once
 
 #include <cuda.h>
@@ -13,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -55,6 +67,7 @@ class OptimizerState {
   std::vector<std::uint64_t> sizes() const;
   const StateOptions& options() const { return options_; }
 
+  // Subgroup i's state slot (see above: valid until the next commit).
   float* param(std::size_t i) const { return static_cast<float*>(buffers_.at(i).state); }
   float* exp_avg(std::size_t i) const { return param(i) + params(i); }
   float* exp_avg_sq(std::size_t i) const { return param(i) + 2 * params(i); }
@@ -70,6 +83,20 @@ class OptimizerState {
 
   allocator::PinnedArena& arena() const { return *arena_; }
 
+  // A spare slot for subgroup i's size: from the pool, else newly allocated (throws
+  // std::bad_alloc, or CudaError when registering new pinned memory fails).
+  float* take_spare(std::size_t i);
+  // Gives a spare of subgroup i's size back to the pool.
+  void give_spare(std::size_t i, float* slot);
+  // Subgroup i's state is now `slot` (a spare holding its new state); returns its old slot,
+  // which is a spare from now on.
+  float* commit(std::size_t i, float* slot);
+  std::size_t spares() const;  // pooled, all sizes
+
+  // Queued device work that could not be waited for may still write this memory: on
+  // destruction, leak every buffer (and the arena) instead of freeing it under that work.
+  void abandon() { abandoned_ = true; }
+
  private:
   struct Buffers {
     void* state = nullptr;
@@ -80,6 +107,8 @@ class OptimizerState {
   StateOptions options_;
   std::unique_ptr<allocator::PinnedArena> arena_;
   std::vector<Buffers> buffers_;
+  std::vector<std::pair<std::uint64_t, float*>> spares_;  // (elements, slot)
+  bool abandoned_ = false;
 };
 
 }  // namespace tide::scheduler

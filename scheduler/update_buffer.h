@@ -41,12 +41,21 @@ class UpdateBuffer {
 
   CUdeviceptr get() const { return ptr_; }
   std::size_t size() const { return bytes_; }
+  // Forgets the memory without freeing it: queued work that could not be waited for may still
+  // use it.
+  void leak() noexcept { ptr_ = 0; }
 
  private:
   // The executor frees its buffers only once the phase's streams are done with them, so the
-  // stream order of the free is already satisfied.
+  // stream order of the free is already satisfied. A free that fails (a lost device) leaves the
+  // memory where it is.
   void reset() noexcept {
-    if (ptr_ != 0) memory_->deallocate(reinterpret_cast<void*>(ptr_), bytes_, stream_);
+    if (ptr_ != 0) {
+      try {
+        memory_->deallocate(reinterpret_cast<void*>(ptr_), bytes_, stream_);
+      } catch (...) {
+      }
+    }
     ptr_ = 0;
   }
 

@@ -80,6 +80,7 @@ int calibrate_command(int argc, char** argv) {
     }
   }
   const std::filesystem::path path = output ? *output : default_calibration_path();
+  if (!dry_run) check_calibration_path(path);  // before a measurement it could not save
 
   driver::PrimaryContext context(0);
   Calibration c;

@@ -31,7 +31,8 @@ which the CPU does, with the performance model's predicted times.
 workload:
   --params N               parameters of the model (e.g. 20e9, 20B)
   --ranks N                ranks (GPUs) the parameters are divided over (default 1)
-  --subgroup-params N      parameters per subgroup (default 1e8)
+  --subgroup-params N      parameters per subgroup (default 1e8); at most 2048 subgroups per
+                           rank
   --free-memory SIZE       GPU memory free in the update phase, per rank: a size (48GB, 40GiB)
                            or a percentage of --gpu-memory (60%)
   --gpu-memory SIZE        the GPU's memory (shown, and the base of a percentage)
@@ -108,6 +109,8 @@ class Arguments {
   }
   std::map<std::string, std::string> values_;
 };
+
+constexpr std::uint64_t kMaxSubgroups = 2048;  // per rank
 
 struct Setting {
   std::uint64_t params = 0;
@@ -234,10 +237,16 @@ int plan_command(int argc, char** argv) {
     options.max_buffers =
         static_cast<std::size_t>(config::parse_int("--max-buffers", *v, 1, 1 << 20));
   }
-  if (setting.params_per_rank / setting.subgroup_params > 1'000'000) {
-    throw std::invalid_argument("--subgroup-params " +
-                                format_sci(static_cast<double>(setting.subgroup_params)) +
-                                " makes more than a million subgroups per rank");
+  // The planner's search grows faster than linearly with the subgroups: bounded so that tide
+  // plan answers within a fraction of a second for any input it accepts.
+  const std::uint64_t subgroups =
+      (setting.params_per_rank + setting.subgroup_params - 1) / setting.subgroup_params;
+  if (subgroups > kMaxSubgroups) {
+    throw std::invalid_argument(
+        "--params " + format_sci(static_cast<double>(setting.params)) + " in subgroups of " +
+        format_sci(static_cast<double>(setting.subgroup_params)) + " makes " +
+        format_sci(static_cast<double>(subgroups)) + " subgroups per rank; tide plan plans up to " +
+        std::to_string(kMaxSubgroups) + ": give larger --subgroup-params or more --ranks");
   }
   for (std::uint64_t left = setting.params_per_rank; left > 0;) {
     const std::uint64_t s = std::min(left, setting.subgroup_params);

@@ -2,6 +2,7 @@
 // allocator, on the driver tide loads (the stand-in driver on a machine without a GPU), and prints
 // what it took as one JSON line: peaks of live, requested and reserved bytes, driver allocation
 // calls (after the first and second iterations too), failed allocations, time.
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "allocator/trace.h"
 #include "allocator/trace_export.h"
 #include "allocator/trace_replay.h"
+#include "config/env.h"
 #include "tools/command.h"
 
 namespace tide::tools {
@@ -32,18 +34,16 @@ constexpr const char* kUsage =
     "  --device N         the device to replay on (default: the trace's, else 0)\n"
     "  --save PATH        write the (generated) trace to PATH\n"
     "  --timeline PATH    write the timeline with its phases as Chrome trace JSON (Perfetto)\n"
-    "  --iterations N     synthetic: iterations (default 20)\n"
-    "  --jitter F         synthetic: vary step times and sequence lengths by up to F (default 0)\n"
-    "  --no-marks         synthetic: no phase marks (phases are detected from the curve)\n";
+    "  --iterations N     synthetic: iterations, 1 to 100000 (default 20)\n"
+    "  --jitter F         synthetic: vary step times and sequence lengths by up to F, 0 <= F <\n"
+    "                     0.5 (default 0)\n"
+    "  --no-marks         synthetic: no phase marks (phases are detected from the curve)\n"
+    "\n"
+    "A trace is checked before it runs (allocator/trace.h): unsigned integers only, at most 256\n"
+    "streams and 2^26 events, no free or record of an id that is not live. Exit status: 0, or\n"
+    "1 with a message (a bad argument or trace, or allocations that failed).\n";
 
-std::uint64_t parse_count(std::string_view option, const char* text) {
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(text, &end, 10);
-  if (end == text || *end != '\0') {
-    throw std::invalid_argument(std::string(option) + " expects a number, not '" + text + "'");
-  }
-  return v;
-}
+constexpr std::int64_t kMaxIterations = 100000;
 
 double ratio(std::uint64_t a, std::uint64_t b) {
   return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b);
@@ -70,16 +70,17 @@ int replay_command(int argc, char** argv) {
     } else if (arg == "--synthetic") {
       synthetic = value();
     } else if (arg == "--iterations") {
-      options.iterations = static_cast<int>(parse_count(arg, value()));
+      options.iterations = static_cast<int>(config::parse_int(arg, value(), 1, kMaxIterations));
     } else if (arg == "--jitter") {
-      const double j = std::strtod(value(), nullptr);
-      if (!(j >= 0 && j < 0.5)) throw std::invalid_argument("--jitter expects 0 <= F < 0.5");
+      const double j = config::parse_double(arg, value(), 0, 0.5);
+      if (j >= 0.5) throw std::invalid_argument("--jitter expects 0 <= F < 0.5, not 0.5");
       options.time_jitter = j;
       options.size_jitter = j;
     } else if (arg == "--no-marks") {
       options.marks = false;
     } else if (arg == "--device") {
-      device = static_cast<int>(parse_count(arg, value()));
+      device = static_cast<int>(config::parse_int(
+          arg, value(), 0, static_cast<std::int64_t>(allocator::kMaxTraceDevice)));
     } else if (arg == "--save") {
       save = value();
     } else if (arg == "--timeline") {
@@ -114,7 +115,7 @@ int replay_command(int argc, char** argv) {
   if (!timeline.empty()) allocator::export_chrome_trace(alloc, timeline);
 
   const auto& ends = r.device_allocs_at_end;
-  const std::uint64_t after1 = ends.size() >= 1 ? r.device_allocs - ends[0] : 0;
+  const std::uint64_t after1 = !ends.empty() ? r.device_allocs - ends[0] : 0;
   const std::uint64_t after2 = ends.size() >= 2 ? r.device_allocs - ends[1] : 0;
   const std::uint64_t allocs_after1 =
       r.allocations_at_end.empty() ? 0 : r.allocations - r.allocations_at_end[0];
@@ -142,7 +143,13 @@ int replay_command(int argc, char** argv) {
       static_cast<unsigned long long>(after1), static_cast<unsigned long long>(after2),
       1000.0 * ratio(after1, allocs_after1), alloc.stats().growable != 0 ? "true" : "false",
       r.seconds);
-  return r.failed_allocations == 0 ? 0 : 1;
+  if (r.failed_allocations != 0) {
+    std::fprintf(stderr, "tide replay: %llu of %llu allocations failed (out of device memory)\n",
+                 static_cast<unsigned long long>(r.failed_allocations),
+                 static_cast<unsigned long long>(r.allocations));
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace tide::tools

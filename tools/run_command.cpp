@@ -16,12 +16,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "config/env.h"
+#include "config/knobs.h"
 #include "tools/command.h"
 #include "tools/report_directory.h"
 
@@ -44,7 +46,9 @@ constexpr const char* kUsage =
     "                  being ~/.local/state unless set; the 64 most recent reports stay there)\n"
     "  --stacks        capture allocation call stacks with libunwind (TIDE_STACKS)\n"
     "  --optimizer     Python programs: replace torch.optim.Adam/AdamW by tide's offloading\n"
-    "                  optimizer, through a start-up hook (sitecustomize)\n";
+    "                  optimizer, through a start-up hook (sitecustomize)\n"
+    "\n"
+    "Every TIDE_* variable set is checked before COMMAND starts (tide env lists them).\n";
 
 struct Options {
   std::optional<std::string> limit;
@@ -58,6 +62,8 @@ class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+struct HelpAsked {};
 
 // `--name VALUE` or `--name=VALUE` at argv[i]; advances i past what it used.
 std::optional<std::string> option_value(std::string_view name, int argc, char** argv, int& i) {
@@ -81,15 +87,23 @@ Options parse(int argc, char** argv) {
       ++i;
       break;
     }
+    if (arg == "--help" || arg == "-h") throw HelpAsked{};
     if (arg == "--stacks") {
       options.stacks = true;
     } else if (arg == "--optimizer") {
       options.optimizer = true;
     } else if (auto limit = option_value("--limit", argc, argv, i)) {
-      config::parse_bytes("--limit", *limit);  // throws with what it accepts
+      // Throws with what it accepts.
+      config::parse_bytes("--limit", *limit, 1, std::numeric_limits<std::uint64_t>::max(),
+                          config::kLimitAccepts);
       options.limit = *limit;
     } else if (auto report = option_value("--report", argc, argv, i)) {
       if (report->empty()) throw UsageError("--report needs a path");
+      if (arg == "--report" && (*report)[0] == '-') {
+        // `--report -- cmd`: the path is missing, not "--".
+        throw UsageError("--report needs a path, not '" + *report +
+                         "' (write --report=PATH for a path that starts with '-')");
+      }
       options.report = *report;
     } else if (arg.size() > 1 && arg[0] == '-') {
       throw UsageError("unknown option " + std::string(arg));
@@ -228,6 +242,9 @@ int run_command(int argc, char** argv) {
   Options options;
   try {
     options = parse(argc, argv);
+  } catch (const HelpAsked&) {
+    std::fputs(kUsage, stdout);
+    return 0;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "tide run: %s\n\n%s", e.what(), kUsage);
     return 2;
@@ -236,6 +253,14 @@ int run_command(int argc, char** argv) {
     return 2;
   }
   set_environment(options);
+  try {
+    // What the interposer and tide's libraries would refuse at the program's first CUDA call,
+    // refused now, before it starts.
+    config::check_environment();
+  } catch (const config::EnvError& e) {
+    std::fprintf(stderr, "tide run: %s (nothing was run)\n", e.what());
+    return 2;
+  }
 
   std::fflush(nullptr);
   const pid_t child = fork();

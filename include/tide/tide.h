@@ -22,7 +22,13 @@ typedef enum tide_status {
   TIDE_ERROR_NO_DRIVER = 2,        /* no CUDA driver could be loaded */
   TIDE_ERROR_CUDA = 3,             /* a CUDA driver call failed */
   TIDE_ERROR_OUT_OF_MEMORY = 4,
-  TIDE_ERROR_INTERNAL = 5
+  TIDE_ERROR_INTERNAL = 5,
+  /* tide_optimizer_step: the step completed in the optimizer state, but the model's parameters
+   * of some subgroups could not be written (the device failed): see tide_optimizer_last_outcome */
+  TIDE_ERROR_PARAMS_NOT_WRITTEN = 6,
+  /* tide_optimizer_step: some subgroups could not be updated (their gradients were kept on a
+   * device that was lost); the others were: see tide_optimizer_last_outcome */
+  TIDE_ERROR_STEP_INCOMPLETE = 7
 } tide_status;
 
 /* The library's version, "MAJOR.MINOR.PATCH". */
@@ -431,7 +437,20 @@ TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
  *   state_dict: read the pinned buffers (tide_optimizer_buffers).
  * Every call but the offload must come from one thread at a time; offload calls may come from
  * any thread. The updated low-precision weights are in the model's parameters when
- * tide_optimizer_step returns. */
+ * tide_optimizer_step returns.
+ *
+ * A step happens exactly, or not at all. tide_optimizer_step first does what the step needs
+ * before it can change anything (tide_optimizer_ready); if that fails it returns the error and
+ * nothing changed. After that, whatever fails (a copy, an allocation, a kernel, the device) the
+ * step completes with the bits it would have had without the fault: a GPU subgroup that failed
+ * is redone on the CPU from its untouched state. Two outcomes are reported as errors after the
+ * state completed: TIDE_ERROR_PARAMS_NOT_WRITTEN (the device could not take the new weights:
+ * write them from the master weights, or call tide_optimizer_write_params once it can) and,
+ * only with gradients_on_gpu and a lost device, TIDE_ERROR_STEP_INCOMPLETE.
+ * tide_optimizer_last_outcome says which subgroup is where. No work the call enqueued writes
+ * anything after it returns but the same committed weights, and only where a lost device could
+ * not be waited for. A step of several optimizers that must succeed or fail together calls
+ * tide_optimizer_ready on every one of them first. */
 
 typedef struct tide_optimizer tide_optimizer;
 
@@ -471,7 +490,9 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
 /* Waits for work in flight, then frees everything. NULL: no-op. */
 TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer);
 
-/* A subgroup's pinned host buffers, `count` elements each. */
+/* A subgroup's pinned host buffers, `count` elements each. A step may move a subgroup's state
+ * (param, exp_avg, exp_avg_sq) to other buffers: these pointers are valid until the next
+ * tide_optimizer_step; the gradient buffer never moves. */
 typedef struct tide_subgroup_buffers {
   float* param;      /* fp32 master weights */
   float* exp_avg;    /* fp32 */
@@ -528,18 +549,46 @@ typedef struct tide_phase_report {
   uint64_t cpu_subgroups;      /* updated on the CPU, fallbacks included */
   uint64_t fallback_subgroups; /* planned on the GPU but updated on the CPU: no GPU memory */
   uint64_t gpu_params;
-  uint64_t buffers;      /* GPU buffers in flight */
-  uint64_t nonfinite;    /* elements left unchanged: non-finite gradient or update */
-  uint64_t headroom_cap; /* cap on the next plans' headroom after a fallback; 0: none */
+  uint64_t buffers;        /* GPU buffers in flight */
+  uint64_t nonfinite;      /* elements left unchanged: non-finite gradient or update */
+  uint64_t headroom_cap;   /* cap on the next plans' headroom after a fallback; 0: none */
+  uint64_t rolled_forward; /* GPU subgroups redone on the CPU after a fault (the first fault's
+                              message is in tide_last_error(), also after TIDE_OK) */
+  uint64_t unwritten;      /* subgroups whose model parameters could not be written */
+  uint64_t not_updated;    /* subgroups that could not be updated */
 } tide_phase_report;
+
+/* Everything a step needs before it can change anything: checks `hyper`, waits for the
+ * gradients offloaded so far and for work an earlier failed step left queued. An error:
+ * nothing changed. tide_optimizer_step calls it when needed. */
+TIDE_API tide_status tide_optimizer_ready(tide_optimizer* optimizer, const tide_adam_hyper* hyper);
 
 /* One update phase: plans (unless prepared) with `headroom_bytes` of GPU memory, runs the plan,
  * waits for its end (events only). `policy` NULL: TIDE_PLACEMENT, else auto. `report` may be
  * NULL. Elements whose gradient is not finite are never written (their count is in the report);
- * to skip the whole step instead, check tide_optimizer_grad_stats first. */
+ * to skip the whole step instead, check tide_optimizer_grad_stats first. Errors: see "A step
+ * happens exactly, or not at all" above; `report` is filled whenever the step ran. */
 TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_adam_hyper* hyper,
                                          const tide_placement_policy* policy,
                                          uint64_t headroom_bytes, tide_phase_report* report);
+
+/* Per subgroup, how the last step ended for it: TIDE_SUBGROUP_UPDATED (state and model
+ * parameters), TIDE_SUBGROUP_UNWRITTEN (state updated, model parameters not written),
+ * TIDE_SUBGROUP_NOT_UPDATED. `count`: the number of subgroups. */
+enum { TIDE_SUBGROUP_UPDATED = 0, TIDE_SUBGROUP_UNWRITTEN = 1, TIDE_SUBGROUP_NOT_UPDATED = 2 };
+TIDE_API tide_status tide_optimizer_last_outcome(const tide_optimizer* optimizer, uint8_t* outcome,
+                                                 size_t count);
+
+/* Writes the model's parameters of every subgroup from its master weights (cast to the
+ * parameters' dtype, as a step does), synchronously; frozen slices are left alone. */
+TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer);
+
+/* Frozen slices: frozen[i] (for the i-th slice given to tide_optimizer_create) non-zero means the
+ * coming steps leave that slice's elements exactly as they are, state and model parameters (its
+ * parameter had no gradient, and torch.optim leaves such parameters untouched). Kept until set
+ * again. `slice_count`: as given to tide_optimizer_create. */
+TIDE_API tide_status tide_optimizer_set_frozen(tide_optimizer* optimizer, const uint8_t* frozen,
+                                               size_t slice_count);
 
 /* Frees the GPU buffers the update phases keep from one phase to the next (the next phase
  * allocates them again). Call after a step when the coming forward pass needs that memory: the

@@ -69,7 +69,7 @@ def lib() -> ctypes.CDLL:
             candidates = library_candidates()
             for path in candidates:
                 if path.is_file():
-                    _lib = _declare(ctypes.CDLL(str(path), mode=os.RTLD_LOCAL))
+                    _lib = _load(path)
                     break
             else:
                 tried = ", ".join(str(p) for p in candidates)
@@ -79,6 +79,19 @@ def lib() -> ctypes.CDLL:
                     "its path."
                 )
         return _lib
+
+
+def _load(path: pathlib.Path) -> ctypes.CDLL:
+    where = "TIDE_LIBRARY" if os.environ.get("TIDE_LIBRARY") else "the library"
+    try:
+        cdll = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+    except OSError as error:
+        raise TideError(f"tide: {where} {path} cannot be loaded: {error}") from None
+    try:
+        return _declare(cdll)
+    except AttributeError:
+        raise TideError(f"tide: {where} {path} is not libtide.so (it has no tide_version); "
+                        "point TIDE_LIBRARY at tide's build/lib/libtide.so, or unset it") from None
 
 
 def _declare(cdll: ctypes.CDLL) -> ctypes.CDLL:

@@ -75,8 +75,9 @@ TEST(TraceFormatTest, RejectsMalformedTracesNamingTheLine) {
             std::string::npos);
   EXPECT_NE(error_of("tide-trace 1\n5 grow 1\n").find("t.trace:2: unknown event 'grow'"),
             std::string::npos);
-  EXPECT_NE(error_of("tide-trace 1\n5 free 1\n4 free 2\n").find("t.trace:3: time goes backwards"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("tide-trace 1\n5 alloc 1 512 0\n4 free 1\n").find("t.trace:3: time goes backwards"),
+      std::string::npos);
   EXPECT_NE(error_of("tide-trace 1\n5 alloc 1 100\n").find("t.trace:2: malformed 'alloc'"),
             std::string::npos);
   EXPECT_NE(error_of("tide-trace 1\n5 free 1 2\n").find("t.trace:2: malformed 'free'"),
@@ -84,6 +85,39 @@ TEST(TraceFormatTest, RejectsMalformedTracesNamingTheLine) {
   EXPECT_NE(error_of("tide-trace 1\n5 mark lunch\n").find("malformed 'mark'"), std::string::npos);
   EXPECT_NE(error_of("tide-trace 1\nx free 1\n").find("expected a time"), std::string::npos);
   EXPECT_NE(error_of("").find("empty"), std::string::npos);
+}
+
+// Hostile numbers and ids: each an error naming the line, none a run that never ends.
+TEST(TraceFormatTest, RejectsNumbersOutOfBoundsAndIdsThatAreNotLive) {
+  auto error_of = [](const std::string& events) {
+    std::istringstream in("tide-trace 1\n" + events);
+    try {
+      read_trace(in, "t.trace");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error_of("0 alloc 1 4096 4294967295\n"),
+            "t.trace:2: stream '4294967295' is not an integer from 0 to 256");
+  EXPECT_EQ(error_of("0 alloc 1 -4096 0\n"),
+            "t.trace:2: bytes '-4096' is not an integer from 0 to 281474976710656");
+  EXPECT_EQ(error_of("-5 alloc 1 4096 0\n"),
+            "t.trace:2: expected a time in nanoseconds, found '-5'");
+  EXPECT_EQ(error_of("0 alloc 1 +4096 0\n"),
+            "t.trace:2: bytes '+4096' is not an integer from 0 to 281474976710656");
+  EXPECT_EQ(error_of("0 alloc 1 4096 0\n1 alloc 1 512 0\n"),
+            "t.trace:3: id 1 allocated again (ids name one allocation each)");
+  EXPECT_EQ(error_of("0 alloc 1 4096 0\n1 free 1\n2 free 1\n"),
+            "t.trace:4: free of id 1, which was freed already");
+  EXPECT_EQ(error_of("0 free 7\n"), "t.trace:2: free of id 7, which was never allocated");
+  EXPECT_EQ(error_of("0 record 7 1\n"), "t.trace:2: record of id 7, which was never allocated");
+  EXPECT_EQ(error_of("0 alloc 0 4096 0\n"), "t.trace:2: id 0: ids start at 1");
+  EXPECT_EQ(error_of("device -1\n"),
+            "t.trace:2: device ordinal '-1' is not an integer from 0 to 1023");
+  EXPECT_EQ(error_of(std::string(5000, '1') + " empty\n"),
+            "t.trace:2: line longer than 4096 characters");
+  EXPECT_EQ(error_of("0 alloc 1 4096 256\n1 free 1\n"), "(no error)");
 }
 
 TEST(TraceRecordingTest, ARecordedTraceReplaysToTheSamePeaks) {

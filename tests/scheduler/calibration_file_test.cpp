@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 
 #include "config/env.h"
 #include "scheduler/rate_sources.h"
+#include "scheduler/safe_file.h"
 
 namespace tide::scheduler {
 namespace {
@@ -184,6 +186,62 @@ TEST_F(CalibrationFile, MissingAndHugeFilesFailClearly) {
   }
   const fs::path big = write("big.json", std::string(2 << 20, ' '));
   EXPECT_THROW(load_calibration(big), CalibrationError);
+}
+
+// Strange paths: nothing but a regular calibration file (or nothing) is ever replaced, a
+// symlink is written through, and neither reading nor writing waits on a FIFO.
+TEST_F(CalibrationFile, WritesOnlyRegularFilesOfItsOwnAndThroughSymlinks) {
+  auto error_saving = [&](const fs::path& path) {
+    try {
+      save_calibration(path, sample());
+    } catch (const CalibrationError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(saved)");
+  };
+  // A symlink to a calibration file: the file is updated, the link stays a link.
+  const fs::path real = dir_ / "real.json";
+  save_calibration(real, sample());
+  const fs::path link = dir_ / "link.json";
+  fs::create_symlink("real.json", link);
+  Calibration changed = sample();
+  changed.machine.hostname = "through-the-link";
+  save_calibration(link, changed);
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(load_calibration(real), changed);
+  // A dangling symlink: its target is created.
+  fs::create_symlink("later.json", dir_ / "dangling.json");
+  save_calibration(dir_ / "dangling.json", sample());
+  EXPECT_TRUE(fs::is_symlink(dir_ / "dangling.json"));
+  EXPECT_EQ(load_calibration(dir_ / "later.json"), sample());
+
+  // Someone else's file, a folder, a FIFO, a device, a symlink to a device: refused, untouched.
+  const fs::path other = write("notes.txt", "my notes\n");
+  EXPECT_NE(error_saving(other).find("is not a file tide wrote: not replaced"), std::string::npos);
+  EXPECT_EQ(read_regular_file(other, 100), "my notes\n");
+  fs::create_directories(dir_ / "folder");
+  EXPECT_NE(error_saving(dir_ / "folder").find("is a folder"), std::string::npos);
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(error_saving(fifo).find("is a FIFO"), std::string::npos);
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_NE(error_saving("/dev/null").find("is a device"), std::string::npos);
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  fs::create_symlink("/dev/null", dir_ / "null.json");
+  EXPECT_NE(error_saving(dir_ / "null.json").find("is a device"), std::string::npos);
+  // Reading: a FIFO without a writer and a device are refused at once.
+  try {
+    load_calibration(fifo);
+    FAIL() << "read a FIFO";
+  } catch (const CalibrationError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a FIFO, not a regular file"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(load_calibration("/dev/zero"), CalibrationError);
+  // No temporary file is left behind.
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+  }
 }
 
 TEST_F(CalibrationFile, DefaultPath) {

@@ -149,6 +149,76 @@ TEST(ExecutorCapi, RejectsBadArguments) {
   EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
 }
 
+// A step whose device is lost once it is ready: the state completes on the CPU, the status and
+// the outcome say the parameters were not written, and tide_optimizer_write_params writes them
+// once the device is back. Frozen slices are checked and left alone.
+TEST(ExecutorCapi, AStepAfterReadyCompletesAndSaysWhatItCouldNotWrite) {
+  driver::PrimaryContext context;
+  const std::vector<std::uint64_t> sizes = {3000, 4096};
+  Model model(sizes);
+  Reference ref(*model.state);
+  std::vector<tide_param_slice> slices;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    slices.push_back({i, 0, sizes[i], model.params[i].get()});
+  }
+  tide_optimizer* opt = nullptr;
+  ASSERT_EQ(tide_optimizer_create(sizes.data(), sizes.size(), slices.data(), slices.size(), nullptr,
+                                  &opt),
+            TIDE_OK)
+      << tide::capi::last_error_text();
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    tide_subgroup_buffers b;
+    ASSERT_EQ(tide_optimizer_buffers(opt, i, &b), TIDE_OK);
+    std::memcpy(b.param, model.state->param(i), sizes[i] * 4);
+    std::memcpy(b.exp_avg, model.state->exp_avg(i), sizes[i] * 4);
+    std::memcpy(b.exp_avg_sq, model.state->exp_avg_sq(i), sizes[i] * 4);
+  }
+  const std::uint8_t two[] = {0, 0};
+  EXPECT_EQ(tide_optimizer_set_frozen(opt, two, 1), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("created with 2"), std::string::npos);
+  ASSERT_EQ(tide_optimizer_set_frozen(opt, two, 2), TIDE_OK);
+  std::vector<std::uint8_t> outcome(sizes.size());
+  EXPECT_EQ(tide_optimizer_last_outcome(opt, outcome.data(), 1), TIDE_ERROR_INVALID_ARGUMENT);
+
+  auto grads = model.make_gradients(1);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_EQ(tide_optimizer_offload_gradient(opt, i, 0, model.grads[i].get(), sizes[i],
+                                              TIDE_BFLOAT16, nullptr),
+              TIDE_OK);
+  }
+  const kernels::AdamHyper h = hyper(1);
+  const tide_adam_hyper ch{h.lr,         h.beta1, h.beta2, h.eps, h.weight_decay,
+                           h.grad_scale, h.step,  1,       0};
+  ASSERT_EQ(tide_optimizer_ready(opt, &ch), TIDE_OK) << tide::capi::last_error_text();
+  void* standin = dlopen(std::getenv("TIDE_CUDA_DRIVER"), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(standin, nullptr);
+  auto lose = reinterpret_cast<int (*)(std::uint64_t)>(dlsym(standin, "tide_standin_device_lost"));
+  ASSERT_NE(lose, nullptr);
+  ASSERT_EQ(lose(1), 0);
+  const tide_placement_policy gpu{TIDE_PLACEMENT_GPU, 0};
+  tide_phase_report report{};
+  EXPECT_EQ(tide_optimizer_step(opt, &ch, &gpu, 1 << 30, &report), TIDE_ERROR_PARAMS_NOT_WRITTEN);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("could not be written"),
+            std::string::npos)
+      << tide::capi::last_error_text();
+  EXPECT_EQ(report.unwritten, 2u);
+  EXPECT_EQ(report.rolled_forward, 2u);
+  ASSERT_EQ(tide_optimizer_last_outcome(opt, outcome.data(), outcome.size()), TIDE_OK);
+  EXPECT_EQ(outcome, (std::vector<std::uint8_t>{TIDE_SUBGROUP_UNWRITTEN, TIDE_SUBGROUP_UNWRITTEN}));
+  ref.step(grads, h);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    tide_subgroup_buffers b;
+    ASSERT_EQ(tide_optimizer_buffers(opt, i, &b), TIDE_OK);
+    EXPECT_EQ(0, std::memcmp(b.param, ref.p[i].data(), sizes[i] * 4));  // the state completed
+  }
+  EXPECT_EQ(tide_optimizer_write_params(opt), TIDE_ERROR_CUDA);  // the device is still lost
+  ASSERT_EQ(lose(0), 0);
+  ASSERT_EQ(tide_optimizer_write_params(opt), TIDE_OK) << tide::capi::last_error_text();
+  for (std::size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(model.device_params(i), ref.copy[i]);
+  EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+  dlclose(standin);
+}
+
 TEST(ExecutorPolicy, ParsesAndNames) {
   EXPECT_EQ(policy_name(parse_policy("auto")), "auto");
   EXPECT_EQ(policy_name(parse_policy("cpu")), "cpu");

@@ -16,6 +16,10 @@ from tide.kernels import AdamHyper
 c = ctypes
 
 PLACEMENT_AUTO, PLACEMENT_CPU, PLACEMENT_GPU, PLACEMENT_INTERLEAVE = 0, 1, 2, 3
+# tide_optimizer_step's statuses after the step ran (include/tide/tide.h), and the outcome of
+# each subgroup (tide_optimizer_last_outcome).
+PARAMS_NOT_WRITTEN, STEP_INCOMPLETE = 6, 7
+UPDATED, UNWRITTEN, NOT_UPDATED = 0, 1, 2
 
 
 class Rates(c.Structure):
@@ -50,7 +54,7 @@ class PhaseReport(c.Structure):
         "seconds", "predicted_seconds", "all_cpu_seconds", "cpu_busy_seconds")] + [
         (name, c.c_uint64) for name in (
             "gpu_subgroups", "cpu_subgroups", "fallback_subgroups", "gpu_params", "buffers",
-            "nonfinite", "headroom_cap")]
+            "nonfinite", "headroom_cap", "rolled_forward", "unwritten", "not_updated")]
 
 
 class PlanSummary(c.Structure):
@@ -81,6 +85,10 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_offload_stream": [opt, p(c.c_void_p)],
                 "tide_optimizer_grad_stats": [opt, p(c.c_double), p(c.c_uint64)],
                 "tide_optimizer_prepare": [opt, p(PlacementPolicy), c.c_uint64],
+                "tide_optimizer_ready": [opt, p(AdamHyper)],
+                "tide_optimizer_last_outcome": [opt, p(c.c_uint8), c.c_size_t],
+                "tide_optimizer_write_params": [opt],
+                "tide_optimizer_set_frozen": [opt, p(c.c_uint8), c.c_size_t],
                 "tide_optimizer_step": [opt, p(AdamHyper), p(PlacementPolicy), c.c_uint64,
                                         p(PhaseReport)],
                 "tide_optimizer_release_buffers": [opt],
@@ -137,6 +145,7 @@ class Executor:
             pass
 
     def buffers(self, subgroup: int) -> SubgroupBuffers:
+        """Its pinned buffers: the state's move at a step (valid until the next one)."""
         out = SubgroupBuffers()
         _lib.check(self._lib.tide_optimizer_buffers(self._handle, subgroup, c.byref(out)))
         return out
@@ -163,13 +172,35 @@ class Executor:
         _lib.check(self._lib.tide_optimizer_prepare(self._handle, _ref(placement),
                                                     headroom_bytes))
 
+    def ready(self, hyper: AdamHyper) -> None:
+        """What the step needs before it can change anything (raises: nothing changed)."""
+        _lib.check(self._lib.tide_optimizer_ready(self._handle, c.byref(hyper)))
+
     def step(self, hyper: AdamHyper, placement: PlacementPolicy | None,
-             headroom_bytes: int) -> PhaseReport:
-        """placement None: TIDE_PLACEMENT, else auto."""
+             headroom_bytes: int) -> tuple[PhaseReport, str]:
+        """placement None: TIDE_PLACEMENT, else auto. Raises only when the step did not happen;
+        otherwise returns the report and tide's message about a fault it handled ("": none).
+        report.unwritten / report.not_updated say what outcome() details."""
         report = PhaseReport()
-        _lib.check(self._lib.tide_optimizer_step(self._handle, c.byref(hyper), _ref(placement),
-                                                 headroom_bytes, c.byref(report)))
-        return report
+        status = self._lib.tide_optimizer_step(self._handle, c.byref(hyper), _ref(placement),
+                                               headroom_bytes, c.byref(report))
+        if status not in (_lib.TIDE_OK, PARAMS_NOT_WRITTEN, STEP_INCOMPLETE):
+            _lib.check(status)
+        return report, self._lib.tide_last_error().decode()
+
+    def outcome(self) -> list[int]:
+        """Per subgroup, how the last step ended for it: UPDATED, UNWRITTEN or NOT_UPDATED."""
+        out = (c.c_uint8 * self.subgroups)()
+        _lib.check(self._lib.tide_optimizer_last_outcome(self._handle, out, self.subgroups))
+        return list(out)
+
+    def write_params(self) -> None:
+        _lib.check(self._lib.tide_optimizer_write_params(self._handle))
+
+    def set_frozen(self, frozen: list[bool]) -> None:
+        """Per slice (in the order given at creation): leave its elements as they are."""
+        flags = (c.c_uint8 * len(frozen))(*[1 if f else 0 for f in frozen])
+        _lib.check(self._lib.tide_optimizer_set_frozen(self._handle, flags, len(frozen)))
 
     def release_buffers(self) -> None:
         _lib.check(self._lib.tide_optimizer_release_buffers(self._handle))

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from tide import kernels
+from tide import _lib, kernels
 from tide.torch import _executor, _layout, _runtime, allocator
 
 _TIDE_DTYPES = {torch.float32: kernels.FLOAT32, torch.bfloat16: kernels.BFLOAT16,
@@ -113,6 +113,50 @@ def _threads(option: int | None) -> int:
     return option
 
 
+class StepIncompleteError(RuntimeError):
+    """step() could update only part of the optimizer state: gradients kept on the GPU
+    (gradients_on_gpu=True) were lost with the device. The only outcome of a step that is
+    neither the whole step nor none of it; restore a checkpoint."""
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"Invalid {name} value: {value!r} (must be finite)")
+    return float(value)
+
+
+def _hyperparameters(group: dict[str, Any]) -> tuple[float, float, float, float, float]:
+    """(lr, beta1, beta2, eps, weight_decay) of a param group, checked as torch.optim.AdamW
+    checks them, with messages that name the value given."""
+    lr = group["lr"]
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError(f"Tensor lr must be 1-element, got {lr.numel()} elements")
+        lr = lr.item()
+    lr = _number("learning rate", lr)
+    if lr < 0:
+        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
+    betas = group["betas"]
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise ValueError(f"Invalid beta parameters: {betas!r} (two numbers in [0, 1), "
+                         "e.g. (0.9, 0.999))")
+    beta1, beta2 = (_number("beta", b.item() if isinstance(b, torch.Tensor) else b)
+                    for b in betas)
+    for index, beta in enumerate((beta1, beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {index}: {beta} (must be in "
+                             "[0, 1))")
+    eps = _number("epsilon", group["eps"])
+    if eps < 0:
+        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
+    weight_decay = _number("weight_decay", group["weight_decay"])
+    if weight_decay < 0:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")
+    return lr, beta1, beta2, eps, weight_decay
+
+
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
@@ -138,15 +182,37 @@ class _Bucket:
         self.executor = _executor.Executor(self.sizes, slices, device=device, dtype=self.tide_dtype,
                                            cpu_threads=cpu_threads,
                                            gradients_on_gpu=gradients_on_gpu)
-        self.data_ptrs = [p.data_ptr() for p in params]
+        # What tide's slices describe: the memory the parameters had when the optimizer was made.
+        self.layouts = [_layout_of(p) for p in params]
         self.versions = [p._version for p in params]
         self.step = 0  # update phases run: the bias correction's step number
-        self.views = [self._views(i) for i in range(len(self.sizes))]
+        self.frozen: tuple[int, ...] = ()  # the parameters the executor leaves untouched
+        self._views: list[dict[str, torch.Tensor]] | None = None
         for i in range(len(params)):
             self.read_master(i)
 
-    def _views(self, subgroup: int) -> dict[str, torch.Tensor]:
-        """CPU tensors over a subgroup's pinned buffers (no copy)."""
+    def check_layout(self, i: int) -> None:
+        """Raises when parameter i is no longer the memory tide writes (before anything is
+        read or written through its slices)."""
+        now = _layout_of(self.params[i])
+        if now != self.layouts[i]:
+            raise RuntimeError(
+                f"tide: a parameter changed since the optimizer was created (was {self.layouts[i]}, "
+                f"now {now}): its memory moved or was resized (param.data replaced, the model "
+                "moved with .to()); create the optimizer after the model is in place")
+
+    @property
+    def views(self) -> list[dict[str, torch.Tensor]]:
+        """CPU tensors over each subgroup's pinned buffers (no copy). A step may move a
+        subgroup's state to another buffer (executor.h): refreshed after each step."""
+        if self._views is None:
+            self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
+        return self._views
+
+    def state_moved(self) -> None:
+        self._views = None
+
+    def _subgroup_views(self, subgroup: int) -> dict[str, torch.Tensor]:
         b = self.executor.buffers(subgroup)
 
         def view(address: int, dtype: torch.dtype, element_size: int) -> torch.Tensor:
@@ -185,12 +251,30 @@ class _Bucket:
             self.pinned(key, piece).copy_(
                 flat[piece.param_offset:piece.param_offset + piece.count])
 
-    def write_param(self, i: int) -> None:
-        """The model's parameter i from its master weights (rounded to the parameter's dtype)."""
-        flat = self.params[i].detach().view(-1)
-        for piece in self.pieces[i]:
-            flat[piece.param_offset:piece.param_offset + piece.count].copy_(
-                self.pinned("param", piece))
+    def set_frozen(self, frozen: list[int]) -> None:
+        """The parameters (indices) the coming steps leave exactly as they are."""
+        key = tuple(sorted(frozen))
+        if key != self.frozen:
+            flags = [i in key for i, mine in enumerate(self.pieces) for _ in mine]
+            self.executor.set_frozen(flags)
+            self.frozen = key
+
+    def write_unwritten(self, outcome: list[int]) -> None:
+        """The model's parameters of subgroups whose step completed without the device taking
+        their weights: written from the committed master weights, as the step would have (fp32
+        to the parameter's dtype, round to nearest even)."""
+        for i, p in enumerate(self.params):
+            if i in self.frozen:
+                continue
+            flat = p.detach().view(-1)
+            for piece in self.pieces[i]:
+                if outcome[piece.subgroup] == _executor.UNWRITTEN:
+                    flat[piece.param_offset:piece.param_offset + piece.count].copy_(
+                        self.pinned("param", piece))
+
+
+def _layout_of(p: torch.Tensor) -> tuple:
+    return (p.data_ptr(), tuple(p.shape), tuple(p.stride()), p.dtype, p.device)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -269,19 +353,7 @@ class AdamW(torch.optim.Optimizer):
     # ---- construction ----
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        group = dict(param_group)
-        lr = group.get("lr", self.defaults["lr"])
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if not 0.0 <= float(lr):
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= group.get("eps", self.defaults["eps"]):
-            raise ValueError(f"Invalid epsilon value: {group.get('eps')}")
-        betas = group.get("betas", self.defaults["betas"])
-        if not (0.0 <= float(betas[0]) < 1.0 and 0.0 <= float(betas[1]) < 1.0):
-            raise ValueError(f"Invalid beta parameters: {betas}")
-        if not 0.0 <= group.get("weight_decay", self.defaults["weight_decay"]):
-            raise ValueError(f"Invalid weight_decay value: {group.get('weight_decay')}")
+        _hyperparameters({**self.defaults, **param_group})
         super().add_param_group(param_group)
         if self._ready:
             self._build(len(self.param_groups) - 1)
@@ -328,11 +400,18 @@ class AdamW(torch.optim.Optimizer):
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if id(p) in self._where and p.grad is not None:
-            self._offload(p)
+            bucket, i = self._where[id(p)]
+            if _layout_of(p) == bucket.layouts[i]:
+                self._offload(p)
+            # else: step() raises, before reading or writing anything through tide's slices
 
     def _offload(self, p: torch.Tensor) -> None:
         bucket, i = self._where[id(p)]
+        bucket.check_layout(i)  # the copies below read and write as many elements as it had
         grad = p.grad
+        if grad.numel() != p.numel():
+            raise RuntimeError(f"tide: a gradient has {grad.numel()} elements, its parameter "
+                               f"{p.numel()}")
         source = grad
         if source.dtype != bucket.dtype or not source.is_contiguous() or source.is_sparse:
             if source.is_sparse:
@@ -358,14 +437,12 @@ class AdamW(torch.optim.Optimizer):
         """Before the gradients are used: offloads again every gradient changed since its hook
         ran (or never offloaded), re-reads master weights of parameters written from outside,
         and returns the parameters that have no gradient."""
+        for bucket in self._buckets:
+            for i in range(len(bucket.params)):
+                bucket.check_layout(i)
         missing = []
         for bucket in self._buckets:
             for i, p in enumerate(bucket.params):
-                if p.data_ptr() != bucket.data_ptrs[i]:
-                    raise RuntimeError(
-                        "tide: a parameter's memory moved since the optimizer was created "
-                        "(param.data replaced, or the model moved with .to()); create the "
-                        "optimizer after the model is in place")
                 if p._version != bucket.versions[i]:
                     bucket.read_master(i)
                 grad = p.grad
@@ -423,6 +500,13 @@ class AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One Adam/AdamW step. It happens exactly or not at all: if it raises before the
+        update began, nothing changed (weights, master weights, moments, step counts) and it
+        may be called again; once the update began, a fault (a failed copy, a lost device) is
+        rolled forward on the CPU and the step completes with the same bits, with a
+        RuntimeWarning. Only what cannot be completed raises after that (the model's parameters
+        cannot be written on a failed GPU; with gradients_on_gpu, gradients lost with the
+        device): the message says what holds."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -436,55 +520,87 @@ class AdamW(torch.optim.Optimizer):
         grad_scale = getattr(self, "grad_scale", None)
         skipped = found_inf is not None and float(found_inf) != 0.0
         scale = (float(grad_scale) if grad_scale is not None else 1.0) / self._clip_coef
-        self._clip_coef = 1.0
-        reports = []
+        reports: list[dict[str, Any]] = []
         headroom: dict[int, int] = {}
+        problems: list[BaseException] = []
         if not skipped:
             headroom = {device: self._headroom(device) for device in devices}
-            no_grad = {}
+            no_grad: dict[int, list[int]] = {}
             for bucket, i in missing:
                 no_grad.setdefault(id(bucket), []).append(i)
+            # Before anything changes, on every bucket: the hyperparameters, and what the
+            # executors need to complete the step from host memory alone (a failure here
+            # raises, and nothing changed).
+            steps = []
             for bucket in self._buckets:
-                reports.append(self._step_bucket(bucket, no_grad.get(id(bucket), []), scale,
-                                                 headroom))
+                frozen = no_grad.get(id(bucket), [])
+                if len(frozen) == len(bucket.params):
+                    continue  # as torch: parameters without a gradient are not updated at all
+                steps.append((bucket, frozen, self._hyper(bucket, scale)))
+            for bucket, frozen, hyper in steps:
+                bucket.set_frozen(frozen)
+                bucket.executor.ready(hyper)
+            # The step: from here it completes (executor.h says how each fault is handled).
+            for bucket, frozen, hyper in steps:
+                reports.append(self._step_bucket(bucket, frozen, hyper, headroom, problems))
         else:
             # Nothing is updated, but the offloads must be over before the gradients may go.
             for bucket in self._buckets:
                 bucket.executor.grad_stats()
+        self._clip_coef = 1.0
         self._release_gradients()
-        for device in devices:
-            allocator.mark_phase("end", device)
+        # The step is over: what follows only tidies up and must not make it look undone.
+        try:
+            if not self._keep_buffers:
+                for bucket in self._buckets:
+                    bucket.executor.release_buffers()
+            for device in devices:
+                allocator.mark_phase("end", device)
+        except _lib.TideError as error:
+            warnings.warn(f"tide: after the step: {error}", RuntimeWarning, stacklevel=2)
         self._record(reports, skipped, t_start, time.monotonic_ns(), headroom)
+        if problems:
+            raise problems[0]
         return loss
 
-    def _step_bucket(self, bucket: _Bucket, no_grad: list[int], scale: float,
-                     headroom: dict[int, int]) -> dict[str, Any] | None:
+    def _hyper(self, bucket: _Bucket, scale: float) -> kernels.AdamHyper:
         group = self.param_groups[bucket.group_index]
-        if len(no_grad) == len(bucket.params):
-            return None  # as torch: parameters without a gradient are not updated at all
-        # Parameters without a gradient share subgroups with others: keep their state and
-        # weights as they were (torch leaves them untouched), and give the kernel zeros.
-        kept = {}
-        for i in no_grad:
-            kept[i] = {key: bucket.gather(i, key) for key in ("param", "exp_avg", "exp_avg_sq")}
-            bucket.scatter(i, "grad", torch.zeros(bucket.params[i].numel()))
-        bucket.step += 1
-        beta1, beta2 = group["betas"]
-        hyper = kernels.AdamHyper(
-            lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
-            weight_decay=float(group["weight_decay"]), grad_scale=scale, step=bucket.step,
-            decoupled=int(self._decoupled), maximize=int(bool(group["maximize"])))
+        lr, beta1, beta2, eps, weight_decay = _hyperparameters(group)
+        return kernels.AdamHyper(
+            lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+            grad_scale=scale, step=bucket.step + 1, decoupled=int(self._decoupled),
+            maximize=int(bool(group["maximize"])))
+
+    def _step_bucket(self, bucket: _Bucket, frozen: list[int], hyper: kernels.AdamHyper,
+                     headroom: dict[int, int], problems: list[BaseException]) -> dict[str, Any]:
         device = 0 if self._cpu else bucket.params[0].device.index
-        report = bucket.executor.step(hyper, self._policy, headroom[device])
-        if not self._keep_buffers:
-            bucket.executor.release_buffers()
-        for i, saved in kept.items():
-            for key, value in saved.items():
-                bucket.scatter(i, key, value)
-            bucket.write_param(i)
+        report, message = bucket.executor.step(hyper, self._policy, headroom[device])
+        # The step counts advance with the committed state, and only then.
+        bucket.step += 1
+        bucket.state_moved()
         for i, p in enumerate(bucket.params):
-            if i not in kept:
+            if i not in frozen:
                 self.state[p]["step"] += 1
+        known = len(problems)
+        if report.unwritten or report.not_updated:
+            outcome = bucket.executor.outcome()
+            if report.unwritten:
+                try:
+                    bucket.write_unwritten(outcome)
+                except Exception as error:  # noqa: BLE001 (a failed GPU: said below)
+                    problems.append(RuntimeError(
+                        "tide: the optimizer step completed (the optimizer state holds it: "
+                        "state_dict() can be saved), but the model's parameters could not be "
+                        f"written: {message}; and with torch: {error}"))
+            if report.not_updated:
+                problems.append(StepIncompleteError(
+                    f"tide: {report.not_updated} of {len(bucket.sizes)} subgroups could not be "
+                    f"updated ({message}): the optimizer state is inconsistent; restore the "
+                    "last checkpoint"))
+        if message and len(problems) == known:
+            # Completed exactly, after a fault it handled.
+            warnings.warn(f"tide: {message}", RuntimeWarning, stacklevel=3)
+        for i, p in enumerate(bucket.params):
             bucket.versions[i] = p._version
         placed, summary = bucket.executor.last_plan()
         return {"report": report, "devices": placed, "headroom": headroom[device],
@@ -492,7 +608,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _record(self, reports: list, skipped: bool, t_start: int, t_end: int,
                 headroom: dict[int, int]) -> None:
-        ran = [r for r in reports if r is not None]
+        ran = reports
         stat = {
             "step": len(self.stats) + 1,
             "skipped": skipped,
@@ -511,6 +627,9 @@ class AdamW(torch.optim.Optimizer):
             # update-phase peaks leave it out), from the driver otherwise.
             "buffer_bytes": max((r["gpu_bytes"] for r in ran), default=0),
             "nonfinite": sum(r["report"].nonfinite for r in ran),
+            # Faults the step handled: GPU subgroups redone on the CPU, weights written by torch.
+            "rolled_forward_subgroups": sum(r["report"].rolled_forward for r in ran),
+            "unwritten_subgroups": sum(r["report"].unwritten for r in ran),
             "devices": ["gpu" if d else "cpu" for r in ran for d in r["devices"]],
             "t_start_ns": t_start,
             "t_end_ns": t_end,
@@ -548,22 +667,19 @@ class AdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads tide's or torch.optim.Adam(W)'s state dict. Master weights: the saved ones when
-        they round to the parameter's current value, else the parameter's."""
-        saved_state = state_dict["state"]
+        they round to the parameter's current value, else the parameter's. Everything is
+        checked before anything is replaced: a state dict that does not fit (another model's
+        shapes, another optimizer's, non-finite values, a negative step or second moment)
+        raises ValueError naming the parameter, and the optimizer is left as it was."""
+        entries = self._checked_entries(state_dict)
         groups_only = {"state": {}, "param_groups": state_dict["param_groups"]}
         live = self.state
-        super().load_state_dict(groups_only)  # validates and takes the groups' hyperparameters
+        super().load_state_dict(groups_only)  # takes the groups' hyperparameters
         self.state = live
-        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
         by_bucket: dict[int, list[int]] = {}
-        for saved_id, p in zip(saved_ids, params):
-            if id(p) not in self._where:
-                continue
+        for p, step, entry in entries:
             bucket, i = self._where[id(p)]
-            entry = saved_state.get(saved_id, {})
             bucket.read_master(i)
-            step = float(entry.get("step", 0.0))
             if step > 0:
                 bucket.scatter(i, "exp_avg", entry["exp_avg"].float().cpu())
                 bucket.scatter(i, "exp_avg_sq", entry["exp_avg_sq"].float().cpu())
@@ -579,8 +695,8 @@ class AdamW(torch.optim.Optimizer):
             else:
                 bucket.scatter(i, "exp_avg", torch.zeros(p.numel()))
                 bucket.scatter(i, "exp_avg_sq", torch.zeros(p.numel()))
-            self.state[p]["step"] = torch.tensor(step, dtype=torch.float32)
-            by_bucket.setdefault(id(bucket), []).append(int(step))
+            self.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32)
+            by_bucket.setdefault(id(bucket), []).append(step)
         for bucket in self._buckets:
             steps = by_bucket.get(id(bucket), [])
             if steps:
@@ -588,6 +704,85 @@ class AdamW(torch.optim.Optimizer):
                     warnings.warn("tide: parameters of one bucket have different step counts; "
                                   "tide's bias correction uses the largest", stacklevel=2)
                 bucket.step = max(steps)
+
+    _STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"})
+
+    def _checked_entries(self, state_dict: Any) -> list[tuple[torch.Tensor, int, dict]]:
+        """(parameter, step, saved entry) for every parameter tide holds, once the whole state
+        dict has been checked against this optimizer."""
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
+            raise ValueError("tide: not an optimizer state dict (it needs 'state' and "
+                             "'param_groups')")
+        groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(groups, (list, tuple)) or not isinstance(saved_state, dict):
+            raise ValueError("tide: not an optimizer state dict ('param_groups' must be a list "
+                             "and 'state' a dict)")
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"tide: the state dict has {len(groups)} param groups, this "
+                             f"optimizer {len(self.param_groups)}")
+        entries = []
+        for g, (saved, ours) in enumerate(zip(groups, self.param_groups)):
+            if not isinstance(saved, dict) or "params" not in saved:
+                raise ValueError(f"tide: param group {g} of the state dict has no 'params'")
+            missing = [key for key in ("lr", "betas", "eps", "weight_decay") if key not in saved]
+            if missing:
+                raise ValueError(
+                    f"tide: param group {g} of the state dict has no {missing[0]!r}: it is not "
+                    "an Adam/AdamW state dict (another optimizer saved it)")
+            if saved.get("amsgrad"):
+                raise ValueError(f"tide: param group {g} of the state dict is amsgrad's, which "
+                                 "tide does not support")
+            try:
+                _hyperparameters(saved)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"tide: param group {g} of the state dict: {error}") from None
+            if len(saved["params"]) != len(ours["params"]):
+                raise ValueError(f"tide: param group {g} of the state dict has "
+                                 f"{len(saved['params'])} parameters, this optimizer's "
+                                 f"{len(ours['params'])}")
+            for k, (saved_id, p) in enumerate(zip(saved["params"], ours["params"])):
+                if id(p) not in self._where:
+                    continue  # no elements
+                name = f"parameter {k} of param group {g} (shape {tuple(p.shape)})"
+                entry = saved_state.get(saved_id, {})
+                entries.append((p, self._checked_entry(entry, p, name), entry))
+        return entries
+
+    def _checked_entry(self, entry: Any, p: torch.Tensor, name: str) -> int:
+        if not isinstance(entry, dict):
+            raise ValueError(f"tide: the saved state of {name} is not a dict")
+        unknown = sorted(set(entry) - self._STATE_KEYS)
+        if unknown:
+            raise ValueError(f"tide: the saved state of {name} has {unknown[0]!r}, which "
+                             "Adam/AdamW state has not (another optimizer saved it)")
+        raw = entry.get("step", 0.0)
+        try:
+            step = float(raw.item() if isinstance(raw, torch.Tensor) else raw)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"tide: the saved step of {name} is not a number: {raw!r}") from None
+        if not math.isfinite(step) or step < 0 or step != int(step) or step >= 2**62:
+            raise ValueError(f"tide: the saved step of {name} is {step}: it must be a whole "
+                             "number >= 0")
+        if step == 0:
+            return 0
+        for key in ("exp_avg", "exp_avg_sq", "master_param"):
+            value = entry.get(key)
+            if value is None:
+                if key == "master_param":
+                    continue
+                raise ValueError(f"tide: the saved state of {name} has step {step:g} but no "
+                                 f"{key!r}")
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                raise ValueError(f"tide: the saved {key} of {name} is not a floating-point "
+                                 "tensor")
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"tide: the saved {key} of {name} has shape "
+                                 f"{tuple(value.shape)}: the state dict is another model's")
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"tide: the saved {key} of {name} has non-finite values")
+            if key == "exp_avg_sq" and bool((value < 0).any()):
+                raise ValueError(f"tide: the saved exp_avg_sq of {name} has negative values")
+        return int(step)
 
     def _close(self) -> None:
         self._release()

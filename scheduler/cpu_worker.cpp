@@ -1,0 +1,74 @@
+#include "scheduler/cpu_worker.h"
+
+#include <chrono>
+#include <exception>
+#include <utility>
+
+namespace tide::scheduler {
+
+CpuWorker::CpuWorker(Update update, std::shared_ptr<Wakeup> wakeup)
+    : update_(std::move(update)), wakeup_(std::move(wakeup)), thread_([this] { work(); }) {}
+
+CpuWorker::~CpuWorker() {
+  close();
+  thread_.join();
+}
+
+void CpuWorker::add(std::size_t subgroup) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(subgroup);
+  }
+  work_ready_.notify_one();
+}
+
+void CpuWorker::close() {
+  {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+  }
+  work_ready_.notify_one();
+}
+
+std::vector<CpuWorker::Done> CpuWorker::take() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(done_, {});
+}
+
+bool CpuWorker::finished() {
+  std::lock_guard lock(mutex_);
+  return closed_ && queue_.empty() && !busy_ && done_.empty();
+}
+
+void CpuWorker::work() {
+  for (;;) {
+    std::size_t subgroup = 0;
+    {
+      std::unique_lock lock(mutex_);
+      work_ready_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // closed
+      subgroup = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+    }
+    Done done;
+    done.subgroup = subgroup;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      done.nonfinite = update_(subgroup);
+    } catch (const std::exception& e) {
+      done.error = e.what();
+    } catch (...) {
+      done.error = "unknown error";
+    }
+    done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    {
+      std::lock_guard lock(mutex_);
+      done_.push_back(std::move(done));
+      busy_ = false;
+    }
+    wakeup_->notify();
+  }
+}
+
+}  // namespace tide::scheduler
