@@ -64,8 +64,9 @@ test-tsan: build
 	  -DTIDE_FATBIN=$(CURDIR)/build/kernels/tide_kernels.fatbin >/dev/null
 	@cmake --build build-tsan -j$(JOBS)
 	@# intercept_tls_get_addr=0: GCC 12's TSan misreads dynamic TLS of dlopen()ed libraries (the
-	@# stand-in driver) under many threads (google/sanitizers#1409, fixed in LLVM 17).
-	@cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:intercept_tls_get_addr=0 \
+	@# stand-in driver) under many threads (google/sanitizers#1409, fixed in LLVM 17); then it
+	@# reports glibc freeing an exited thread's dynamic TLS as a race (tests/tsan.supp).
+	@cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:intercept_tls_get_addr=0:suppressions=$(CURDIR)/tests/tsan.supp \
 	  ctest -j$(JOBS) --output-on-failure -L concurrency -LE gpu
 
 # `pip install .` into a fresh virtual environment (under /tmp), then the installed package: its

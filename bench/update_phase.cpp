@@ -5,7 +5,7 @@
 //
 // The machine being simulated: an H100 node, where per rank the CPU updates about 2.2e9 params/s
 // and the copies run at about 25 GB/s each way, i.e. the copy path moves 25e9 / 14 = 1.8e9
-// params/s, 1/1.2 of the CPU's rate. Here, as in tests/scheduler/executor_overlap_test.cpp:
+// params/s, 1/1.2 of the CPU's rate. Here:
 // - the CPU update runs on one thread with the scalar kernel (--isa best: the widest one): the
 //   stand-in's copies are a real memcpy and then a sleep until the simulated link would be done,
 //   and on a small machine the vector kernels on one thread outrun any link whose memcpy leaves
