@@ -53,7 +53,7 @@ void CpuWorker::work() {
     }
     Done done;
     done.subgroup = subgroup;
-    const auto start = std::chrono::steady_clock::now();
+    done.start = std::chrono::steady_clock::now();
     try {
       done.nonfinite = update_(subgroup);
     } catch (const std::exception& e) {
@@ -61,7 +61,8 @@ void CpuWorker::work() {
     } catch (...) {
       done.error = "unknown error";
     }
-    done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    done.end = std::chrono::steady_clock::now();
+    done.seconds = std::chrono::duration<double>(done.end - done.start).count();
     {
       std::lock_guard lock(mutex_);
       done_.push_back(std::move(done));

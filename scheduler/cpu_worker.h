@@ -3,6 +3,7 @@
 // thread drives the GPU side. Each finished subgroup is reported back (take()) with a wakeup.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +23,7 @@ class CpuWorker {
  public:
   struct Done {
     std::size_t subgroup = 0;
+    std::chrono::steady_clock::time_point start, end;  // of its update
     double seconds = 0;
     std::uint64_t nonfinite = 0;
     std::string error;  // non-empty: the update threw, nothing was written

@@ -117,6 +117,13 @@ struct PhaseReport {
   Plan ran;                     // what ran (after any fallback), with the model's prediction
   std::vector<Device> devices;  // by subgroup: where it was updated
   std::vector<SubgroupTiming> timings;
+  // By subgroup: when its CPU update ran, on the steady clock (the one the stand-in driver's
+  // recorded timeline uses: tests prove overlap by order with both); default (the clock's epoch)
+  // for a subgroup not updated on the CPU.
+  struct Span {
+    std::chrono::steady_clock::time_point start, end;
+  };
+  std::vector<Span> cpu_spans;
   double seconds = 0;                    // measured, from the first enqueue to the join
   double cpu_seconds = 0;                // the CPU workers' busy time
   std::uint64_t nonfinite = 0;           // elements left unchanged: non-finite gradient or update

@@ -555,6 +555,7 @@ void Executor::Phase::take_cpu_results() {
       continue;
     }
     report.timings[s].cpu_update_s = d.seconds;
+    report.cpu_spans[s] = {d.start, d.end};
     report.cpu_seconds += d.seconds;
     report.nonfinite += d.nonfinite;
     if (!device_usable) {
@@ -716,6 +717,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   report.planned = prepared ? *prepared_ : plan_with(policy, headroom_bytes, false);
   report.timings.assign(state_.size(), SubgroupTiming{});
   report.devices.assign(state_.size(), Device::cpu);
+  report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
   std::vector<float> frozen_state;
   save_frozen(frozen_state);
   ready_ = false;

@@ -6,9 +6,11 @@
 #include "standin/bandwidth.h"
 #include "standin/devices.h"
 #include "standin/faults.h"
+#include "standin/holds.h"
 #include "standin/host_access.h"
 #include "standin/init.h"
 #include "standin/modules.h"
+#include "standin/recording.h"
 #include "standin/standin.h"
 #include "standin/stats.h"
 
@@ -134,6 +136,20 @@ int tide_standin_register_kernel(const char* name, tide_standin_kernel run, size
   } catch (...) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+}
+
+int tide_standin_record(size_t capacity) { return tide::standin::start_recording(capacity); }
+
+int tide_standin_recorded(tide_standin_op* out, size_t max, size_t* recorded, uint64_t* dropped) {
+  if (recorded == nullptr || (out == nullptr && max != 0)) return CUDA_ERROR_INVALID_VALUE;
+  tide::standin::copy_recording(out, max, recorded, dropped);
+  return 0;
+}
+
+int tide_standin_hold(unsigned kinds) { return tide::standin::hold(kinds); }
+
+int tide_standin_release(unsigned kinds, uint64_t count) {
+  return tide::standin::release(kinds, count);
 }
 
 }  // extern "C"

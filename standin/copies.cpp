@@ -11,9 +11,11 @@
 #include "standin/device_memory.h"
 #include "standin/devices.h"
 #include "standin/faults.h"
+#include "standin/holds.h"
 #include "standin/host_access.h"
 #include "standin/host_memory.h"
 #include "standin/pending_uses.h"
+#include "standin/recording.h"
 #include "standin/stats.h"
 #include "standin/virtual_memory.h"
 
@@ -48,19 +50,36 @@ struct Use {
   std::vector<unsigned char> staging;
 };
 
-// The work of one copy on the worker: the memcpy, then, with a simulated rate, a sleep until the
-// device's link for that direction would have moved the bytes.
-std::function<void()> copy_work(const Copy& copy, Device& device, const std::shared_ptr<Use>& use) {
+unsigned kind_of(Direction direction) {
+  switch (direction) {
+    case Direction::kHostToDevice:
+      return TIDE_STANDIN_OP_H2D;
+    case Direction::kDeviceToHost:
+      return TIDE_STANDIN_OP_D2H;
+    case Direction::kDeviceToDevice:
+      break;
+  }
+  return TIDE_STANDIN_OP_D2D;
+}
+
+// The work of one copy on the worker: once any hold lets it start, the memcpy, then, with a
+// simulated rate, a sleep until the device's link for that direction would have moved the bytes
+// (booked after the hold: a held copy does not occupy the link).
+std::function<void()> copy_work(const Copy& copy, Device& device, const std::shared_ptr<Use>& use,
+                                RecordedOp recorded) {
   const double bytes_per_s = rate(copy.direction);
   Link* link = copy.direction == Direction::kHostToDevice   ? &device.h2d
                : copy.direction == Direction::kDeviceToHost ? &device.d2h
                                                             : nullptr;
-  return [copy, bytes_per_s, link, use] {
+  return [copy, bytes_per_s, link, use, recorded] {
+    pass_hold(kind_of(copy.direction));
+    recorded.started();
     const auto done = bytes_per_s > 0 && link != nullptr ? link->book(copy.bytes, bytes_per_s)
                                                          : Link::Clock::time_point{};
     std::memmove(copy.dst, use->staging.empty() ? copy.src : use->staging.data(), copy.bytes);
     use->use.reset();
     std::this_thread::sleep_until(done);
+    recorded.ended();
   };
 }
 
@@ -125,7 +144,14 @@ CUresult submit_copy(const Copy& copy, Mode mode, CUstream handle, DefaultStream
       break;
   }
   Device& device = *find_device(stream->context().device());
-  const Position position = stream->submit(copy_work(copy, device, use));
+  tide_standin_op op{};
+  op.kind = kind_of(copy.direction);
+  op.device = stream->context().device();
+  op.stream = reinterpret_cast<std::uintptr_t>(stream.get());
+  op.dst = dst;
+  op.src = src;
+  op.bytes = copy.bytes;
+  const Position position = stream->submit(copy_work(copy, device, use, record_submission(op)));
   if (wait) position.timeline->wait(position.seq);
   return CUDA_SUCCESS;
 }

@@ -18,7 +18,9 @@
 #include "standin/contexts.h"
 #include "standin/copies.h"
 #include "standin/device_faults.h"
+#include "standin/holds.h"
 #include "standin/pending_uses.h"
+#include "standin/recording.h"
 #include "standin/stats.h"
 
 namespace tide::standin {
@@ -60,6 +62,7 @@ struct Module;
 struct Function {
   Module* module;
   Kernel kernel;
+  std::string name;  // as cuModuleGetFunction was given it
 };
 
 struct Module {
@@ -228,7 +231,7 @@ CUresult module_get_function(CUfunction* out, CUmodule module, const char* name)
     if (!names(it->second->image, name) || !find_kernel(r, name, &kernel)) {
       return CUDA_ERROR_NOT_FOUND;
     }
-    auto function = std::make_unique<Function>(Function{it->second.get(), kernel});
+    auto function = std::make_unique<Function>(Function{it->second.get(), kernel, name});
     r.functions.emplace(reinterpret_cast<CUfunction>(function.get()), function.get());
     found = functions.emplace(name, std::move(function)).first;
   }
@@ -252,6 +255,8 @@ CUresult launch_kernel(CUfunction function, const unsigned grid[3], const unsign
   if (params != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
   Kernel kernel;
   const Context* module_context = nullptr;
+  tide_standin_op op{};
+  op.kind = TIDE_STANDIN_OP_KERNEL;
   {
     Registry& r = registry();
     const std::lock_guard lock(r.mutex);
@@ -259,6 +264,7 @@ CUresult launch_kernel(CUfunction function, const unsigned grid[3], const unsign
     if (it == r.functions.end()) return CUDA_ERROR_INVALID_HANDLE;
     kernel = it->second->kernel;
     module_context = it->second->module->context;
+    it->second->name.copy(op.name, sizeof op.name - 1);
   }
   std::shared_ptr<Stream> stream;
   if (CUresult r = resolve_stream(handle, fallback, &stream); r != CUDA_SUCCESS) return r;
@@ -282,7 +288,11 @@ CUresult launch_kernel(CUfunction function, const unsigned grid[3], const unsign
     for (const kernels::KernelRange& range : ranges) used.push_back({range.address, range.bytes});
     use = std::make_shared<PendingUse>(std::move(used), "a launch of " + kernel.name());
   }
-  stream->submit([kernel, shape, bytes, ranges, use]() mutable {
+  op.device = stream->context().device();
+  op.stream = reinterpret_cast<std::uintptr_t>(stream.get());
+  stream->submit([kernel, shape, bytes, ranges, use, recorded = record_submission(op)]() mutable {
+    pass_hold(TIDE_STANDIN_OP_KERNEL);
+    recorded.started();
     for (const kernels::KernelRange& range : ranges) {
       if (range.bytes != 0 && !is_device_range(range.address, range.bytes, range.write)) {
         device_fault("kernel " + kernel.name() + " " + describe(range) +
@@ -293,6 +303,7 @@ CUresult launch_kernel(CUfunction function, const unsigned grid[3], const unsign
     void* args[] = {bytes.get()};
     kernel.run(shape, args);
     use.reset();
+    recorded.ended();
   });
   count(Counter::kKernelLaunches);
   return CUDA_SUCCESS;

@@ -2,7 +2,8 @@
  *
  * The stand-in exports the cu* driver functions tide uses, backed by host memory (see
  * standin/README.md for what it simulates and how). These tide_standin_* functions let tests and
- * benchmarks read its statistics, inject faults and change the simulated hardware at run time.
+ * benchmarks read its statistics, inject faults, change the simulated hardware at run time, and
+ * record and hold stream work to observe what overlaps.
  * Link the library, or find them with dlsym() on the handle that loaded it.
  *
  * Functions returning int return 0 on success, or a CUresult code (e.g. 3,
@@ -99,6 +100,59 @@ typedef struct tide_standin_grid {
 typedef void (*tide_standin_kernel)(const tide_standin_grid* grid, void** params);
 TIDE_STANDIN_API int tide_standin_register_kernel(const char* name, tide_standin_kernel run,
                                                   size_t param_bytes);
+
+/* Kinds of stream work, as bits: what the recording records and what a hold holds. Memsets, event
+ * records, stream waits and host functions are neither recorded nor held. */
+#define TIDE_STANDIN_OP_H2D 1u    /* a copy host to device (cuMemcpyHtoD*, sync or async) */
+#define TIDE_STANDIN_OP_D2H 2u    /* a copy device to host */
+#define TIDE_STANDIN_OP_D2D 4u    /* a copy device to device */
+#define TIDE_STANDIN_OP_KERNEL 8u /* a kernel launch */
+
+/* The recorded timeline: stream work in submission order, each with its stream and its times, so
+ * that a test can prove that work overlapped by the order of events rather than by durations.
+ * Times are nanoseconds on the steady clock (CLOCK_MONOTONIC; std::chrono::steady_clock's count
+ * since its epoch), the same clock for every stream and thread; 0: not yet. Synchronous copies
+ * run on a default stream and are recorded like the others. */
+typedef struct tide_standin_op {
+  uint32_t kind;     /* one TIDE_STANDIN_OP_* */
+  int32_t device;    /* the device ordinal of the stream's context */
+  uint64_t stream;   /* the CUstream cuStreamCreate returned, as an integer; a default stream: an
+                        id of its own (not a handle), the same for all its work */
+  uint64_t dst, src; /* a copy's destination and source addresses (host or device); kernels: 0 */
+  uint64_t bytes;    /* a copy's bytes; kernels: 0 */
+  int64_t submit_ns; /* when the call enqueued it */
+  int64_t start_ns;  /* when it started on its stream: after the work before it, the events it
+                        waits for, and any hold */
+  int64_t end_ns;    /* when it completed */
+  char name[32];     /* a kernel: the name cuModuleGetFunction was given (truncated, NUL-ended);
+                        copies: empty */
+} tide_standin_op;
+
+/* The most operations one recording holds: 2^20 (96 MiB). */
+#define TIDE_STANDIN_RECORD_MAX ((size_t)1 << 20)
+
+/* Off by default. capacity > 0: starts recording afresh (what was recorded is discarded), with
+ * room for `capacity` operations (up to TIDE_STANDIN_RECORD_MAX; capacity x sizeof(tide_standin_op)
+ * bytes, allocated now); work submitted once it is full is not recorded, only counted as dropped.
+ * capacity 0: stops recording and frees the recording. Callable before cuInit. */
+TIDE_STANDIN_API int tide_standin_record(size_t capacity);
+/* Copies the first min(max, *recorded) operations of the recording into `out` (may be null when
+ * max is 0), in submission order, as they are now (work still queued has start_ns or end_ns 0);
+ * *recorded: how many there are; *dropped (may be null): how many did not fit. */
+TIDE_STANDIN_API int tide_standin_recorded(tide_standin_op* out, size_t max, size_t* recorded,
+                                           uint64_t* dropped);
+
+/* Holds: work of a held kind (TIDE_STANDIN_OP_* bits, or-ed), when its turn comes on its stream,
+ * waits before it starts, and its stream with it, until it is let through; the call that
+ * submitted it returns as usual (a synchronous copy, or a pageable one, waits for it, as does
+ * anything that waits for its stream). A test keeps work in flight with it for as long as it
+ * needs to observe what runs meanwhile, whatever the machine's speed. Callable before cuInit.
+ * Every hold must be released: a context is not destroyed while its work waits. */
+TIDE_STANDIN_API int tide_standin_hold(unsigned kinds);
+/* Lets `count` more held operations of each of `kinds` start (in the order they reach the hold),
+ * or, with TIDE_STANDIN_RELEASE_ALL, ends the hold of those kinds. */
+#define TIDE_STANDIN_RELEASE_ALL UINT64_MAX
+TIDE_STANDIN_API int tide_standin_release(unsigned kinds, uint64_t count);
 
 #ifdef __cplusplus
 } /* extern "C" */
