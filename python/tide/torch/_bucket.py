@@ -8,8 +8,6 @@ Nothing here knows about torch.optim: tide.torch.optim drives buckets.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from tide import kernels
@@ -47,6 +45,7 @@ class Bucket:
         self.step = 0  # update phases run: the bias correction's step number
         self.frozen: tuple[int, ...] = ()  # the parameters the executor leaves untouched
         self._views: list[dict[str, torch.Tensor]] | None = None
+        self._moved = False  # a step ran since the views were made
         for i in range(len(params)):
             self.read_master(i)
 
@@ -62,20 +61,34 @@ class Bucket:
 
     @property
     def views(self) -> list[dict[str, torch.Tensor]]:
-        """CPU tensors over each subgroup's pinned buffers (no copy). A step may move a
-        subgroup's state to another buffer (executor.h): refreshed after each step."""
+        """CPU tensors over each subgroup's pinned buffers (no copy): "param" (the fp32 master
+        weights), "exp_avg", "exp_avg_sq", "grad". A step may move a subgroup's state to another
+        buffer (executor.h): after one, those of the subgroups that moved are made again. Each
+        keeps its buffer allocated while it, or a tensor on its storage, lives
+        (Executor.memory)."""
         if self._views is None:
             self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
+        elif self._moved:
+            for i, views in enumerate(self._views):
+                b = self.executor.buffers(i)
+                if b.param != views["param"].data_ptr():
+                    self._views[i] = self._subgroup_views(i, b)
+        self._moved = False
         return self._views
 
     def state_moved(self) -> None:
+        """A step ran: a subgroup's state may be in another buffer now."""
+        self._moved = True
+
+    def drop_views(self) -> None:
         self._views = None
 
-    def _subgroup_views(self, subgroup: int) -> dict[str, torch.Tensor]:
-        b = self.executor.buffers(subgroup)
+    def _subgroup_views(self, subgroup: int, b: _executor.SubgroupBuffers | None = None
+                        ) -> dict[str, torch.Tensor]:
+        b = self.executor.buffers(subgroup) if b is None else b
 
         def view(address: int, dtype: torch.dtype, element_size: int) -> torch.Tensor:
-            raw = (ctypes.c_char * (b.count * element_size)).from_address(address)
+            raw = self.executor.memory(address, b.count * element_size)
             return torch.frombuffer(raw, dtype=dtype, count=b.count)
 
         return {"param": view(b.param, torch.float32, 4),
@@ -94,12 +107,15 @@ class Bucket:
                 flat[piece.param_offset:piece.param_offset + piece.count])
         self.versions[i] = self.params[i]._version
 
-    def gather(self, i: int, key: str) -> torch.Tensor:
-        """Parameter i's `key` state (fp32, on the CPU, shaped like the parameter): a copy."""
-        out = torch.empty(self.params[i].numel(), dtype=torch.float32)
+    def gather(self, i: int, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Parameter i's `key` state (fp32, on the CPU, shaped like the parameter): a copy, into
+        `out` when given (contiguous, as many elements)."""
+        if out is None:
+            out = torch.empty(self.params[i].shape, dtype=torch.float32)
+        flat = out.view(-1)
         for piece in self.pieces[i]:
-            out[piece.param_offset:piece.param_offset + piece.count] = self.pinned(key, piece)
-        return out.view(self.params[i].shape)
+            flat[piece.param_offset:piece.param_offset + piece.count] = self.pinned(key, piece)
+        return out
 
     def scatter(self, i: int, key: str, value: torch.Tensor) -> None:
         flat = value.detach().reshape(-1)
@@ -138,5 +154,8 @@ def release(hooks: list, buckets: list[Bucket]) -> None:
         hook.remove()
     hooks.clear()
     for bucket in buckets:
+        # The bucket's own views go first: then only tensors that the program (or opt.state)
+        # still holds keep the executor's memory.
+        bucket.drop_views()
         bucket.executor.close()
     buckets.clear()

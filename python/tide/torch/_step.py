@@ -49,10 +49,12 @@ def _step_bucket(s: BucketStep, policy: _executor.PlacementPolicy | None,
                  committed: Callable[[BucketStep], None],
                  problems: list[Exception]) -> dict[str, Any]:
     bucket = s.bucket
-    report, message = bucket.executor.step(s.hyper, policy, s.headroom)
+    try:
+        report, message = bucket.executor.step(s.hyper, policy, s.headroom)
+    finally:
+        bucket.state_moved()  # its state may be in other buffers now (executor.h)
     # The step counts advance with the committed state, and only then.
     bucket.step += 1
-    bucket.state_moved()
     committed(s)
     known = len(problems)
     if report.unwritten or report.not_updated:

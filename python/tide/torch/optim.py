@@ -18,7 +18,9 @@ zero_grad(), state dicts, stats. The machinery under it, each readable alone:
                executor (_executor, the C ABI): pinned state read and written through CPU tensors;
   _offload     gradient offload during backward, and what changed since (clipping, the scaler);
   _step        one step over all buckets, exactly or not at all;
-  _checkpoint  state dicts in torch.optim.AdamW's layout: checked, then loaded.
+  _checkpoint  state dicts in torch.optim.AdamW's layout: checked, then loaded;
+  _state       opt.state[p] as torch keeps it ("step", "exp_avg", "exp_avg_sq", and
+               "master_param"): CPU tensors over the pinned state, kept true across steps.
 
 The model's parameters stay where they are, in their dtype; tide writes the updated weights into
 them at the end of step(). A parameter written outside the optimizer (model.load_state_dict) is
@@ -40,6 +42,7 @@ from tide import _lib, kernels
 from tide.torch import _arguments, _checkpoint, _runtime, _step, allocator
 from tide.torch._bucket import TIDE_DTYPES, Bucket, release
 from tide.torch._offload import GradientOffload
+from tide.torch._state import StateEntries
 from tide.torch._step import StepIncompleteError
 
 __all__ = ["Adam", "AdamW", "StepIncompleteError"]
@@ -108,6 +111,7 @@ class AdamW(torch.optim.Optimizer):
         self._buckets: list[Bucket] = []
         self._where: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, index)
         self._gradients = GradientOffload(self._where, self._cpu)
+        self._entries = StateEntries()  # what tide put in self.state
         # Released when this optimizer goes, never through another object: wrappers that take on
         # its class and forward attributes to it (Lightning's LightningOptimizer) would run a
         # __del__ of this class on going away, and close the executors still in use.
@@ -158,16 +162,11 @@ class AdamW(torch.optim.Optimizer):
             self._buckets.append(bucket)
             for i, p in enumerate(params):
                 self._where[id(p)] = (bucket, i)
-                self.state[p]["step"] = torch.tensor(0.0, dtype=torch.float32)
                 if p.requires_grad:
+                    # The hook must not hold the optimizer: the finalizer's arguments (held
+                    # until it runs) reach the parameters, so the optimizer could never go.
                     self._gradients.hooks.append(
-                        p.register_post_accumulate_grad_hook(self._on_grad))
-
-    # ---- gradient offload ----
-
-    def _on_grad(self, p: torch.Tensor) -> None:
-        # The hook is this optimizer's method: the parameters keep their optimizer alive.
-        self._gradients.on_grad(p)
+                        p.register_post_accumulate_grad_hook(self._gradients.on_grad))
 
     # ---- gradient norm and clipping ----
 
@@ -224,6 +223,32 @@ class AdamW(torch.optim.Optimizer):
         devices = sorted({self._device_of(b) for b in self._buckets})
         for device in devices:
             allocator.mark_phase("update", device)
+        self._take_state_writes()
+        try:
+            reports, problems, headroom, skipped = self._update(devices)
+        finally:
+            # Where the state is now (a step may move it): opt.state's tensors follow.
+            self._entries.refresh()
+        self._clip_coef = 1.0
+        self._gradients.release_gradients()
+        # The step is over: what follows only tidies up and must not make it look undone.
+        try:
+            if not self._keep_buffers:
+                for bucket in self._buckets:
+                    bucket.executor.release_buffers()
+            for device in devices:
+                allocator.mark_phase("end", device)
+        except _lib.TideError as error:
+            warnings.warn(f"tide: after the step: {error}", RuntimeWarning, stacklevel=2)
+        self._record(reports, skipped, t_start, time.monotonic_ns(), headroom)
+        if problems:
+            raise problems[0]
+        return loss
+
+    def _update(self, devices: list[int]
+                ) -> tuple[list[dict[str, Any]], list[Exception], dict[int, int], bool]:
+        """The update phase of step() on `devices`: (per bucket reports, errors to raise after
+        the step, headroom per device, whether GradScaler skipped it)."""
         missing = self._gradients.sync(self._buckets)
         found_inf = getattr(self, "found_inf", None)
         grad_scale = getattr(self, "grad_scale", None)
@@ -252,21 +277,7 @@ class AdamW(torch.optim.Optimizer):
             # Nothing is updated, but the offloads must be over before the gradients may go.
             for bucket in self._buckets:
                 bucket.executor.grad_stats()
-        self._clip_coef = 1.0
-        self._gradients.release_gradients()
-        # The step is over: what follows only tidies up and must not make it look undone.
-        try:
-            if not self._keep_buffers:
-                for bucket in self._buckets:
-                    bucket.executor.release_buffers()
-            for device in devices:
-                allocator.mark_phase("end", device)
-        except _lib.TideError as error:
-            warnings.warn(f"tide: after the step: {error}", RuntimeWarning, stacklevel=2)
-        self._record(reports, skipped, t_start, time.monotonic_ns(), headroom)
-        if problems:
-            raise problems[0]
-        return loss
+        return reports, problems, headroom, skipped
 
     def _device_of(self, bucket: Bucket) -> int:
         return 0 if self._cpu else bucket.params[0].device.index
@@ -282,9 +293,9 @@ class AdamW(torch.optim.Optimizer):
     def _committed(self, s: _step.BucketStep) -> None:
         """A bucket's state holds the step: the step counts of its parameters that had a
         gradient advance."""
-        for i, p in enumerate(s.bucket.params):
+        for i in range(len(s.bucket.params)):
             if i not in s.frozen:
-                self.state[p]["step"] += 1
+                self._entries.advance(self.state, s.bucket, i)
 
     def _record(self, reports: list, skipped: bool, t_start: int, t_end: int,
                 headroom: dict[int, int]) -> None:
@@ -328,11 +339,15 @@ class AdamW(torch.optim.Optimizer):
         """torch.optim.AdamW's layout: per parameter "step", "exp_avg", "exp_avg_sq" (fp32 CPU
         tensors shaped like the parameter), plus "master_param" for low-precision parameters
         (their fp32 master weights; torch.optim ignores it)."""
+        self._take_state_writes()
         live = self.state
         full: dict[Any, Any] = {}
         for bucket in self._buckets:
             for i, p in enumerate(bucket.params):
-                entry = {"step": live[p]["step"].clone()}
+                ours = self._entries.get(p)
+                if ours is None:
+                    continue  # no step yet: no state, as in torch
+                entry = {"step": ours["step"].clone()}
                 if int(entry["step"]) > 0:
                     entry["exp_avg"] = bucket.gather(i, "exp_avg")
                     entry["exp_avg_sq"] = bucket.gather(i, "exp_avg_sq")
@@ -360,8 +375,7 @@ class AdamW(torch.optim.Optimizer):
         by_bucket: dict[int, list[int]] = {}
         for p, step, entry in entries:
             bucket, i = self._where[id(p)]
-            _checkpoint.load_entry(bucket, i, step, entry)
-            self.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32)
+            self._load_entry(bucket, i, step, entry)
             by_bucket.setdefault(id(bucket), []).append(step)
         for bucket in self._buckets:
             steps = by_bucket.get(id(bucket), [])
@@ -370,6 +384,15 @@ class AdamW(torch.optim.Optimizer):
                     warnings.warn("tide: parameters of one bucket have different step counts; "
                                   "tide's bias correction uses the largest", stacklevel=2)
                 bucket.step = max(steps)
+
+    def _load_entry(self, bucket: Bucket, i: int, step: int, entry: dict) -> None:
+        _checkpoint.load_entry(bucket, i, step, entry)
+        self._entries.set_step(self.state, bucket, i, step)
+
+    def _take_state_writes(self) -> None:
+        """What the program wrote into opt.state since the last step becomes tide's state
+        (_state); a value tide cannot take raises ValueError, and nothing was taken."""
+        self._entries.take_writes(self.state, self._buckets, self._load_entry)
 
     def _close(self) -> None:
         self._release()
