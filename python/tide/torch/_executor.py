@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import warnings
+import weakref
 from typing import Any
 
 from tide import _lib
@@ -110,6 +112,63 @@ def policy(kind: int, k: int = 0) -> PlacementPolicy:
     return PlacementPolicy(kind, k)
 
 
+class _Native:
+    """A tide_optimizer handle and the pinned memory it owns. Memory handed out (memory()) holds
+    it: the handle is destroyed when its executor is closed and nothing views that memory any
+    more, never under a view."""
+
+    def __init__(self, lib: c.CDLL, handle: c.c_void_p):
+        self._lib = lib
+        self._handle = handle
+        self._lock = threading.Lock()
+        self._views = 0  # ctypes arrays over the memory still alive
+        self._closed = False
+
+    @property
+    def views(self) -> int:
+        return self._views
+
+    @property
+    def destroyed(self) -> bool:
+        """Destroyed, or given up on (a failed destroy leaves the memory allocated)."""
+        return not self._handle
+
+    def memory(self, address: int, nbytes: int) -> c.Array:
+        array = (c.c_char * nbytes).from_address(address)
+        with self._lock:
+            self._views += 1
+        # The finalizer holds this object: the memory stays until the array (and whatever it
+        # exports its buffer to, a tensor's storage) is gone. Not at exit: the process ends.
+        weakref.finalize(array, self._view_gone).atexit = False
+        return array
+
+    def _view_gone(self) -> None:
+        with self._lock:
+            self._views -= 1
+            last = self._closed and self._views == 0
+        if last:
+            self._destroy()
+
+    def close(self) -> None:
+        """Destroys the handle now, or when the last view of its memory goes."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            now = self._views == 0
+        if now:
+            self._destroy()
+
+    def _destroy(self) -> None:
+        # Mostly from the garbage collector (the optimizer's end, the last view's): an error
+        # here has no caller to go to.
+        handle, self._handle = self._handle, c.c_void_p()
+        if handle and self._lib.tide_optimizer_destroy(handle) != _lib.TIDE_OK:
+            warnings.warn("tide: an optimizer could not be destroyed, its memory stays "
+                          f"allocated: {self._lib.tide_last_error().decode()}", RuntimeWarning,
+                          stacklevel=2)
+
+
 class Executor:
     """One tide_optimizer: `subgroup_params[i]` elements per subgroup, placed in the model by
     `slices` (subgroup, offset, count, device pointer)."""
@@ -129,14 +188,26 @@ class Executor:
         handle = c.c_void_p()
         _lib.check(lib.tide_optimizer_create(sizes, len(subgroup_params), placed, len(slices),
                                              c.byref(options), c.byref(handle)))
+        self._native = _Native(lib, handle)
         self._handle = handle
         self._lib = lib
         self.subgroups = len(subgroup_params)
 
     def close(self) -> None:
+        """No more calls: the optimizer is destroyed, at once or, while CPU tensors view its
+        pinned memory (memory()), when the last of them is gone."""
         if self._handle:
-            handle, self._handle = self._handle, c.c_void_p()
-            _lib.check(self._lib.tide_optimizer_destroy(handle))
+            self._handle = c.c_void_p()
+            self._native.close()
+
+    @property
+    def native(self) -> _Native:
+        return self._native
+
+    def memory(self, address: int, nbytes: int) -> c.Array:
+        """`nbytes` of this optimizer's pinned memory at `address` as a ctypes array (a buffer
+        that torch.frombuffer can view) that keeps the memory allocated as long as it lives."""
+        return self._native.memory(address, nbytes)
 
     def __del__(self) -> None:
         try:

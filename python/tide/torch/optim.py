@@ -10,22 +10,25 @@ update phase runs the scheduler's plan (some subgroups on the GPU, the rest on t
     opt.step(); opt.zero_grad()
     print(opt.last_plan)                # where each subgroup was updated, phase times
 
-Layout: the parameters of each param group are put in buckets by dtype and device; each bucket is
-one executor (tide_optimizer), its parameters laid end to end and cut into subgroups
-(`subgroup_size` elements). The model's parameters stay where they are, in their dtype; tide
-writes the updated weights into them at the end of step().
+This module is the torch.optim face of the optimizer: its arguments, param groups, step() and
+zero_grad(), state dicts, stats. The machinery under it, each readable alone:
+  _arguments   tide's arguments and the hyperparameters, checked as torch checks them;
+  _layout      how a bucket's parameters are cut into subgroups;
+  _bucket      a bucket (the parameters of a param group with one dtype on one device) and its
+               executor (_executor, the C ABI): pinned state read and written through CPU tensors;
+  _offload     gradient offload during backward, and what changed since (clipping, the scaler);
+  _step        one step over all buckets, exactly or not at all;
+  _checkpoint  state dicts in torch.optim.AdamW's layout: checked, then loaded;
+  _state       opt.state[p] as torch keeps it ("step", "exp_avg", "exp_avg_sq", and
+               "master_param"): CPU tensors over the pinned state, kept true across steps.
 
-Gradients are offloaded by post-accumulate-grad hooks. Anything that changes a gradient after
-its hook ran (torch.nn.utils.clip_grad_norm_, GradScaler.unscale_, a manual `p.grad.mul_`) is seen
-by its version counter and that gradient is offloaded again at step(); opt.clip_grad_norm_ and
-opt.grad_norm() clip and measure from the offloaded gradients instead, without touching them.
-Likewise a parameter written outside the optimizer (model.load_state_dict) is seen by its version
-counter and its master weights are re-read from it.
+The model's parameters stay where they are, in their dtype; tide writes the updated weights into
+them at the end of step(). A parameter written outside the optimizer (model.load_state_dict) is
+seen by its version counter and its master weights are re-read from it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import time
@@ -36,125 +39,13 @@ from typing import Any, Callable, Iterable
 import torch
 
 from tide import _lib, kernels
-from tide.torch import _executor, _layout, _runtime, allocator
+from tide.torch import _arguments, _checkpoint, _runtime, _step, allocator
+from tide.torch._bucket import TIDE_DTYPES, Bucket, release
+from tide.torch._offload import GradientOffload
+from tide.torch._state import StateEntries
+from tide.torch._step import StepIncompleteError
 
-_TIDE_DTYPES = {torch.float32: kernels.FLOAT32, torch.bfloat16: kernels.BFLOAT16,
-                torch.float16: kernels.FLOAT16}
-DEFAULT_SUBGROUP_SIZE = 1 << 24  # elements: 192 MiB of fp32 state (p, m, v) per GPU buffer
-_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def _parse_count(name: str, text: str, minimum: int) -> int:
-    """A count such as 16777216 or 16M (binary multiples: K, M, G)."""
-    value = text.strip()
-    suffix = value[-1:].upper() if value[-1:].isalpha() else ""
-    digits = value[:-1] if suffix else value
-    if suffix not in _SIZE_SUFFIXES or not digits.isdigit():
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}, optionally with a "
-                         f"K, M or G suffix (x1024, x1024^2, x1024^3), e.g. 16M")
-    count = int(digits) * _SIZE_SUFFIXES[suffix]
-    if count < minimum:
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum} (elements)")
-    return count
-
-
-def _subgroup_size(option: int | None) -> int:
-    if option is not None:
-        if isinstance(option, bool) or not isinstance(option, int) or option < 1:
-            raise ValueError(f"subgroup_size must be a positive integer, got {option!r}")
-        return option
-    text = os.environ.get("TIDE_SUBGROUP_SIZE")
-    return _parse_count("TIDE_SUBGROUP_SIZE", text, 1) if text else DEFAULT_SUBGROUP_SIZE
-
-
-def _placement(option: str | int | None) -> _executor.PlacementPolicy | None:
-    """None: TIDE_PLACEMENT (read by tide, strictly), else auto."""
-    if option is None:
-        return None
-    if isinstance(option, int) and not isinstance(option, bool):
-        if option < 1:
-            raise ValueError(f"placement K must be >= 1, got {option}")
-        return _executor.policy(_executor.PLACEMENT_INTERLEAVE, option)
-    kinds = {"auto": _executor.PLACEMENT_AUTO, "cpu": _executor.PLACEMENT_CPU,
-             "gpu": _executor.PLACEMENT_GPU}
-    if isinstance(option, str):
-        if option in kinds:
-            return _executor.policy(kinds[option])
-        if option.isdigit() and int(option) >= 1:
-            return _executor.policy(_executor.PLACEMENT_INTERLEAVE, int(option))
-    raise ValueError(f"placement must be 'auto', 'cpu', 'gpu' or an integer K >= 1 (one GPU "
-                     f"subgroup every K), got {option!r}")
-
-
-def _placement_in_force(option: str | int | None) -> str | int:
-    """The policy a step ran under: 'auto', 'cpu', 'gpu' or K, from the argument, else
-    TIDE_PLACEMENT (which tide's executor read and accepted), else 'auto'."""
-    text = str(option) if option is not None else os.environ.get("TIDE_PLACEMENT") or "auto"
-    if text in ("auto", "cpu", "gpu"):
-        return text
-    return int(text.lstrip("kK"))
-
-
-def _release(hooks: list[Any], buckets: list[_Bucket]) -> None:
-    """An optimizer's end: its gradient hooks removed, its executors destroyed (once)."""
-    for hook in hooks:
-        hook.remove()
-    hooks.clear()
-    for bucket in buckets:
-        bucket.executor.close()
-    buckets.clear()
-
-
-def _threads(option: int | None) -> int:
-    if option is None:
-        return 0
-    if isinstance(option, bool) or not isinstance(option, int) or not 1 <= option <= 1024:
-        raise ValueError(f"threads must be an integer from 1 to 1024, got {option!r}")
-    return option
-
-
-class StepIncompleteError(RuntimeError):
-    """step() could update only part of the optimizer state: gradients kept on the GPU
-    (gradients_on_gpu=True) were lost with the device. The only outcome of a step that is
-    neither the whole step nor none of it; restore a checkpoint."""
-
-
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"Invalid {name} value: {value!r} (must be finite)")
-    return float(value)
-
-
-def _hyperparameters(group: dict[str, Any]) -> tuple[float, float, float, float, float]:
-    """(lr, beta1, beta2, eps, weight_decay) of a param group, checked as torch.optim.AdamW
-    checks them, with messages that name the value given."""
-    lr = group["lr"]
-    if isinstance(lr, torch.Tensor):
-        if lr.numel() != 1:
-            raise ValueError(f"Tensor lr must be 1-element, got {lr.numel()} elements")
-        lr = lr.item()
-    lr = _number("learning rate", lr)
-    if lr < 0:
-        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
-    betas = group["betas"]
-    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
-        raise ValueError(f"Invalid beta parameters: {betas!r} (two numbers in [0, 1), "
-                         "e.g. (0.9, 0.999))")
-    beta1, beta2 = (_number("beta", b.item() if isinstance(b, torch.Tensor) else b)
-                    for b in betas)
-    for index, beta in enumerate((beta1, beta2)):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"Invalid beta parameter at index {index}: {beta} (must be in "
-                             "[0, 1))")
-    eps = _number("epsilon", group["eps"])
-    if eps < 0:
-        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
-    weight_decay = _number("weight_decay", group["weight_decay"])
-    if weight_decay < 0:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")
-    return lr, beta1, beta2, eps, weight_decay
+__all__ = ["Adam", "AdamW", "StepIncompleteError"]
 
 
 def _rss_bytes() -> int:
@@ -163,118 +54,6 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-class _Bucket:
-    """The parameters of one param group with one dtype on one device, and their executor."""
-
-    def __init__(self, group_index: int, params: list[torch.Tensor], subgroup_size: int, *,
-                 device: int, cpu_threads: int, gradients_on_gpu: bool):
-        self.group_index = group_index
-        self.params = params
-        self.dtype = params[0].dtype
-        self.tide_dtype = _TIDE_DTYPES[self.dtype]
-        self.element_size = params[0].element_size()
-        self.sizes, self.pieces = _layout.split([p.numel() for p in params], subgroup_size)
-        slices = [(piece.subgroup, piece.sub_offset, piece.count,
-                   p.data_ptr() + piece.param_offset * self.element_size)
-                  for p, mine in zip(params, self.pieces) for piece in mine]
-        self.executor = _executor.Executor(self.sizes, slices, device=device, dtype=self.tide_dtype,
-                                           cpu_threads=cpu_threads,
-                                           gradients_on_gpu=gradients_on_gpu)
-        # What tide's slices describe: the memory the parameters had when the optimizer was made.
-        self.layouts = [_layout_of(p) for p in params]
-        self.versions = [p._version for p in params]
-        self.step = 0  # update phases run: the bias correction's step number
-        self.frozen: tuple[int, ...] = ()  # the parameters the executor leaves untouched
-        self._views: list[dict[str, torch.Tensor]] | None = None
-        for i in range(len(params)):
-            self.read_master(i)
-
-    def check_layout(self, i: int) -> None:
-        """Raises when parameter i is no longer the memory tide writes (before anything is
-        read or written through its slices)."""
-        now = _layout_of(self.params[i])
-        if now != self.layouts[i]:
-            raise RuntimeError(
-                f"tide: a parameter changed since the optimizer was created (was {self.layouts[i]}, "
-                f"now {now}): its memory moved or was resized (param.data replaced, the model "
-                "moved with .to()); create the optimizer after the model is in place")
-
-    @property
-    def views(self) -> list[dict[str, torch.Tensor]]:
-        """CPU tensors over each subgroup's pinned buffers (no copy). A step may move a
-        subgroup's state to another buffer (executor.h): refreshed after each step."""
-        if self._views is None:
-            self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
-        return self._views
-
-    def state_moved(self) -> None:
-        self._views = None
-
-    def _subgroup_views(self, subgroup: int) -> dict[str, torch.Tensor]:
-        b = self.executor.buffers(subgroup)
-
-        def view(address: int, dtype: torch.dtype, element_size: int) -> torch.Tensor:
-            raw = (ctypes.c_char * (b.count * element_size)).from_address(address)
-            return torch.frombuffer(raw, dtype=dtype, count=b.count)
-
-        return {"param": view(b.param, torch.float32, 4),
-                "exp_avg": view(b.exp_avg, torch.float32, 4),
-                "exp_avg_sq": view(b.exp_avg_sq, torch.float32, 4),
-                "grad": view(b.grad, self.dtype, self.element_size)}
-
-    def pinned(self, key: str, piece: _layout.Piece) -> torch.Tensor:
-        return self.views[piece.subgroup][key][piece.sub_offset:piece.sub_offset + piece.count]
-
-    def read_master(self, i: int) -> None:
-        """Master weights of parameter i from the parameter itself."""
-        flat = self.params[i].detach().reshape(-1)
-        for piece in self.pieces[i]:
-            self.pinned("param", piece).copy_(
-                flat[piece.param_offset:piece.param_offset + piece.count])
-        self.versions[i] = self.params[i]._version
-
-    def gather(self, i: int, key: str) -> torch.Tensor:
-        """Parameter i's `key` state (fp32, on the CPU, shaped like the parameter): a copy."""
-        out = torch.empty(self.params[i].numel(), dtype=torch.float32)
-        for piece in self.pieces[i]:
-            out[piece.param_offset:piece.param_offset + piece.count] = self.pinned(key, piece)
-        return out.view(self.params[i].shape)
-
-    def scatter(self, i: int, key: str, value: torch.Tensor) -> None:
-        flat = value.detach().reshape(-1)
-        if flat.numel() != self.params[i].numel():
-            raise ValueError(f"state {key!r} has {flat.numel()} elements, the parameter "
-                             f"{self.params[i].numel()}")
-        for piece in self.pieces[i]:
-            self.pinned(key, piece).copy_(
-                flat[piece.param_offset:piece.param_offset + piece.count])
-
-    def set_frozen(self, frozen: list[int]) -> None:
-        """The parameters (indices) the coming steps leave exactly as they are."""
-        key = tuple(sorted(frozen))
-        if key != self.frozen:
-            flags = [i in key for i, mine in enumerate(self.pieces) for _ in mine]
-            self.executor.set_frozen(flags)
-            self.frozen = key
-
-    def write_unwritten(self, outcome: list[int]) -> None:
-        """The model's parameters of subgroups whose step completed without the device taking
-        their weights: written from the committed master weights, as the step would have (fp32
-        to the parameter's dtype, round to nearest even)."""
-        for i, p in enumerate(self.params):
-            if i in self.frozen:
-                continue
-            flat = p.detach().view(-1)
-            for piece in self.pieces[i]:
-                if outcome[piece.subgroup] == _executor.UNWRITTEN:
-                    flat[piece.param_offset:piece.param_offset + piece.count].copy_(
-                        self.pinned("param", piece))
-
-
-def _layout_of(p: torch.Tensor) -> tuple:
-    return (p.data_ptr(), tuple(p.shape), tuple(p.stride()), p.dtype, p.device)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -320,26 +99,24 @@ class AdamW(torch.optim.Optimizer):
                     "capturable": False, "differentiable": False, "fused": fused,
                     "decoupled_weight_decay": self._decoupled}
         self._ready = False
-        self._subgroup_size = _subgroup_size(subgroup_size)
-        self._policy = _placement(placement)
+        self._subgroup_size = _arguments.subgroup_size(subgroup_size)
+        self._policy = _arguments.placement(placement)
         self._placement_option = placement
-        self._threads = _threads(threads)
+        self._threads = _arguments.threads(threads)
         self._gradients_on_gpu = bool(gradients_on_gpu)
         self._keep_buffers = bool(keep_buffers)
         self._cpu = _runtime.cpu_mode()
         if self._cpu:
             _runtime.ensure_cpu_mode_driver()
-        self._buckets: list[_Bucket] = []
-        self._where: dict[int, tuple[_Bucket, int]] = {}  # id(param) -> (bucket, index)
-        self._offloaded: dict[int, tuple[torch.Tensor, int]] = {}  # id(param) -> (grad, version)
-        self._keepalive: list[torch.Tensor] = []  # gradients whose offload may be in flight
-        self._hooks: list[Any] = []
+        self._buckets: list[Bucket] = []
+        self._where: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, index)
+        self._gradients = GradientOffload(self._where, self._cpu)
+        self._entries = StateEntries()  # what tide put in self.state
         # Released when this optimizer goes, never through another object: wrappers that take on
         # its class and forward attributes to it (Lightning's LightningOptimizer) would run a
         # __del__ of this class on going away, and close the executors still in use.
-        self._release = weakref.finalize(self, _release, self._hooks, self._buckets)
+        self._release = weakref.finalize(self, release, self._gradients.hooks, self._buckets)
         self._clip_coef = 1.0
-        self._streams: dict[int, Any] = {}
         self.stats: list[dict[str, Any]] = []
         super().__init__(params, defaults)
         self._ready = True
@@ -353,7 +130,7 @@ class AdamW(torch.optim.Optimizer):
     # ---- construction ----
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        _hyperparameters({**self.defaults, **param_group})
+        _arguments.hyperparameters({**self.defaults, **param_group})
         super().add_param_group(param_group)
         if self._ready:
             self._build(len(self.param_groups) - 1)
@@ -370,7 +147,7 @@ class AdamW(torch.optim.Optimizer):
     def _build(self, group_index: int) -> None:
         by_key: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
         for p in self.param_groups[group_index]["params"]:
-            if p.dtype not in _TIDE_DTYPES:
+            if p.dtype not in TIDE_DTYPES:
                 raise ValueError(f"tide: parameters must be float32, bfloat16 or float16, got "
                                  f"{p.dtype}")
             if not p.is_contiguous():
@@ -380,84 +157,16 @@ class AdamW(torch.optim.Optimizer):
                 continue
             by_key.setdefault((p.dtype, self._device_index(p)), []).append(p)
         for (_, device), params in by_key.items():
-            bucket = _Bucket(group_index, params, self._subgroup_size, device=device,
-                             cpu_threads=self._threads, gradients_on_gpu=self._gradients_on_gpu)
+            bucket = Bucket(group_index, params, self._subgroup_size, device=device,
+                            cpu_threads=self._threads, gradients_on_gpu=self._gradients_on_gpu)
             self._buckets.append(bucket)
             for i, p in enumerate(params):
                 self._where[id(p)] = (bucket, i)
-                self.state[p]["step"] = torch.tensor(0.0, dtype=torch.float32)
                 if p.requires_grad:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
-
-    # ---- gradient offload ----
-
-    def _offload_stream(self, bucket: _Bucket) -> Any:
-        key = id(bucket)
-        if key not in self._streams:
-            self._streams[key] = torch.cuda.ExternalStream(
-                bucket.executor.offload_stream(), device=bucket.params[0].device)
-        return self._streams[key]
-
-    def _on_grad(self, p: torch.Tensor) -> None:
-        if id(p) in self._where and p.grad is not None:
-            bucket, i = self._where[id(p)]
-            if _layout_of(p) == bucket.layouts[i]:
-                self._offload(p)
-            # else: step() raises, before reading or writing anything through tide's slices
-
-    def _offload(self, p: torch.Tensor) -> None:
-        bucket, i = self._where[id(p)]
-        bucket.check_layout(i)  # the copies below read and write as many elements as it had
-        grad = p.grad
-        if grad.numel() != p.numel():
-            raise RuntimeError(f"tide: a gradient has {grad.numel()} elements, its parameter "
-                               f"{p.numel()}")
-        source = grad
-        if source.dtype != bucket.dtype or not source.is_contiguous() or source.is_sparse:
-            if source.is_sparse:
-                raise ValueError("tide: sparse gradients are not supported")
-            source = source.to(bucket.dtype).contiguous()
-        stream = None if self._cpu else torch.cuda.current_stream(p.device).cuda_stream
-        base = source.data_ptr()
-        for piece in bucket.pieces[i]:
-            bucket.executor.offload_gradient(piece.subgroup, piece.sub_offset,
-                                             base + piece.param_offset * bucket.element_size,
-                                             piece.count, bucket.tide_dtype, stream)
-        if not self._cpu:
-            # The copy reads `source` on tide's offload stream: its memory must not be reused
-            # before that copy ran.
-            if allocator.is_using_allocator():
-                allocator.record_stream(source, bucket.executor.offload_stream())
-            else:
-                source.record_stream(self._offload_stream(bucket))
-        self._keepalive.append(source)
-        self._offloaded[id(p)] = (grad, grad._version)
-
-    def _sync(self) -> list[tuple[_Bucket, int]]:
-        """Before the gradients are used: offloads again every gradient changed since its hook
-        ran (or never offloaded), re-reads master weights of parameters written from outside,
-        and returns the parameters that have no gradient."""
-        for bucket in self._buckets:
-            for i in range(len(bucket.params)):
-                bucket.check_layout(i)
-        missing = []
-        for bucket in self._buckets:
-            for i, p in enumerate(bucket.params):
-                if p._version != bucket.versions[i]:
-                    bucket.read_master(i)
-                grad = p.grad
-                if grad is None:
-                    missing.append((bucket, i))
-                    continue
-                seen = self._offloaded.get(id(p))
-                if seen is None or seen[0] is not grad or seen[1] != grad._version:
-                    self._offload(p)
-        return missing
-
-    def _release_gradients(self) -> None:
-        """After a wait on every offload (grad_stats or step): the gradients may go."""
-        self._keepalive.clear()
-        self._offloaded.clear()
+                    # The hook must not hold the optimizer: the finalizer's arguments (held
+                    # until it runs) reach the parameters, so the optimizer could never go.
+                    self._gradients.hooks.append(
+                        p.register_post_accumulate_grad_hook(self._gradients.on_grad))
 
     # ---- gradient norm and clipping ----
 
@@ -465,7 +174,7 @@ class AdamW(torch.optim.Optimizer):
         """The total L2 norm of the gradients, read from their offloaded copies, divided by
         `scale` (the loss scale they carry, if any): the norm before any clipping, as
         torch.nn.utils.clip_grad_norm_ returns it."""
-        self._sync()
+        self._gradients.sync(self._buckets)
         total = 0.0
         for bucket in self._buckets:
             sum_squares, _ = bucket.executor.grad_stats()
@@ -495,8 +204,7 @@ class AdamW(torch.optim.Optimizer):
         super().zero_grad(set_to_none)
         if self._gradients_on_gpu:
             for bucket in self._buckets:
-                device = 0 if self._cpu else bucket.params[0].device.index
-                bucket.executor.prepare(self._policy, self._headroom(device))
+                bucket.executor.prepare(self._policy, self._headroom(self._device_of(bucket)))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -512,43 +220,17 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         t_start = time.monotonic_ns()
-        devices = sorted({0 if self._cpu else b.params[0].device.index for b in self._buckets})
+        devices = sorted({self._device_of(b) for b in self._buckets})
         for device in devices:
             allocator.mark_phase("update", device)
-        missing = self._sync()
-        found_inf = getattr(self, "found_inf", None)
-        grad_scale = getattr(self, "grad_scale", None)
-        skipped = found_inf is not None and float(found_inf) != 0.0
-        scale = (float(grad_scale) if grad_scale is not None else 1.0) / self._clip_coef
-        reports: list[dict[str, Any]] = []
-        headroom: dict[int, int] = {}
-        problems: list[BaseException] = []
-        if not skipped:
-            headroom = {device: self._headroom(device) for device in devices}
-            no_grad: dict[int, list[int]] = {}
-            for bucket, i in missing:
-                no_grad.setdefault(id(bucket), []).append(i)
-            # Before anything changes, on every bucket: the hyperparameters, and what the
-            # executors need to complete the step from host memory alone (a failure here
-            # raises, and nothing changed).
-            steps = []
-            for bucket in self._buckets:
-                frozen = no_grad.get(id(bucket), [])
-                if len(frozen) == len(bucket.params):
-                    continue  # as torch: parameters without a gradient are not updated at all
-                steps.append((bucket, frozen, self._hyper(bucket, scale)))
-            for bucket, frozen, hyper in steps:
-                bucket.set_frozen(frozen)
-                bucket.executor.ready(hyper)
-            # The step: from here it completes (executor.h says how each fault is handled).
-            for bucket, frozen, hyper in steps:
-                reports.append(self._step_bucket(bucket, frozen, hyper, headroom, problems))
-        else:
-            # Nothing is updated, but the offloads must be over before the gradients may go.
-            for bucket in self._buckets:
-                bucket.executor.grad_stats()
+        self._take_state_writes()
+        try:
+            reports, problems, headroom, skipped = self._update(devices)
+        finally:
+            # Where the state is now (a step may move it): opt.state's tensors follow.
+            self._entries.refresh()
         self._clip_coef = 1.0
-        self._release_gradients()
+        self._gradients.release_gradients()
         # The step is over: what follows only tidies up and must not make it look undone.
         try:
             if not self._keep_buffers:
@@ -563,48 +245,57 @@ class AdamW(torch.optim.Optimizer):
             raise problems[0]
         return loss
 
-    def _hyper(self, bucket: _Bucket, scale: float) -> kernels.AdamHyper:
+    def _update(self, devices: list[int]
+                ) -> tuple[list[dict[str, Any]], list[Exception], dict[int, int], bool]:
+        """The update phase of step() on `devices`: (per bucket reports, errors to raise after
+        the step, headroom per device, whether GradScaler skipped it)."""
+        missing = self._gradients.sync(self._buckets)
+        found_inf = getattr(self, "found_inf", None)
+        grad_scale = getattr(self, "grad_scale", None)
+        skipped = found_inf is not None and float(found_inf) != 0.0
+        scale = (float(grad_scale) if grad_scale is not None else 1.0) / self._clip_coef
+        reports: list[dict[str, Any]] = []
+        headroom: dict[int, int] = {}
+        problems: list[Exception] = []
+        if not skipped:
+            headroom = {device: self._headroom(device) for device in devices}
+            no_grad: dict[int, list[int]] = {}
+            for bucket, i in missing:
+                no_grad.setdefault(id(bucket), []).append(i)
+            # Before anything changes, on every bucket: the hyperparameters, and what the
+            # executors need to complete the step from host memory alone (a failure here
+            # raises, and nothing changed); then the step, which completes (_step).
+            steps = []
+            for bucket in self._buckets:
+                frozen = no_grad.get(id(bucket), [])
+                if len(frozen) == len(bucket.params):
+                    continue  # as torch: parameters without a gradient are not updated at all
+                steps.append(_step.BucketStep(bucket, frozen, self._hyper(bucket, scale),
+                                              headroom[self._device_of(bucket)]))
+            reports, problems = _step.run(steps, self._policy, self._committed)
+        else:
+            # Nothing is updated, but the offloads must be over before the gradients may go.
+            for bucket in self._buckets:
+                bucket.executor.grad_stats()
+        return reports, problems, headroom, skipped
+
+    def _device_of(self, bucket: Bucket) -> int:
+        return 0 if self._cpu else bucket.params[0].device.index
+
+    def _hyper(self, bucket: Bucket, scale: float) -> kernels.AdamHyper:
         group = self.param_groups[bucket.group_index]
-        lr, beta1, beta2, eps, weight_decay = _hyperparameters(group)
+        lr, beta1, beta2, eps, weight_decay = _arguments.hyperparameters(group)
         return kernels.AdamHyper(
             lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
             grad_scale=scale, step=bucket.step + 1, decoupled=int(self._decoupled),
             maximize=int(bool(group["maximize"])))
 
-    def _step_bucket(self, bucket: _Bucket, frozen: list[int], hyper: kernels.AdamHyper,
-                     headroom: dict[int, int], problems: list[BaseException]) -> dict[str, Any]:
-        device = 0 if self._cpu else bucket.params[0].device.index
-        report, message = bucket.executor.step(hyper, self._policy, headroom[device])
-        # The step counts advance with the committed state, and only then.
-        bucket.step += 1
-        bucket.state_moved()
-        for i, p in enumerate(bucket.params):
-            if i not in frozen:
-                self.state[p]["step"] += 1
-        known = len(problems)
-        if report.unwritten or report.not_updated:
-            outcome = bucket.executor.outcome()
-            if report.unwritten:
-                try:
-                    bucket.write_unwritten(outcome)
-                except Exception as error:  # noqa: BLE001 (a failed GPU: said below)
-                    problems.append(RuntimeError(
-                        "tide: the optimizer step completed (the optimizer state holds it: "
-                        "state_dict() can be saved), but the model's parameters could not be "
-                        f"written: {message}; and with torch: {error}"))
-            if report.not_updated:
-                problems.append(StepIncompleteError(
-                    f"tide: {report.not_updated} of {len(bucket.sizes)} subgroups could not be "
-                    f"updated ({message}): the optimizer state is inconsistent; restore the "
-                    "last checkpoint"))
-        if message and len(problems) == known:
-            # Completed exactly, after a fault it handled.
-            warnings.warn(f"tide: {message}", RuntimeWarning, stacklevel=3)
-        for i, p in enumerate(bucket.params):
-            bucket.versions[i] = p._version
-        placed, summary = bucket.executor.last_plan()
-        return {"report": report, "devices": placed, "headroom": headroom[device],
-                "gpu_bytes": summary.gpu_bytes}
+    def _committed(self, s: _step.BucketStep) -> None:
+        """A bucket's state holds the step: the step counts of its parameters that had a
+        gradient advance."""
+        for i in range(len(s.bucket.params)):
+            if i not in s.frozen:
+                self._entries.advance(self.state, s.bucket, i)
 
     def _record(self, reports: list, skipped: bool, t_start: int, t_end: int,
                 headroom: dict[int, int]) -> None:
@@ -612,7 +303,7 @@ class AdamW(torch.optim.Optimizer):
         stat = {
             "step": len(self.stats) + 1,
             "skipped": skipped,
-            "placement": _placement_in_force(self._placement_option),
+            "placement": _arguments.placement_in_force(self._placement_option),
             "gpu_subgroups": sum(r["report"].gpu_subgroups for r in ran),
             "cpu_subgroups": sum(r["report"].cpu_subgroups for r in ran),
             "fallback_subgroups": sum(r["report"].fallback_subgroups for r in ran),
@@ -648,11 +339,15 @@ class AdamW(torch.optim.Optimizer):
         """torch.optim.AdamW's layout: per parameter "step", "exp_avg", "exp_avg_sq" (fp32 CPU
         tensors shaped like the parameter), plus "master_param" for low-precision parameters
         (their fp32 master weights; torch.optim ignores it)."""
+        self._take_state_writes()
         live = self.state
         full: dict[Any, Any] = {}
         for bucket in self._buckets:
             for i, p in enumerate(bucket.params):
-                entry = {"step": live[p]["step"].clone()}
+                ours = self._entries.get(p)
+                if ours is None:
+                    continue  # no step yet: no state, as in torch
+                entry = {"step": ours["step"].clone()}
                 if int(entry["step"]) > 0:
                     entry["exp_avg"] = bucket.gather(i, "exp_avg")
                     entry["exp_avg_sq"] = bucket.gather(i, "exp_avg_sq")
@@ -671,7 +366,8 @@ class AdamW(torch.optim.Optimizer):
         checked before anything is replaced: a state dict that does not fit (another model's
         shapes, another optimizer's, non-finite values, a negative step or second moment)
         raises ValueError naming the parameter, and the optimizer is left as it was."""
-        entries = self._checked_entries(state_dict)
+        entries = _checkpoint.checked_entries(state_dict, self.param_groups,
+                                              lambda p: id(p) in self._where)
         groups_only = {"state": {}, "param_groups": state_dict["param_groups"]}
         live = self.state
         super().load_state_dict(groups_only)  # takes the groups' hyperparameters
@@ -679,23 +375,7 @@ class AdamW(torch.optim.Optimizer):
         by_bucket: dict[int, list[int]] = {}
         for p, step, entry in entries:
             bucket, i = self._where[id(p)]
-            bucket.read_master(i)
-            if step > 0:
-                bucket.scatter(i, "exp_avg", entry["exp_avg"].float().cpu())
-                bucket.scatter(i, "exp_avg_sq", entry["exp_avg_sq"].float().cpu())
-                master = entry.get("master_param")
-                if master is not None:
-                    master = master.float().cpu().reshape(p.shape)
-                    if torch.equal(master.to(p.dtype), p.detach().cpu()):
-                        bucket.scatter(i, "param", master)
-                    else:
-                        warnings.warn("tide: a saved master_param does not match its parameter "
-                                      "(the model changed after the save); using the "
-                                      "parameter's value", stacklevel=2)
-            else:
-                bucket.scatter(i, "exp_avg", torch.zeros(p.numel()))
-                bucket.scatter(i, "exp_avg_sq", torch.zeros(p.numel()))
-            self.state[p]["step"] = torch.tensor(float(step), dtype=torch.float32)
+            self._load_entry(bucket, i, step, entry)
             by_bucket.setdefault(id(bucket), []).append(step)
         for bucket in self._buckets:
             steps = by_bucket.get(id(bucket), [])
@@ -705,84 +385,14 @@ class AdamW(torch.optim.Optimizer):
                                   "tide's bias correction uses the largest", stacklevel=2)
                 bucket.step = max(steps)
 
-    _STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"})
+    def _load_entry(self, bucket: Bucket, i: int, step: int, entry: dict) -> None:
+        _checkpoint.load_entry(bucket, i, step, entry)
+        self._entries.set_step(self.state, bucket, i, step)
 
-    def _checked_entries(self, state_dict: Any) -> list[tuple[torch.Tensor, int, dict]]:
-        """(parameter, step, saved entry) for every parameter tide holds, once the whole state
-        dict has been checked against this optimizer."""
-        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
-            raise ValueError("tide: not an optimizer state dict (it needs 'state' and "
-                             "'param_groups')")
-        groups, saved_state = state_dict["param_groups"], state_dict["state"]
-        if not isinstance(groups, (list, tuple)) or not isinstance(saved_state, dict):
-            raise ValueError("tide: not an optimizer state dict ('param_groups' must be a list "
-                             "and 'state' a dict)")
-        if len(groups) != len(self.param_groups):
-            raise ValueError(f"tide: the state dict has {len(groups)} param groups, this "
-                             f"optimizer {len(self.param_groups)}")
-        entries = []
-        for g, (saved, ours) in enumerate(zip(groups, self.param_groups)):
-            if not isinstance(saved, dict) or "params" not in saved:
-                raise ValueError(f"tide: param group {g} of the state dict has no 'params'")
-            missing = [key for key in ("lr", "betas", "eps", "weight_decay") if key not in saved]
-            if missing:
-                raise ValueError(
-                    f"tide: param group {g} of the state dict has no {missing[0]!r}: it is not "
-                    "an Adam/AdamW state dict (another optimizer saved it)")
-            if saved.get("amsgrad"):
-                raise ValueError(f"tide: param group {g} of the state dict is amsgrad's, which "
-                                 "tide does not support")
-            try:
-                _hyperparameters(saved)
-            except (TypeError, ValueError) as error:
-                raise ValueError(f"tide: param group {g} of the state dict: {error}") from None
-            if len(saved["params"]) != len(ours["params"]):
-                raise ValueError(f"tide: param group {g} of the state dict has "
-                                 f"{len(saved['params'])} parameters, this optimizer's "
-                                 f"{len(ours['params'])}")
-            for k, (saved_id, p) in enumerate(zip(saved["params"], ours["params"])):
-                if id(p) not in self._where:
-                    continue  # no elements
-                name = f"parameter {k} of param group {g} (shape {tuple(p.shape)})"
-                entry = saved_state.get(saved_id, {})
-                entries.append((p, self._checked_entry(entry, p, name), entry))
-        return entries
-
-    def _checked_entry(self, entry: Any, p: torch.Tensor, name: str) -> int:
-        if not isinstance(entry, dict):
-            raise ValueError(f"tide: the saved state of {name} is not a dict")
-        unknown = sorted(set(entry) - self._STATE_KEYS)
-        if unknown:
-            raise ValueError(f"tide: the saved state of {name} has {unknown[0]!r}, which "
-                             "Adam/AdamW state has not (another optimizer saved it)")
-        raw = entry.get("step", 0.0)
-        try:
-            step = float(raw.item() if isinstance(raw, torch.Tensor) else raw)
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"tide: the saved step of {name} is not a number: {raw!r}") from None
-        if not math.isfinite(step) or step < 0 or step != int(step) or step >= 2**62:
-            raise ValueError(f"tide: the saved step of {name} is {step}: it must be a whole "
-                             "number >= 0")
-        if step == 0:
-            return 0
-        for key in ("exp_avg", "exp_avg_sq", "master_param"):
-            value = entry.get(key)
-            if value is None:
-                if key == "master_param":
-                    continue
-                raise ValueError(f"tide: the saved state of {name} has step {step:g} but no "
-                                 f"{key!r}")
-            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-                raise ValueError(f"tide: the saved {key} of {name} is not a floating-point "
-                                 "tensor")
-            if tuple(value.shape) != tuple(p.shape):
-                raise ValueError(f"tide: the saved {key} of {name} has shape "
-                                 f"{tuple(value.shape)}: the state dict is another model's")
-            if not bool(torch.isfinite(value).all()):
-                raise ValueError(f"tide: the saved {key} of {name} has non-finite values")
-            if key == "exp_avg_sq" and bool((value < 0).any()):
-                raise ValueError(f"tide: the saved exp_avg_sq of {name} has negative values")
-        return int(step)
+    def _take_state_writes(self) -> None:
+        """What the program wrote into opt.state since the last step becomes tide's state
+        (_state); a value tide cannot take raises ValueError, and nothing was taken."""
+        self._entries.take_writes(self.state, self._buckets, self._load_entry)
 
     def _close(self) -> None:
         self._release()

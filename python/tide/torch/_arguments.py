@@ -1,0 +1,114 @@
+"""The arguments of tide.torch.AdamW / Adam: tide's own (subgroup_size, placement, threads) and
+the hyperparameters of a param group, checked as torch.optim.AdamW checks them, with messages
+that name the value given.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from tide.torch import _executor
+
+DEFAULT_SUBGROUP_SIZE = 1 << 24  # elements: 192 MiB of fp32 state (p, m, v) per GPU buffer
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_count(name: str, text: str, minimum: int) -> int:
+    """A count such as 16777216 or 16M (binary multiples: K, M, G)."""
+    value = text.strip()
+    suffix = value[-1:].upper() if value[-1:].isalpha() else ""
+    digits = value[:-1] if suffix else value
+    if suffix not in _SIZE_SUFFIXES or not digits.isdigit():
+        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}, optionally with a "
+                         f"K, M or G suffix (x1024, x1024^2, x1024^3), e.g. 16M")
+    count = int(digits) * _SIZE_SUFFIXES[suffix]
+    if count < minimum:
+        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum} (elements)")
+    return count
+
+
+def subgroup_size(option: int | None) -> int:
+    if option is not None:
+        if isinstance(option, bool) or not isinstance(option, int) or option < 1:
+            raise ValueError(f"subgroup_size must be a positive integer, got {option!r}")
+        return option
+    text = os.environ.get("TIDE_SUBGROUP_SIZE")
+    return parse_count("TIDE_SUBGROUP_SIZE", text, 1) if text else DEFAULT_SUBGROUP_SIZE
+
+
+def placement(option: str | int | None) -> _executor.PlacementPolicy | None:
+    """None: TIDE_PLACEMENT (read by tide, strictly), else auto."""
+    if option is None:
+        return None
+    if isinstance(option, int) and not isinstance(option, bool):
+        if option < 1:
+            raise ValueError(f"placement K must be >= 1, got {option}")
+        return _executor.policy(_executor.PLACEMENT_INTERLEAVE, option)
+    kinds = {"auto": _executor.PLACEMENT_AUTO, "cpu": _executor.PLACEMENT_CPU,
+             "gpu": _executor.PLACEMENT_GPU}
+    if isinstance(option, str):
+        if option in kinds:
+            return _executor.policy(kinds[option])
+        if option.isdigit() and int(option) >= 1:
+            return _executor.policy(_executor.PLACEMENT_INTERLEAVE, int(option))
+    raise ValueError(f"placement must be 'auto', 'cpu', 'gpu' or an integer K >= 1 (one GPU "
+                     f"subgroup every K), got {option!r}")
+
+
+def placement_in_force(option: str | int | None) -> str | int:
+    """The policy a step ran under: 'auto', 'cpu', 'gpu' or K, from the argument, else
+    TIDE_PLACEMENT (which tide's executor read and accepted), else 'auto'."""
+    text = str(option) if option is not None else os.environ.get("TIDE_PLACEMENT") or "auto"
+    if text in ("auto", "cpu", "gpu"):
+        return text
+    return int(text.lstrip("kK"))
+
+
+def threads(option: int | None) -> int:
+    if option is None:
+        return 0
+    if isinstance(option, bool) or not isinstance(option, int) or not 1 <= option <= 1024:
+        raise ValueError(f"threads must be an integer from 1 to 1024, got {option!r}")
+    return option
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"Invalid {name} value: {value!r} (must be finite)")
+    return float(value)
+
+
+def hyperparameters(group: dict[str, Any]) -> tuple[float, float, float, float, float]:
+    """(lr, beta1, beta2, eps, weight_decay) of a param group, checked as torch.optim.AdamW
+    checks them, with messages that name the value given."""
+    lr = group["lr"]
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError(f"Tensor lr must be 1-element, got {lr.numel()} elements")
+        lr = lr.item()
+    lr = _number("learning rate", lr)
+    if lr < 0:
+        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
+    betas = group["betas"]
+    if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+        raise ValueError(f"Invalid beta parameters: {betas!r} (two numbers in [0, 1), "
+                         "e.g. (0.9, 0.999))")
+    beta1, beta2 = (_number("beta", b.item() if isinstance(b, torch.Tensor) else b)
+                    for b in betas)
+    for index, beta in enumerate((beta1, beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {index}: {beta} (must be in "
+                             "[0, 1))")
+    eps = _number("epsilon", group["eps"])
+    if eps < 0:
+        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
+    weight_decay = _number("weight_decay", group["weight_decay"])
+    if weight_decay < 0:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")
+    return lr, beta1, beta2, eps, weight_decay

@@ -1,0 +1,161 @@
+"""A bucket: the parameters of one param group with one dtype on one device, laid end to end and
+cut into subgroups (_layout), and the executor (tide_optimizer) that holds their optimizer state
+in pinned host memory. The bucket reads and writes that state through CPU tensors over the
+pinned buffers (no copy), and writes the model's parameters where the executor could not.
+
+Nothing here knows about torch.optim: tide.torch.optim drives buckets.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tide import kernels
+from tide.torch import _executor, _layout
+
+TIDE_DTYPES = {torch.float32: kernels.FLOAT32, torch.bfloat16: kernels.BFLOAT16,
+               torch.float16: kernels.FLOAT16}
+
+
+def layout_of(p: torch.Tensor) -> tuple:
+    """What tide's slices of a parameter describe: its memory, shape, strides, dtype, device."""
+    return (p.data_ptr(), tuple(p.shape), tuple(p.stride()), p.dtype, p.device)
+
+
+class Bucket:
+    """The parameters of one param group with one dtype on one device, and their executor."""
+
+    def __init__(self, group_index: int, params: list[torch.Tensor], subgroup_size: int, *,
+                 device: int, cpu_threads: int, gradients_on_gpu: bool):
+        self.group_index = group_index
+        self.params = params
+        self.dtype = params[0].dtype
+        self.tide_dtype = TIDE_DTYPES[self.dtype]
+        self.element_size = params[0].element_size()
+        self.sizes, self.pieces = _layout.split([p.numel() for p in params], subgroup_size)
+        slices = [(piece.subgroup, piece.sub_offset, piece.count,
+                   p.data_ptr() + piece.param_offset * self.element_size)
+                  for p, mine in zip(params, self.pieces) for piece in mine]
+        self.executor = _executor.Executor(self.sizes, slices, device=device, dtype=self.tide_dtype,
+                                           cpu_threads=cpu_threads,
+                                           gradients_on_gpu=gradients_on_gpu)
+        # What tide's slices describe: the memory the parameters had when the optimizer was made.
+        self.layouts = [layout_of(p) for p in params]
+        self.versions = [p._version for p in params]
+        self.step = 0  # update phases run: the bias correction's step number
+        self.frozen: tuple[int, ...] = ()  # the parameters the executor leaves untouched
+        self._views: list[dict[str, torch.Tensor]] | None = None
+        self._moved = False  # a step ran since the views were made
+        for i in range(len(params)):
+            self.read_master(i)
+
+    def check_layout(self, i: int) -> None:
+        """Raises when parameter i is no longer the memory tide writes (before anything is
+        read or written through its slices)."""
+        now = layout_of(self.params[i])
+        if now != self.layouts[i]:
+            raise RuntimeError(
+                f"tide: a parameter changed since the optimizer was created (was {self.layouts[i]}, "
+                f"now {now}): its memory moved or was resized (param.data replaced, the model "
+                "moved with .to()); create the optimizer after the model is in place")
+
+    @property
+    def views(self) -> list[dict[str, torch.Tensor]]:
+        """CPU tensors over each subgroup's pinned buffers (no copy): "param" (the fp32 master
+        weights), "exp_avg", "exp_avg_sq", "grad". A step may move a subgroup's state to another
+        buffer (executor.h): after one, those of the subgroups that moved are made again. Each
+        keeps its buffer allocated while it, or a tensor on its storage, lives
+        (Executor.memory)."""
+        if self._views is None:
+            self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
+        elif self._moved:
+            for i, views in enumerate(self._views):
+                b = self.executor.buffers(i)
+                if b.param != views["param"].data_ptr():
+                    self._views[i] = self._subgroup_views(i, b)
+        self._moved = False
+        return self._views
+
+    def state_moved(self) -> None:
+        """A step ran: a subgroup's state may be in another buffer now."""
+        self._moved = True
+
+    def drop_views(self) -> None:
+        self._views = None
+
+    def _subgroup_views(self, subgroup: int, b: _executor.SubgroupBuffers | None = None
+                        ) -> dict[str, torch.Tensor]:
+        b = self.executor.buffers(subgroup) if b is None else b
+
+        def view(address: int, dtype: torch.dtype, element_size: int) -> torch.Tensor:
+            raw = self.executor.memory(address, b.count * element_size)
+            return torch.frombuffer(raw, dtype=dtype, count=b.count)
+
+        return {"param": view(b.param, torch.float32, 4),
+                "exp_avg": view(b.exp_avg, torch.float32, 4),
+                "exp_avg_sq": view(b.exp_avg_sq, torch.float32, 4),
+                "grad": view(b.grad, self.dtype, self.element_size)}
+
+    def pinned(self, key: str, piece: _layout.Piece) -> torch.Tensor:
+        return self.views[piece.subgroup][key][piece.sub_offset:piece.sub_offset + piece.count]
+
+    def read_master(self, i: int) -> None:
+        """Master weights of parameter i from the parameter itself."""
+        flat = self.params[i].detach().reshape(-1)
+        for piece in self.pieces[i]:
+            self.pinned("param", piece).copy_(
+                flat[piece.param_offset:piece.param_offset + piece.count])
+        self.versions[i] = self.params[i]._version
+
+    def gather(self, i: int, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Parameter i's `key` state (fp32, on the CPU, shaped like the parameter): a copy, into
+        `out` when given (contiguous, as many elements)."""
+        if out is None:
+            out = torch.empty(self.params[i].shape, dtype=torch.float32)
+        flat = out.view(-1)
+        for piece in self.pieces[i]:
+            flat[piece.param_offset:piece.param_offset + piece.count] = self.pinned(key, piece)
+        return out
+
+    def scatter(self, i: int, key: str, value: torch.Tensor) -> None:
+        flat = value.detach().reshape(-1)
+        if flat.numel() != self.params[i].numel():
+            raise ValueError(f"state {key!r} has {flat.numel()} elements, the parameter "
+                             f"{self.params[i].numel()}")
+        for piece in self.pieces[i]:
+            self.pinned(key, piece).copy_(
+                flat[piece.param_offset:piece.param_offset + piece.count])
+
+    def set_frozen(self, frozen: list[int]) -> None:
+        """The parameters (indices) the coming steps leave exactly as they are."""
+        key = tuple(sorted(frozen))
+        if key != self.frozen:
+            flags = [i in key for i, mine in enumerate(self.pieces) for _ in mine]
+            self.executor.set_frozen(flags)
+            self.frozen = key
+
+    def write_unwritten(self, outcome: list[int]) -> None:
+        """The model's parameters of subgroups whose step completed without the device taking
+        their weights: written from the committed master weights, as the step would have (fp32
+        to the parameter's dtype, round to nearest even)."""
+        for i, p in enumerate(self.params):
+            if i in self.frozen:
+                continue
+            flat = p.detach().view(-1)
+            for piece in self.pieces[i]:
+                if outcome[piece.subgroup] == _executor.UNWRITTEN:
+                    flat[piece.param_offset:piece.param_offset + piece.count].copy_(
+                        self.pinned("param", piece))
+
+
+def release(hooks: list, buckets: list[Bucket]) -> None:
+    """An optimizer's end: its gradient hooks removed, its executors destroyed (once)."""
+    for hook in hooks:
+        hook.remove()
+    hooks.clear()
+    for bucket in buckets:
+        # The bucket's own views go first: then only tensors that the program (or opt.state)
+        # still holds keep the executor's memory.
+        bucket.drop_views()
+        bucket.executor.close()
+    buckets.clear()

@@ -1,0 +1,124 @@
+"""State dicts in torch.optim.Adam(W)'s layout: checked against the optimizer before anything is
+replaced, and loaded into a bucket's pinned state.
+
+Per parameter: "step", "exp_avg", "exp_avg_sq" (fp32, shaped like the parameter), and for
+low-precision parameters "master_param" (tide's fp32 master weights; torch.optim ignores it).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from tide.torch._arguments import hyperparameters
+from tide.torch._bucket import Bucket
+
+STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"})
+
+
+def checked_entries(state_dict: Any, param_groups: list[dict[str, Any]],
+                    holds: Callable[[torch.Tensor], bool]) -> list[tuple[torch.Tensor, int, dict]]:
+    """(parameter, step, saved entry) for every parameter the optimizer holds (`holds`), once
+    the whole state dict has been checked against its param groups. Raises ValueError naming
+    what does not fit."""
+    if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
+        raise ValueError("tide: not an optimizer state dict (it needs 'state' and "
+                         "'param_groups')")
+    groups, saved_state = state_dict["param_groups"], state_dict["state"]
+    if not isinstance(groups, (list, tuple)) or not isinstance(saved_state, dict):
+        raise ValueError("tide: not an optimizer state dict ('param_groups' must be a list "
+                         "and 'state' a dict)")
+    if len(groups) != len(param_groups):
+        raise ValueError(f"tide: the state dict has {len(groups)} param groups, this "
+                         f"optimizer {len(param_groups)}")
+    entries = []
+    for g, (saved, ours) in enumerate(zip(groups, param_groups)):
+        if not isinstance(saved, dict) or "params" not in saved:
+            raise ValueError(f"tide: param group {g} of the state dict has no 'params'")
+        missing = [key for key in ("lr", "betas", "eps", "weight_decay") if key not in saved]
+        if missing:
+            raise ValueError(
+                f"tide: param group {g} of the state dict has no {missing[0]!r}: it is not "
+                "an Adam/AdamW state dict (another optimizer saved it)")
+        if saved.get("amsgrad"):
+            raise ValueError(f"tide: param group {g} of the state dict is amsgrad's, which "
+                             "tide does not support")
+        try:
+            hyperparameters(saved)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"tide: param group {g} of the state dict: {error}") from None
+        if len(saved["params"]) != len(ours["params"]):
+            raise ValueError(f"tide: param group {g} of the state dict has "
+                             f"{len(saved['params'])} parameters, this optimizer's "
+                             f"{len(ours['params'])}")
+        for k, (saved_id, p) in enumerate(zip(saved["params"], ours["params"])):
+            if not holds(p):
+                continue  # no elements
+            name = f"parameter {k} of param group {g} (shape {tuple(p.shape)})"
+            entry = saved_state.get(saved_id, {})
+            entries.append((p, checked_entry(entry, p, name), entry))
+    return entries
+
+
+def checked_entry(entry: Any, p: torch.Tensor, name: str) -> int:
+    """The step of one parameter's saved state, once the entry has been checked."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"tide: the saved state of {name} is not a dict")
+    unknown = sorted(set(entry) - STATE_KEYS)
+    if unknown:
+        raise ValueError(f"tide: the saved state of {name} has {unknown[0]!r}, which "
+                         "Adam/AdamW state has not (another optimizer saved it)")
+    raw = entry.get("step", 0.0)
+    try:
+        step = float(raw.item() if isinstance(raw, torch.Tensor) else raw)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"tide: the saved step of {name} is not a number: {raw!r}") from None
+    if not math.isfinite(step) or step < 0 or step != int(step) or step >= 2**62:
+        raise ValueError(f"tide: the saved step of {name} is {step}: it must be a whole "
+                         "number >= 0")
+    if step == 0:
+        return 0
+    for key in ("exp_avg", "exp_avg_sq", "master_param"):
+        value = entry.get(key)
+        if value is None:
+            if key == "master_param":
+                continue
+            raise ValueError(f"tide: the saved state of {name} has step {step:g} but no "
+                             f"{key!r}")
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise ValueError(f"tide: the saved {key} of {name} is not a floating-point "
+                             "tensor")
+        if tuple(value.shape) != tuple(p.shape):
+            raise ValueError(f"tide: the saved {key} of {name} has shape "
+                             f"{tuple(value.shape)}: the state dict is another model's")
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"tide: the saved {key} of {name} has non-finite values")
+        if key == "exp_avg_sq" and bool((value < 0).any()):
+            raise ValueError(f"tide: the saved exp_avg_sq of {name} has negative values")
+    return int(step)
+
+
+def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
+    """Parameter i of `bucket` takes a checked entry: its moments (zeros at step 0), and its
+    master weights, the saved ones when they round to the parameter's current value, else the
+    parameter's."""
+    p = bucket.params[i]
+    bucket.read_master(i)
+    if step > 0:
+        bucket.scatter(i, "exp_avg", entry["exp_avg"].float().cpu())
+        bucket.scatter(i, "exp_avg_sq", entry["exp_avg_sq"].float().cpu())
+        master = entry.get("master_param")
+        if master is not None:
+            master = master.float().cpu().reshape(p.shape)
+            if torch.equal(master.to(p.dtype), p.detach().cpu()):
+                bucket.scatter(i, "param", master)
+            else:
+                warnings.warn("tide: a saved master_param does not match its parameter "
+                              "(the model changed after the save); using the "
+                              "parameter's value", stacklevel=4)
+    else:
+        bucket.scatter(i, "exp_avg", torch.zeros(p.numel()))
+        bucket.scatter(i, "exp_avg_sq", torch.zeros(p.numel()))

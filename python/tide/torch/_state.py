@@ -1,0 +1,281 @@
+"""opt.state[p] as torch.optim.AdamW keeps it, over tide's pinned state.
+
+torch.optim.AdamW keeps, for each parameter that has had a step, "step" (a float32 scalar
+tensor), "exp_avg" and "exp_avg_sq" (shaped like the parameter). Programs read and write them
+between steps (loggers, LR finders, state surgery, trainers' resume logic) and expect the next
+step to use what they wrote. tide keeps that state in pinned host memory cut into subgroups; an
+entry's tensors are CPU tensors over it, plus "master_param" (the fp32 master weights) for a
+low-precision parameter:
+
+- A parameter inside one subgroup: its tensors are views of the subgroup's pinned buffers (no
+  copy). A step may move a subgroup's state to another buffer (the commit point's spare slots,
+  executor.h); the same tensor objects are re-pointed there (Tensor.set_) after every step and
+  load, so a tensor held across steps stays the live state. Tensors *derived* from them (t[0],
+  t.view(-1)) stay on the buffer they were made on, which the next GPU step may reuse.
+- A parameter across subgroups cannot be one view of one buffer. Its tensors are copies, made
+  when read through the entry (`entry["exp_avg"]`, get, items, values, copy, repr, pickling),
+  written back into the state before the next step (or state_dict) when their version counter
+  says they were written. After a step, a copy still referenced outside the entry is refreshed in
+  place; any other is let go (its memory freed) and made again when next read. So these copies
+  cost memory and time only while a program uses them.
+- Memory is never freed under a tensor: each view keeps its executor's pinned memory allocated
+  (Executor.memory), even after the optimizer is gone.
+
+An entry appears at a parameter's first step with a gradient, as in torch (none before). A
+tensor assigned to a key (`opt.state[p]["exp_avg"] = t`, as Lightning's state moves do) is
+copied into tide's state at the next step or state_dict(), and the entry takes its own tensor
+back. An entry replaced by another dict is loaded (checked as load_state_dict checks it); an
+entry removed or emptied starts that parameter's state again, as torch would: zero moments,
+master weights from the parameter.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any, Callable
+
+import torch
+
+from tide.torch import _checkpoint
+from tide.torch._bucket import Bucket
+
+_PINNED = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "master_param": "param"}
+
+
+def _references(tensors: dict[str, torch.Tensor], key: str) -> int:
+    return sys.getrefcount(tensors[key])
+
+
+def _unheld_references() -> int:
+    """What _references counts for a tensor that only its entry holds (its slot in the entry
+    and in the entry's own table): measured, since interpreters count their temporaries
+    differently."""
+    probe = torch.empty(0)
+    holders = ({"key": probe}, {"key": probe})
+    del probe
+    return _references(holders[1], "key")
+
+
+_UNHELD = _unheld_references()
+
+
+def _name(bucket: Bucket, i: int) -> str:
+    return (f"a parameter of param group {bucket.group_index} (shape "
+            f"{tuple(bucket.params[i].shape)})")
+
+
+class ParamState(dict):
+    """One parameter's entry in opt.state (see above)."""
+
+    def __init__(self, bucket: Bucket, index: int, step: float):
+        super().__init__(step=torch.tensor(step, dtype=torch.float32))
+        self._bucket = bucket
+        self._index = index
+        self._split = len(bucket.pieces[index]) > 1  # across subgroups: copies, not views
+        keys = ["exp_avg", "exp_avg_sq"] + (["master_param"] if bucket.dtype != torch.float32
+                                            else [])
+        self._tensors = {key: torch.empty(0) for key in keys}
+        self._stale: set[str] = set()  # copies that do not hold the state as it is now
+        self._versions: dict[str, int] = {}  # of each copy when it last matched the state
+        self.refresh()
+
+    # ---- what the program sees ----
+
+    def __getitem__(self, key: Any) -> Any:
+        if key in self._stale:
+            self._copy_in(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def items(self) -> Any:
+        self._copy_all_in()
+        return dict.items(self)
+
+    def values(self) -> Any:
+        self._copy_all_in()
+        return dict.values(self)
+
+    def __iter__(self) -> Any:
+        # Defined so that dict(entry), {**entry} and update() read through __getitem__.
+        return dict.__iter__(self)
+
+    def copy(self) -> dict[Any, Any]:
+        return dict(self.items())
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key in self._stale:
+            self._copy_in(key)
+        return dict.pop(self, key, *default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else dict.setdefault(self, key, default)
+
+    def __repr__(self) -> str:
+        self._copy_all_in()
+        return dict.__repr__(self)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickled and copied as the plain dict torch.optim keeps.
+        return dict, (dict(self.items()),)
+
+    # ---- keeping it true to tide's state ----
+
+    def _copy_in(self, key: str) -> None:
+        """A copy of the state into `key`'s tensor (a parameter across subgroups)."""
+        tensor = self._tensors[key]
+        if tensor.numel() == self._bucket.params[self._index].numel():
+            self._bucket.gather(self._index, _PINNED[key], out=tensor)
+        else:
+            tensor.set_(self._bucket.gather(self._index, _PINNED[key]))
+        self._versions[key] = tensor._version
+        self._stale.discard(key)
+
+    def _copy_all_in(self) -> None:
+        for key in list(self._stale):
+            self._copy_in(key)
+
+    def _point(self, key: str) -> None:
+        """`key`'s tensor on the subgroup's pinned buffer where the state is now."""
+        piece = self._bucket.pieces[self._index][0]
+        base = self._bucket.views[piece.subgroup][_PINNED[key]]
+        tensor = self._tensors[key]
+        shape = self._bucket.params[self._index].shape
+        if tensor.data_ptr() != base.data_ptr() + 4 * piece.sub_offset or tensor.shape != shape:
+            strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+            tensor.set_(base.untyped_storage(), piece.sub_offset, shape, strides)
+
+    def refresh(self) -> None:
+        """After the state changed (a step, a load): the entry's tensors show it. Discards what
+        was assigned to its keys and not yet taken (take_writes)."""
+        for key in self._tensors:
+            dict.__setitem__(self, key, self._tensors[key])
+        for key in self._tensors:  # no local name may hold a tensor here: it would count
+            if not self._split:
+                self._point(key)
+            elif _references(self._tensors, key) > _UNHELD:
+                self._copy_in(key)  # the program holds it: it shows the new state
+            else:
+                self._tensors[key].set_()  # let the copy go; made again when read
+                self._stale.add(key)
+
+    def check_writes(self) -> None:
+        """Raises ValueError (naming the parameter) for a value assigned to a key that tide's
+        state cannot take."""
+        step = dict.get(self, "step")
+        number = isinstance(step, (int, float)) and not isinstance(step, bool)
+        if not (number or step is None or isinstance(step, torch.Tensor) and step.numel() == 1):
+            raise ValueError(f"tide: opt.state of {_name(self._bucket, self._index)}: 'step' "
+                             f"must be a number or a 1-element tensor, got {step!r}")
+        shape = self._bucket.params[self._index].shape
+        for key, mine in self._tensors.items():
+            value = dict.get(self, key)
+            if value is mine or value is None:
+                continue
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                problem = f"must be a floating-point tensor, got {type(value).__name__}"
+            elif value.shape != shape:
+                problem = f"has shape {tuple(value.shape)}, the parameter {tuple(shape)}"
+            else:
+                continue
+            raise ValueError(f"tide: opt.state of {_name(self._bucket, self._index)}: {key!r} "
+                             f"{problem}")
+
+    def take_writes(self) -> None:
+        """What the program wrote into the entry since the last step becomes tide's state:
+        values assigned to its keys, and writes into its copies. (Writes into views are there
+        already.) check_writes first."""
+        for key, mine in self._tensors.items():
+            value = dict.get(self, key)
+            if value is not mine:
+                if value is not None:
+                    if self._split:
+                        self._bucket.scatter(self._index, _PINNED[key], value.float().cpu())
+                        self._stale.add(key)
+                    else:
+                        mine.copy_(value)
+                dict.__setitem__(self, key, mine)
+            elif (self._split and key not in self._stale
+                  and mine._version != self._versions[key]):
+                self._bucket.scatter(self._index, _PINNED[key], mine)
+                self._versions[key] = mine._version
+        step = dict.get(self, "step")
+        if not isinstance(step, torch.Tensor):
+            dict.__setitem__(self, "step", torch.tensor(float(step or 0), dtype=torch.float32))
+
+    def advance(self) -> None:
+        """The parameter's step count after a step (in place, as torch.optim counts)."""
+        dict.__getitem__(self, "step").add_(1)
+
+    def set_step(self, step: int) -> None:
+        dict.__getitem__(self, "step").fill_(float(step))
+
+
+class StateEntries:
+    """The entries tide put in an optimizer's opt.state (`state`, torch's defaultdict), and what
+    keeps them and tide's state one."""
+
+    def __init__(self):
+        self._entries: dict[int, ParamState] = {}  # id(parameter) -> its entry
+
+    def get(self, p: torch.Tensor) -> ParamState | None:
+        return self._entries.get(id(p))
+
+    def advance(self, state: dict, bucket: Bucket, i: int) -> None:
+        """Parameter i of `bucket` has had a step: its entry (made at its first) counts it."""
+        p = bucket.params[i]
+        entry = self._entries.get(id(p))
+        if entry is None:
+            entry = self._entries[id(p)] = ParamState(bucket, i, 0.0)
+            state[p] = entry
+        entry.advance()
+
+    def set_step(self, state: dict, bucket: Bucket, i: int, step: int) -> None:
+        """Parameter i of `bucket` holds the state of `step` steps (a load): its entry shows it;
+        none at step 0, as in torch before the first step."""
+        p = bucket.params[i]
+        entry = self._entries.get(id(p))
+        if step == 0:
+            if entry is not None:
+                del self._entries[id(p)]
+                if state.get(p) is entry:
+                    del state[p]
+            return
+        if entry is None:
+            entry = self._entries[id(p)] = ParamState(bucket, i, float(step))
+        else:
+            entry.set_step(step)
+            entry.refresh()
+        state[p] = entry
+
+    def refresh(self) -> None:
+        """After a step: every entry shows the state as it is now."""
+        for entry in self._entries.values():
+            entry.refresh()
+
+    def take_writes(self, state: dict, buckets: list[Bucket],
+                    load: Callable[[Bucket, int, int, dict], None]) -> None:
+        """Before a step or a state_dict(): what the program did to opt.state since the last
+        step becomes tide's state (see above); an entry replaced or removed is loaded with
+        `load(bucket, i, step, entry)` (an empty one: step 0). Everything is checked first: a
+        value tide cannot take raises ValueError, and then nothing was taken."""
+        actions = []
+        for bucket in buckets:
+            for i, p in enumerate(bucket.params):
+                ours = self._entries.get(id(p))
+                current = state.get(p)
+                if ours is not None and current is ours:
+                    ours.check_writes()
+                    actions.append(ours.take_writes)
+                elif ours is not None or current:
+                    entry = {} if current is None else current
+                    try:
+                        step = _checkpoint.checked_entry(entry, p, _name(bucket, i))
+                    except ValueError as error:
+                        raise ValueError(f"{error} (opt.state[p], as the program replaced "
+                                         "it)") from None
+                    actions.append(lambda b=bucket, i=i, s=step, e=entry: load(b, i, s, e))
+        for action in actions:
+            action()

@@ -1,0 +1,82 @@
+"""One optimizer step over several buckets, as one step: it happens exactly or not at all.
+
+First every bucket does what it needs before anything can change (the frozen parameters, the
+hyperparameters checked, the offloaded gradients in pinned memory: tide_optimizer_ready); a
+failure there raises and nothing changed. Then each bucket's update phase runs, and from there a
+fault is rolled forward (executor.h): the step completes with the same bits, said in a
+RuntimeWarning, and only what cannot be completed is reported as an error after all buckets ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable
+
+from tide import kernels
+from tide.torch import _executor
+from tide.torch._bucket import Bucket
+
+
+class StepIncompleteError(RuntimeError):
+    """step() could update only part of the optimizer state: gradients kept on the GPU
+    (gradients_on_gpu=True) were lost with the device. The only outcome of a step that is
+    neither the whole step nor none of it; restore a checkpoint."""
+
+
+@dataclasses.dataclass
+class BucketStep:
+    bucket: Bucket
+    frozen: list[int]  # the bucket's parameters without a gradient: left exactly as they are
+    hyper: kernels.AdamHyper
+    headroom: int  # bytes of GPU memory the update phase may use on the bucket's device
+
+
+def run(steps: list[BucketStep], policy: _executor.PlacementPolicy | None,
+        committed: Callable[[BucketStep], None]) -> tuple[list[dict[str, Any]], list[Exception]]:
+    """The step of every bucket in `steps`. `committed(s)` is called as soon as bucket s's state
+    holds the step. Returns, per bucket, its report, where each subgroup ran, the headroom and
+    the GPU bytes its plan used; and the errors to raise once every bucket ran."""
+    for s in steps:
+        s.bucket.set_frozen(s.frozen)
+        s.bucket.executor.ready(s.hyper)
+    # From here the step completes.
+    problems: list[Exception] = []
+    return [_step_bucket(s, policy, committed, problems) for s in steps], problems
+
+
+def _step_bucket(s: BucketStep, policy: _executor.PlacementPolicy | None,
+                 committed: Callable[[BucketStep], None],
+                 problems: list[Exception]) -> dict[str, Any]:
+    bucket = s.bucket
+    try:
+        report, message = bucket.executor.step(s.hyper, policy, s.headroom)
+    finally:
+        bucket.state_moved()  # its state may be in other buffers now (executor.h)
+    # The step counts advance with the committed state, and only then.
+    bucket.step += 1
+    committed(s)
+    known = len(problems)
+    if report.unwritten or report.not_updated:
+        outcome = bucket.executor.outcome()
+        if report.unwritten:
+            try:
+                bucket.write_unwritten(outcome)
+            except Exception as error:  # noqa: BLE001 (a failed GPU: said below)
+                problems.append(RuntimeError(
+                    "tide: the optimizer step completed (the optimizer state holds it: "
+                    "state_dict() can be saved), but the model's parameters could not be "
+                    f"written: {message}; and with torch: {error}"))
+        if report.not_updated:
+            problems.append(StepIncompleteError(
+                f"tide: {report.not_updated} of {len(bucket.sizes)} subgroups could not be "
+                f"updated ({message}): the optimizer state is inconsistent; restore the "
+                "last checkpoint"))
+    if message and len(problems) == known:
+        # Completed exactly, after a fault it handled.
+        warnings.warn(f"tide: {message}", RuntimeWarning, stacklevel=4)
+    for i, p in enumerate(bucket.params):
+        bucket.versions[i] = p._version
+    placed, summary = bucket.executor.last_plan()
+    return {"report": report, "devices": placed, "headroom": s.headroom,
+            "gpu_bytes": summary.gpu_bytes}
