@@ -7,8 +7,8 @@
 #include <mutex>
 #include <string>
 
-#include "allocator/phase_detector.h"
-#include "allocator/trace_export.h"
+#include "allocator/telemetry/chrome_trace.h"
+#include "allocator/telemetry/phase_detector.h"
 #include "interpose/json_text.h"
 
 namespace tide::interpose {
@@ -19,14 +19,14 @@ namespace {
 constexpr double kHeadroomMargin = 0.05;
 constexpr int kHeadroomWindow = 8;
 
-allocator::Mark mark_of(Phase phase) {
+allocator::telemetry::Mark mark_of(Phase phase) {
   switch (phase) {
     case Phase::backward:
-      return allocator::Mark::kBackward;
+      return allocator::telemetry::Mark::kBackward;
     case Phase::update:
-      return allocator::Mark::kUpdate;
+      return allocator::telemetry::Mark::kUpdate;
     default:
-      return allocator::Mark::kForward;
+      return allocator::telemetry::Mark::kForward;
   }
 }
 
@@ -59,7 +59,7 @@ AllocatorTelemetry::Device& AllocatorTelemetry::device(int index) {
     const std::lock_guard lock(create_lock_);
     if (!d.ready.load(std::memory_order_relaxed)) {
       // Every change is a sample (resolution 1 byte): driver-level changes are few and large.
-      d.telemetry = std::make_unique<allocator::Telemetry>(kSamplesPerDevice, 1);
+      d.telemetry = std::make_unique<allocator::telemetry::Telemetry>(kSamplesPerDevice, 1);
       d.phase = Phase::unmarked;
       d.ready.store(true, std::memory_order_release);
       int seen = devices_seen_.load(std::memory_order_relaxed);
@@ -83,7 +83,7 @@ void AllocatorTelemetry::on_alloc(const MemoryEvent& event) {
   std::uint64_t& phase_peak = m.phase_peak_bytes[static_cast<std::size_t>(phase)];
   phase_peak = std::max(phase_peak, m.live_bytes);
   if (d.phase != Phase::unmarked) {
-    allocator::IterationStats& it = d.open;
+    allocator::telemetry::IterationStats& it = d.open;
     it.peak_live_all = std::max(it.peak_live_all, m.live_bytes);
     const int p = static_cast<int>(d.phase) - 1;
     it.peak_live[p] = std::max(it.peak_live[p], m.live_bytes);
@@ -111,7 +111,7 @@ void AllocatorTelemetry::on_refused(const MemoryEvent& event) {
   const std::uint64_t now = clock_.now();
   const std::lock_guard lock(d.lock);
   if (d.refusals.size() >= kRefusalsKept) return;
-  allocator::OomRecord record;
+  allocator::telemetry::OomRecord record;
   record.t_ns = now;
   record.requested = event.bytes;
   record.rounded = event.bytes;
@@ -146,11 +146,11 @@ void AllocatorTelemetry::mark_locked(Device& d, Phase phase, std::uint64_t now) 
   const bool new_iteration =
       d.phase == Phase::unmarked || (phase == Phase::forward && d.phase != Phase::forward);
   if (new_iteration && d.phase != Phase::unmarked) {
-    d.telemetry->mark(allocator::Mark::kIterationEnd, now, live, live);
+    d.telemetry->mark(allocator::telemetry::Mark::kIterationEnd, now, live, live);
     ++d.iterations_closed;
   }
   if (new_iteration) {
-    d.open = allocator::IterationStats{};
+    d.open = allocator::telemetry::IterationStats{};
     d.open.index = d.iterations_closed;
     d.open.start_ns = now;
     d.open.peak_live_all = live;
@@ -209,13 +209,13 @@ AllocatorTelemetry::Snapshot AllocatorTelemetry::snapshot(int index, double ns_p
   }
   // No marks: iterations and phases from the shape of the curve.
   if (s.iterations.empty()) {
-    s.iterations = allocator::detect_iterations(s.samples);
+    s.iterations = allocator::telemetry::detect_iterations(s.samples);
     s.detected = !s.iterations.empty();
   }
   std::uint64_t limit = d.total.load(std::memory_order_relaxed);
   if (limit_ != 0) limit = limit == 0 ? limit_ : std::min(limit, limit_);
-  s.headroom = allocator::forecast_headroom(s.iterations, limit, kHeadroomMargin, kHeadroomWindow,
-                                            s.memory.peak_bytes);
+  s.headroom = allocator::telemetry::forecast_headroom(s.iterations, limit, kHeadroomMargin,
+                                                       kHeadroomWindow, s.memory.peak_bytes);
   return s;
 }
 
@@ -240,7 +240,7 @@ std::string AllocatorTelemetry::report_json() const {
     std::copy(std::begin(s.memory.phase_peak_bytes), std::end(s.memory.phase_peak_bytes), peaks);
     if (s.detected) {
       for (const auto& it : s.iterations) {
-        for (int p = 0; p < allocator::kPhaseCount; ++p) {
+        for (int p = 0; p < allocator::telemetry::kPhaseCount; ++p) {
           std::uint64_t& peak = peaks[p + 1];  // allocator phases start at forward
           if (it.phase_seen[p]) peak = std::max(peak, it.peak_live[p]);
         }
@@ -304,14 +304,14 @@ bool AllocatorTelemetry::write_trace(const std::string& path, std::vector<std::s
       if (error != nullptr) *error = file + ": " + std::strerror(errno);
       return false;
     }
-    allocator::TimelineExport data;
+    allocator::telemetry::TimelineExport data;
     data.device = index;
     data.samples = s.samples;
     data.iterations = s.iterations;
     data.marks = s.marks;
     data.ooms = s.refusals;
     data.headroom = s.headroom;
-    allocator::write_chrome_trace(out, data);
+    allocator::telemetry::write_chrome_trace(out, data);
     out.close();
     if (!out) {
       if (error != nullptr) *error = file + ": write failed";
@@ -337,7 +337,7 @@ void AllocatorTelemetry::child_after_fork() {
     if (d.ready.load(std::memory_order_relaxed)) d.telemetry->clear();
     d.memory = DeviceMemory{};
     d.phase = Phase::unmarked;
-    d.open = allocator::IterationStats{};
+    d.open = allocator::telemetry::IterationStats{};
     d.iterations_closed = 0;
     d.refusals.clear();
     d.lock.unlock();
