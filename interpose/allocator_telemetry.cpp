@@ -1,15 +1,14 @@
 #include "interpose/allocator_telemetry.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 
 #include "allocator/telemetry/chrome_trace.h"
 #include "allocator/telemetry/phase_detector.h"
-#include "interpose/json_text.h"
+#include "io/json_writer.h"
+#include "io/safe_file.h"
 
 namespace tide::interpose {
 namespace {
@@ -18,6 +17,9 @@ namespace {
 // last 8 iterations, 5% of the limit kept as margin.
 constexpr double kHeadroomMargin = 0.05;
 constexpr int kHeadroomWindow = 8;
+
+// How much of an existing file at a trace's path is read to recognise it as a trace.
+constexpr std::size_t kRecognisedBytes = 256;
 
 allocator::telemetry::Mark mark_of(Phase phase) {
   switch (phase) {
@@ -30,13 +32,12 @@ allocator::telemetry::Mark mark_of(Phase phase) {
   }
 }
 
-std::string phase_peaks_json(const std::uint64_t (&peaks)[kPhaseCount]) {
-  std::string out = "{";
-  bool first = true;
+io::json::Object phase_peaks_json(const std::uint64_t (&peaks)[kPhaseCount]) {
+  io::json::Object out;
   for (std::size_t p = 0; p < kPhaseCount; ++p) {
-    append_json_member(out, first, phase_name(static_cast<Phase>(p)), peaks[p]);
+    out.add_uint(phase_name(static_cast<Phase>(p)), peaks[p]);
   }
-  return out + "}";
+  return out;
 }
 
 std::string trace_path(const std::string& path, int device, int devices) {
@@ -221,7 +222,7 @@ AllocatorTelemetry::Snapshot AllocatorTelemetry::snapshot(int index, double ns_p
 
 std::string AllocatorTelemetry::report_json() const {
   const double scale = clock_.ns_per_tick();
-  std::string devices = "[";
+  io::json::Array devices;
   std::uint64_t phase_peaks[kPhaseCount] = {};
   std::uint64_t samples = 0;
   std::uint64_t dropped = 0;
@@ -248,48 +249,33 @@ std::string AllocatorTelemetry::report_json() const {
     }
     for (std::size_t p = 0; p < kPhaseCount; ++p)
       phase_peaks[p] = std::max(phase_peaks[p], peaks[p]);
-    if (index > 0) devices += ", ";
-    std::string d = "{";
-    bool first = true;
-    append_json_member(d, first, "device", static_cast<std::uint64_t>(index));
-    append_json_member(d, first, "peak_bytes", s.memory.peak_bytes);
-    append_json_member(d, first, "live_bytes_at_exit", s.memory.live_bytes);
-    append_json_raw_member(d, first, "phase_peak_bytes", phase_peaks_json(peaks));
-    append_json_member(d, first, "iterations", static_cast<std::uint64_t>(s.iterations.size()));
-    append_json_member(d, first, "phases_from",
-                       s.iterations.empty() ? "none" : (s.detected ? "detected" : "marks"));
-    append_json_member(d, first, "limit_refusals", static_cast<std::uint64_t>(s.refusals.size()));
-    std::string headroom = "{";
-    bool first_h = true;
-    append_json_member(headroom, first_h, "headroom_bytes", s.headroom.headroom);
-    append_json_member(headroom, first_h, "update_peak_bytes", s.headroom.update_peak);
-    append_json_member(headroom, first_h, "limit_bytes", s.headroom.limit);
-    append_json_member(headroom, first_h, "margin_bytes", s.headroom.margin);
-    append_json_member(headroom, first_h, "iterations",
-                       static_cast<std::uint64_t>(std::max(s.headroom.iterations, 0)));
-    headroom += "}";
-    append_json_raw_member(d, first, "headroom_forecast", headroom);
-    devices += d + "}";
+    devices.add(io::json::Object()
+                    .add_uint("device", static_cast<std::uint64_t>(index))
+                    .add_uint("peak_bytes", s.memory.peak_bytes)
+                    .add_uint("live_bytes_at_exit", s.memory.live_bytes)
+                    .add("phase_peak_bytes", phase_peaks_json(peaks))
+                    .add_uint("iterations", s.iterations.size())
+                    .add_string("phases_from",
+                                s.iterations.empty() ? "none" : (s.detected ? "detected" : "marks"))
+                    .add_uint("limit_refusals", s.refusals.size())
+                    .add("headroom_forecast",
+                         io::json::Object()
+                             .add_uint("headroom_bytes", s.headroom.headroom)
+                             .add_uint("update_peak_bytes", s.headroom.update_peak)
+                             .add_uint("limit_bytes", s.headroom.limit)
+                             .add_uint("margin_bytes", s.headroom.margin)
+                             .add_uint("iterations", static_cast<std::uint64_t>(
+                                                         std::max(s.headroom.iterations, 0)))));
   }
-  devices += "]";
-  std::string out;
-  bool first = true;
-  append_json_raw_member(out, first, "devices", devices);
-  std::string phases = "{";
-  bool first_p = true;
-  append_json_raw_member(phases, first_p, "peak_bytes", phase_peaks_json(phase_peaks));
-  append_json_member(phases, first_p, "from",
-                     any_marked ? "marks" : (any_detected ? "detected" : "none"));
-  append_json_member(phases, first_p, "iterations", iterations_total);
-  phases += "}";
-  append_json_raw_member(out, first, "phases", phases);
-  std::string timeline = "{";
-  bool first_t = true;
-  append_json_member(timeline, first_t, "samples", samples);
-  append_json_member(timeline, first_t, "dropped", dropped);
-  timeline += "}";
-  append_json_raw_member(out, first, "timeline", timeline);
-  return out;
+  io::json::Object out;
+  out.add("devices", devices);
+  out.add("phases",
+          io::json::Object()
+              .add("peak_bytes", phase_peaks_json(phase_peaks))
+              .add_string("from", any_marked ? "marks" : (any_detected ? "detected" : "none"))
+              .add_uint("iterations", iterations_total));
+  out.add("timeline", io::json::Object().add_uint("samples", samples).add_uint("dropped", dropped));
+  return out.text();
 }
 
 bool AllocatorTelemetry::write_trace(const std::string& path, std::vector<std::string>* written,
@@ -299,11 +285,6 @@ bool AllocatorTelemetry::write_trace(const std::string& path, std::vector<std::s
   for (int index = 0; index < devices; ++index) {
     const Snapshot s = snapshot(index, scale);
     const std::string file = trace_path(path, index, devices);
-    std::ofstream out(file);
-    if (!out) {
-      if (error != nullptr) *error = file + ": " + std::strerror(errno);
-      return false;
-    }
     allocator::telemetry::TimelineExport data;
     data.device = index;
     data.samples = s.samples;
@@ -311,10 +292,13 @@ bool AllocatorTelemetry::write_trace(const std::string& path, std::vector<std::s
     data.marks = s.marks;
     data.ooms = s.refusals;
     data.headroom = s.headroom;
-    allocator::telemetry::write_chrome_trace(out, data);
-    out.close();
-    if (!out) {
-      if (error != nullptr) *error = file + ": write failed";
+    std::ostringstream text;
+    allocator::telemetry::write_chrome_trace(text, data);
+    try {
+      io::replace_file(file, text.str(), kRecognisedBytes, &allocator::telemetry::is_chrome_trace,
+                       io::Folder::kMustExist);
+    } catch (const io::FileError& e) {
+      if (error != nullptr) *error = file + ": " + e.what();
       return false;
     }
     if (written != nullptr) written->push_back(file);

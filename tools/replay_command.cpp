@@ -1,7 +1,7 @@
-// `tide replay`: runs an allocation-event trace (allocator/telemetry/trace.h) back through the device caching
-// allocator, on the driver tide loads (the stand-in driver on a machine without a GPU), and prints
-// what it took as one JSON line: peaks of live, requested and reserved bytes, driver allocation
-// calls (after the first and second iterations too), failed allocations, time.
+// `tide replay`: runs an allocation-event trace (allocator/telemetry/trace.h) back through the
+// device caching allocator, on the driver tide loads (the stand-in driver on a machine without a
+// GPU), and prints what it took as one JSON line: peaks of live, requested and reserved bytes,
+// driver allocation calls (after the first and second iterations too), failed allocations, time.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,10 +12,10 @@
 
 #include "allocator/device/caching_allocator.h"
 #include "allocator/device/trace_replay.h"
-#include "allocator/telemetry/chrome_trace.h"
 #include "allocator/telemetry/synthetic_trace.h"
 #include "allocator/telemetry/trace.h"
 #include "config/env.h"
+#include "io/json_writer.h"
 #include "tools/command.h"
 
 namespace tide::tools {
@@ -39,7 +39,8 @@ constexpr const char* kUsage =
     "                     0.5 (default 0)\n"
     "  --no-marks         synthetic: no phase marks (phases are detected from the curve)\n"
     "\n"
-    "A trace is checked before it runs (allocator/telemetry/trace.h): unsigned integers only, at most 256\n"
+    "A trace is checked before it runs (allocator/telemetry/trace.h): unsigned integers only, at "
+    "most 256\n"
     "streams and 2^26 events, no free or record of an id that is not live. Exit status: 0, or\n"
     "1 with a message (a bad argument or trace, or allocations that failed).\n";
 
@@ -121,20 +122,15 @@ int replay_command(int argc, char** argv) {
   const std::uint64_t after2 = ends.size() >= 2 ? r.device_allocs - ends[1] : 0;
   const std::uint64_t allocs_after1 =
       r.allocations_at_end.empty() ? 0 : r.allocations - r.allocations_at_end[0];
-  std::string escaped;
-  for (char c : name) {
-    if (c == '"' || c == '\\') escaped += '\\';
-    escaped += c;
-  }
   std::printf(
-      "{\"trace\":\"%s\",\"events\":%llu,\"allocations\":%llu,\"failed_allocations\":%llu,"
+      "{\"trace\":%s,\"events\":%llu,\"allocations\":%llu,\"failed_allocations\":%llu,"
       "\"unknown_ids\":%llu,\"iterations\":%zu,\"peak_live_bytes\":%llu,"
       "\"peak_requested_bytes\":%llu,\"peak_reserved_bytes\":%llu,"
       "\"peak_reserved_over_live\":%.4f,\"peak_reserved_over_requested\":%.4f,"
       "\"driver_allocs\":%llu,\"driver_allocs_after_iter1\":%llu,"
       "\"driver_allocs_after_iter2\":%llu,\"driver_allocs_per_1000_after_iter1\":%.3f,"
       "\"growable\":%s,\"seconds\":%.4f}\n",
-      escaped.c_str(), static_cast<unsigned long long>(r.events),
+      io::json::quote(name).c_str(), static_cast<unsigned long long>(r.events),
       static_cast<unsigned long long>(r.allocations),
       static_cast<unsigned long long>(r.failed_allocations),
       static_cast<unsigned long long>(r.unknown_ids), ends.size(),

@@ -4,9 +4,17 @@
 #include <cinttypes>
 #include <cstdio>
 #include <ostream>
+#include <string>
+
+#include "io/json_writer.h"
 
 namespace tide::allocator::telemetry {
 namespace {
+
+namespace json = io::json;
+
+// Every trace starts so (is_chrome_trace).
+constexpr std::string_view kHeader = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
 
 constexpr int kPhasesTrack = 1;
 constexpr int kIterationsTrack = 2;
@@ -15,7 +23,7 @@ constexpr int kEventsTrack = 3;
 class Writer {
  public:
   Writer(std::ostream& out, int device, std::uint64_t t0) : out_(out), device_(device), t0_(t0) {
-    out_ << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+    out_ << kHeader;
   }
   ~Writer() { out_ << "\n]}\n"; }
   Writer(const Writer&) = delete;
@@ -25,7 +33,7 @@ class Writer {
   std::ostream& begin(const char* ph, const std::string& name, int tid, std::uint64_t t_ns) {
     if (!first_) out_ << ",\n";
     first_ = false;
-    out_ << "{\"ph\":\"" << ph << "\",\"name\":\"" << name << "\",\"pid\":" << device_
+    out_ << "{\"ph\":\"" << ph << "\",\"name\":" << json::quote(name) << ",\"pid\":" << device_
          << ",\"tid\":" << tid << ",\"ts\":" << micros(t_ns);
     return out_;
   }
@@ -41,8 +49,8 @@ class Writer {
   void metadata(const char* what, int tid, const std::string& name) {
     if (!first_) out_ << ",\n";
     first_ = false;
-    out_ << "{\"ph\":\"M\",\"name\":\"" << what << "\",\"pid\":" << device_ << ",\"tid\":" << tid
-         << ",\"args\":{\"name\":\"" << name << "\"}}";
+    out_ << "{\"ph\":\"M\",\"name\":" << json::quote(what) << ",\"pid\":" << device_
+         << ",\"tid\":" << tid << ",\"args\":{\"name\":" << json::quote(name) << "}}";
   }
 
  private:
@@ -105,5 +113,7 @@ void write_chrome_trace(std::ostream& out, const TimelineExport& data) {
         << ",\"update_peak_bytes\":" << h.update_peak << "}}";
   }
 }
+
+bool is_chrome_trace(std::string_view head) { return head.starts_with(kHeader); }
 
 }  // namespace tide::allocator::telemetry

@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <optional>
 #include <span>
+#include <string_view>
 
 #include "allocator/telemetry/headroom.h"
 #include "allocator/telemetry/oom_record.h"
@@ -24,5 +25,9 @@ struct TimelineExport {
 };
 
 void write_chrome_trace(std::ostream& out, const TimelineExport& data);
+
+// Whether `head`, the beginning of a file, is how write_chrome_trace begins: a trace tide wrote,
+// which a new one may replace.
+bool is_chrome_trace(std::string_view head);
 
 }  // namespace tide::allocator::telemetry

@@ -1,4 +1,4 @@
-#include "scheduler/json.h"
+#include "io/json.h"
 
 #include <charconv>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <system_error>
 
-namespace tide::scheduler::json {
+namespace tide::io::json {
 namespace {
 
 constexpr int kMaxDepth = 64;
@@ -344,49 +344,4 @@ const char* kind_name(Value::Kind kind) {
   return "?";
 }
 
-std::string quote(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buffer[8];
-          std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(c));
-          out += buffer;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
-
-std::string number(double value) {
-  if (!std::isfinite(value)) return "null";  // JSON has no NaN or infinity
-  // Integers up to 2^53 print plainly (a count of parameters or bytes reads better that way).
-  if (value == std::floor(value) && std::fabs(value) <= 9007199254740992.0) {
-    return std::to_string(static_cast<std::int64_t>(value));
-  }
-  char buffer[32];
-  auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
-  if (ec != std::errc()) return "null";
-  return std::string(buffer, end);
-}
-
-}  // namespace tide::scheduler::json
+}  // namespace tide::io::json

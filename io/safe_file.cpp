@@ -1,16 +1,17 @@
-#include "scheduler/safe_file.h"
+#include "io/safe_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
 #include <system_error>
 #include <utility>
 
-namespace tide::scheduler {
+namespace tide::io {
 namespace {
 
 namespace fs = std::filesystem;
@@ -55,9 +56,9 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
-}  // namespace
-
-std::string read_regular_file(const fs::path& path, std::size_t max_bytes) {
+// The regular file at `path` (symlinks followed): its first `max_bytes` bytes, or all of it
+// (`whole`: a larger file is an error).
+std::string read_regular(const fs::path& path, std::size_t max_bytes, bool whole) {
   // O_NONBLOCK: opening a FIFO without a writer must not wait for one.
   Descriptor fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (fd.get() < 0) throw FileError("cannot be read: " + error_text(errno));
@@ -66,22 +67,29 @@ std::string read_regular_file(const fs::path& path, std::size_t max_bytes) {
   if (!S_ISREG(st.st_mode)) {
     throw FileError(std::string("is ") + kind_of(st.st_mode) + ", not a regular file");
   }
-  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
-    throw FileError("larger than " + std::to_string(max_bytes) + " bytes");
-  }
+  const auto too_large = [&] {
+    return FileError("larger than " + std::to_string(max_bytes) + " bytes");
+  };
+  if (whole && static_cast<std::uint64_t>(st.st_size) > max_bytes) throw too_large();
   std::string text;
   char buffer[4096];
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+  while (text.size() < max_bytes || whole) {
+    const std::size_t want =
+        whole ? sizeof buffer : std::min(sizeof buffer, max_bytes - text.size());
+    const ssize_t n = ::read(fd.get(), buffer, want);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw FileError("cannot be read: " + error_text(errno));
     if (n == 0) break;
     text.append(buffer, static_cast<std::size_t>(n));
-    if (text.size() > max_bytes) {
-      throw FileError("larger than " + std::to_string(max_bytes) + " bytes");
-    }
+    if (whole && text.size() > max_bytes) throw too_large();
   }
   return text;
+}
+
+}  // namespace
+
+std::string read_regular_file(const fs::path& path, std::size_t max_bytes) {
+  return read_regular(path, max_bytes, /*whole=*/true);
 }
 
 namespace {
@@ -98,7 +106,7 @@ fs::path checked_target(const fs::path& path, std::size_t max_bytes,
     }
     std::string existing;
     try {
-      existing = read_regular_file(target, max_bytes);
+      existing = read_regular(target, max_bytes, /*whole=*/false);
     } catch (const FileError& e) {
       throw FileError("exists and " + std::string(e.what()) + ": not replaced");
     }
@@ -121,9 +129,9 @@ void check_replaceable(const fs::path& path, std::size_t max_bytes,
 }
 
 void replace_file(const fs::path& path, std::string_view text, std::size_t max_bytes,
-                  const std::function<bool(std::string_view)>& ours) {
+                  const std::function<bool(std::string_view)>& ours, Folder folder) {
   const fs::path target = checked_target(path, max_bytes, ours);
-  if (!fs::exists(target) && target.has_parent_path()) {
+  if (folder == Folder::kCreate && !fs::exists(target) && target.has_parent_path()) {
     std::error_code ec;
     fs::create_directories(target.parent_path(), ec);
     if (ec) throw FileError("cannot create its folder: " + ec.message());
@@ -160,4 +168,4 @@ void replace_file(const fs::path& path, std::string_view text, std::size_t max_b
   }
 }
 
-}  // namespace tide::scheduler
+}  // namespace tide::io

@@ -1,4 +1,4 @@
-// A small strict JSON reader and the writing helpers that tide's files and `--json` outputs use.
+// A small strict JSON reader (the writer is json_writer.h).
 //
 // The calibration file is JSON so that people and the Python layer can read it with anything;
 // this reader exists because the project takes no third-party dependency for one small file.
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace tide::scheduler::json {
+namespace tide::io::json {
 
 class ParseError : public std::invalid_argument {
  public:
@@ -65,9 +65,4 @@ Value parse(std::string_view text);
 // The name of a kind, for messages ("a number", "an object", ...).
 const char* kind_name(Value::Kind kind);
 
-// Writing: a JSON string literal (quoted, escaped) and a number that reads back to the same double
-// (shortest round-trip form; integers print without exponent up to 2^53).
-std::string quote(std::string_view text);
-std::string number(double value);
-
-}  // namespace tide::scheduler::json
+}  // namespace tide::io::json
