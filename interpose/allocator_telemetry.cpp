@@ -71,39 +71,41 @@ AllocatorTelemetry::Device& AllocatorTelemetry::device(int index) {
   return d;
 }
 
-void AllocatorTelemetry::on_alloc(const MemoryEvent& event) {
+template <typename Change>
+void AllocatorTelemetry::apply(const MemoryEvent& event, Change&& change) {
   if (event.device < 0 || event.device >= kMaxDevices) return;
   Device& d = device(event.device);
   const std::uint64_t now = clock_.now();
   const std::lock_guard lock(d.lock);
   const Phase phase = phase_.load(std::memory_order_relaxed);
   if (phase != d.phase) mark_locked(d, phase, now);
-  DeviceMemory& m = d.memory;
-  m.live_bytes += event.bytes;
-  m.peak_bytes = std::max(m.peak_bytes, m.live_bytes);
-  std::uint64_t& phase_peak = m.phase_peak_bytes[static_cast<std::size_t>(phase)];
-  phase_peak = std::max(phase_peak, m.live_bytes);
-  if (d.phase != Phase::unmarked) {
-    allocator::telemetry::IterationStats& it = d.open;
-    it.peak_live_all = std::max(it.peak_live_all, m.live_bytes);
-    const int p = static_cast<int>(d.phase) - 1;
-    it.peak_live[p] = std::max(it.peak_live[p], m.live_bytes);
-    it.peak_reserved[p] = std::max(it.peak_reserved[p], m.live_bytes);
-  }
-  d.telemetry->on_change(m.live_bytes, m.live_bytes, [now] { return now; });
+  change(d, phase);
+  d.telemetry->on_change(d.memory.live_bytes, d.memory.live_bytes, [now] { return now; });
+}
+
+void AllocatorTelemetry::on_alloc(const MemoryEvent& event) {
+  apply(event, [&](Device& d, Phase phase) {
+    DeviceMemory& m = d.memory;
+    m.live_bytes += event.bytes;
+    m.peak_bytes = std::max(m.peak_bytes, m.live_bytes);
+    std::uint64_t& phase_peak = m.phase_peak_bytes[static_cast<std::size_t>(phase)];
+    phase_peak = std::max(phase_peak, m.live_bytes);
+    if (d.phase != Phase::unmarked) {
+      allocator::telemetry::IterationStats& it = d.open;
+      it.peak_live_all = std::max(it.peak_live_all, m.live_bytes);
+      const int p = static_cast<int>(d.phase) - 1;
+      it.peak_live[p] = std::max(it.peak_live[p], m.live_bytes);
+      it.peak_reserved[p] = std::max(it.peak_reserved[p], m.live_bytes);
+    }
+  });
 }
 
 void AllocatorTelemetry::on_free(const MemoryEvent& event) {
-  if (event.device < 0 || event.device >= kMaxDevices) return;
-  Device& d = device(event.device);
-  const std::uint64_t now = clock_.now();
-  const std::lock_guard lock(d.lock);
-  const Phase phase = phase_.load(std::memory_order_relaxed);
-  if (phase != d.phase) mark_locked(d, phase, now);
-  DeviceMemory& m = d.memory;
-  m.live_bytes -= std::min(m.live_bytes, event.bytes);
-  if (d.phase != Phase::unmarked) d.open.min_live = std::min(d.open.min_live, m.live_bytes);
-  d.telemetry->on_change(m.live_bytes, m.live_bytes, [now] { return now; });
+  apply(event, [&](Device& d, Phase /*phase*/) {
+    DeviceMemory& m = d.memory;
+    m.live_bytes -= std::min(m.live_bytes, event.bytes);
+    if (d.phase != Phase::unmarked) d.open.min_live = std::min(d.open.min_live, m.live_bytes);
+  });
 }
 
 void AllocatorTelemetry::on_refused(const MemoryEvent& event) {

@@ -77,6 +77,10 @@ class AllocatorTelemetry final : public MemoryTelemetry {
   };
 
   Device& device(int index);  // creates the telemetry on first use
+  // Runs change(device, phase) on the event's device under its lock, the current phase marked
+  // there first, then records the device's live bytes in its timeline.
+  template <typename Change>
+  void apply(const MemoryEvent& event, Change&& change);
   void mark_locked(Device& d, Phase phase, std::uint64_t now);
   Snapshot snapshot(int index, double ns_per_tick) const;
 

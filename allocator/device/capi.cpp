@@ -14,6 +14,8 @@
 
 namespace {
 
+using tide::capi::require;
+
 namespace telemetry = tide::allocator::telemetry;
 using tide::allocator::device::AllocatorStats;
 using tide::allocator::device::CachingAllocator;
@@ -22,10 +24,6 @@ using tide::allocator::device::find_device_allocator;
 using tide::allocator::device::for_each_device_allocator;
 using tide::allocator::device::kMaxDevices;
 using tide::allocator::device::Stat;
-
-void require(bool condition, const char* message) {
-  if (!condition) throw std::invalid_argument(message);
-}
 
 CUstream as_stream(void* stream) { return static_cast<CUstream>(stream); }
 

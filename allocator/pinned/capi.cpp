@@ -14,9 +14,7 @@ struct tide_pinned_arena {
 
 namespace {
 
-void require(bool condition, const char* message) {
-  if (!condition) throw std::invalid_argument(message);
-}
+using tide::capi::require;
 
 tide::allocator::pinned::PinnedOptions from_c(const tide_pinned_options& o) {
   tide::allocator::pinned::PinnedOptions options;

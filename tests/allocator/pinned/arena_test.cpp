@@ -18,12 +18,12 @@
 #include "allocator/pinned/registration.h"
 #include "config/env.h"
 #include "driver/error.h"
-#include "tests/allocator/pinned/standin.h"
+#include "tests/allocator/device_standin.h"
 
 namespace tide::allocator::pinned {
 namespace {
 
-using testing::Standin;
+using testing::DeviceStandin;
 
 // Small chunks so that a test of a few MiB makes and releases many of them.
 PinnedOptions small_options() {
@@ -62,7 +62,7 @@ std::size_t random_size(std::mt19937_64& rng) {
 
 class PinnedArenaTest : public ::testing::Test {
  protected:
-  Standin standin_;
+  DeviceStandin standin_;
 };
 
 TEST_F(PinnedArenaTest, EveryPointerLiesInsideOneRegistration) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "allocator/pinned/arena.h"
-#include "tests/allocator/pinned/standin.h"
+#include "tests/allocator/device_standin.h"
 
 namespace tide::allocator::pinned {
 namespace {
@@ -22,7 +22,7 @@ struct Block {
 
 // Each thread fills its blocks with its own tag and checks them before freeing: two threads
 // given overlapping memory would see each other's bytes.
-void churn(PinnedArena& arena, const testing::Standin& standin, int thread, int ops,
+void churn(PinnedArena& arena, const testing::DeviceStandin& standin, int thread, int ops,
            std::atomic<int>& failures) {
   std::mt19937_64 rng(1000 + thread);
   std::vector<Block> live;
@@ -65,7 +65,7 @@ void churn(PinnedArena& arena, const testing::Standin& standin, int thread, int 
 }
 
 TEST(PinnedConcurrency, ThreadsAllocateAndFreeAtOnce) {
-  const testing::Standin standin;
+  const testing::DeviceStandin standin;
   const tide_standin_stats before = standin.stats();
   {
     PinnedOptions o;
@@ -96,7 +96,7 @@ TEST(PinnedConcurrency, ThreadsAllocateAndFreeAtOnce) {
 }
 
 TEST(PinnedConcurrency, ArenasComeAndGoWhileOthersAllocate) {
-  const testing::Standin standin;
+  const testing::DeviceStandin standin;
   PinnedOptions o;
   o.chunk_bytes = 8 * kMiB;
   o.direct_bytes = 64 * 1024;

@@ -15,33 +15,17 @@
 #include "driver/context.h"
 #include "driver/memory.h"
 #include "driver/stream.h"
+#include "tests/gpu_test_support.h"
 #if !defined(TIDE_REAL_GPU)
-#include "tests/allocator/pinned/standin.h"
+#include "tests/allocator/device_standin.h"
 #endif
 
 namespace tide::allocator::pinned {
 namespace {
 
-#if defined(TIDE_REAL_GPU)
-class RequireGpu : public ::testing::Environment {
- public:
-  void SetUp() override {
-    try {
-      if (driver::device_count() > 0) return;
-      std::fprintf(stderr, "SKIP: the CUDA driver reports no device\n");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "SKIP: no CUDA driver: %s\n", e.what());
-    }
-    std::fflush(stderr);
-    std::_Exit(77);
-  }
-};
-const auto* const kRequireGpu = ::testing::AddGlobalTestEnvironment(new RequireGpu);
-#endif
-
 TEST(PinnedGpu, AsyncCopiesRoundTripThroughPinnedBuffers) {
 #if !defined(TIDE_REAL_GPU)
-  const testing::Standin standin;
+  const testing::DeviceStandin standin;
   const std::uint64_t pageable_before = standin.stats().pageable_async_copies;
 #endif
   PinnedArena arena;
