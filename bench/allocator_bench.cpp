@@ -8,10 +8,10 @@
 //    "tide_no_thread_cache" is tide's locked core alone (TIDE_ALLOC_THREAD_CACHE=0), and
 //    "alloc_pair_large" the same for 16 sizes from 1 MiB to 64 MiB (tide's core; glibc mmaps).
 //  - {"bench":"replay","trace":NAME,"peak_reserved_over_live":X,"driver_allocs_after_iter2":N,
-//    ...}: generated transformer training traces (allocator/synthetic_trace.h), 20 iterations
-//    each, replayed through a fresh allocator configured by the TIDE_ALLOC_* variables. Driver
-//    allocation calls are counted by the allocator and, on the stand-in driver, by the stand-in's
-//    own statistics (tide_standin_get_stats: cuMemAlloc + cuMemCreate).
+//    ...}: generated transformer training traces (allocator/telemetry/synthetic_trace.h), 20
+//    iterations each, replayed through a fresh allocator configured by the TIDE_ALLOC_* variables.
+//    Driver allocation calls are counted by the allocator and, on the stand-in driver, by the
+//    stand-in's own statistics (tide_standin_get_stats: cuMemAlloc + cuMemCreate).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -28,17 +28,17 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/synthetic_trace.h"
-#include "allocator/trace_replay.h"
+#include "allocator/device/caching_allocator.h"
+#include "allocator/device/trace_replay.h"
+#include "allocator/telemetry/synthetic_trace.h"
 #include "driver/context.h"
 #include "driver/cuda_api.h"
 #include "standin/standin.h"
 
 namespace {
 
-using tide::allocator::AllocatorConfig;
-using tide::allocator::CachingAllocator;
+using tide::allocator::device::AllocatorConfig;
+using tide::allocator::device::CachingAllocator;
 
 constexpr int kRounds = 7;
 constexpr int kPairsPerRound = 400'000;
@@ -48,6 +48,7 @@ std::vector<std::size_t> log_uniform_sizes(std::size_t lo, std::size_t hi, int n
   std::uniform_real_distribution<double> d(std::log2(static_cast<double>(lo)),
                                            std::log2(static_cast<double>(hi)));
   std::vector<std::size_t> sizes;
+  sizes.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) sizes.push_back(static_cast<std::size_t>(std::exp2(d(rng))));
   return sizes;
 }
@@ -73,6 +74,7 @@ PairTime time_pairs(int threads, const std::vector<std::size_t>& sizes, int pair
   std::vector<PairTime> times(static_cast<std::size_t>(threads));
   std::atomic<int> ready{0};
   std::vector<std::thread> workers;
+  workers.reserve(static_cast<std::size_t>(threads));
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
       for (std::size_t s : sizes) pair(s);  // warm: every size cached
@@ -168,29 +170,29 @@ class StandinCounter {
 
 void replay_benchmark() {
   const StandinCounter standin;
-  for (const auto& shape : tide::allocator::standard_shapes()) {
-    tide::allocator::SyntheticOptions options;
+  for (const auto& shape : tide::allocator::telemetry::standard_shapes()) {
+    tide::allocator::telemetry::SyntheticOptions options;
     options.iterations = 20;
-    const auto gen = tide::allocator::generate_transformer_trace(shape, options);
+    const auto gen = tide::allocator::telemetry::generate_transformer_trace(shape, options);
     const auto& events = gen.trace.events;
     // Split at the second iteration's end mark.
     std::size_t split = events.size();
     int ends = 0;
     for (std::size_t i = 0; i < events.size(); ++i) {
-      if (events[i].op == tide::allocator::TraceOp::kMark &&
-          events[i].mark == tide::allocator::Mark::kIterationEnd && ++ends == 2) {
+      if (events[i].op == tide::allocator::telemetry::TraceOp::kMark &&
+          events[i].mark == tide::allocator::telemetry::Mark::kIterationEnd && ++ends == 2) {
         split = i + 1;
         break;
       }
     }
     CachingAllocator a(0, AllocatorConfig::from_environment());
-    tide::allocator::Replayer replayer(a);
+    tide::allocator::device::Replayer replayer(a);
     const std::uint64_t standin_start = standin.allocations();
     replayer.run({events.data(), split});
     const std::uint64_t standin_iter2 = standin.allocations();
     replayer.run({events.data() + split, events.size() - split});
     const std::uint64_t standin_end = standin.allocations();
-    const tide::allocator::ReplayResult r = replayer.finish();
+    const tide::allocator::device::ReplayResult r = replayer.finish();
     const auto& at_end = r.device_allocs_at_end;
     const std::uint64_t after1 = at_end.empty() ? 0 : r.device_allocs - at_end[0];
     const std::uint64_t after2 = at_end.size() < 2 ? 0 : r.device_allocs - at_end[1];

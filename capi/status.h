@@ -1,7 +1,9 @@
 // How C ABI functions turn C++ exceptions into a tide_status and a per-thread message.
 #pragma once
 
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "tide/tide.h"
 
@@ -20,6 +22,12 @@ template <typename Body>
 tide_status guard(Body&& body) noexcept;
 
 tide_status status_of_current_exception() noexcept;
+
+// A C ABI function's check of its arguments: throws std::invalid_argument (which guard() turns
+// into TIDE_ERROR_INVALID_ARGUMENT with `message` as the last error) unless `condition` holds.
+inline void require(bool condition, std::string_view message) {
+  if (!condition) throw std::invalid_argument(std::string(message));
+}
 
 template <typename Body>
 tide_status guard(Body&& body) noexcept {

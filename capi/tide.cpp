@@ -10,9 +10,7 @@
 
 namespace {
 
-void require(bool condition, const char* message) {
-  if (!condition) throw std::invalid_argument(message);
-}
+using tide::capi::require;
 
 }  // namespace
 

@@ -1,15 +1,14 @@
 #include "interpose/allocator_telemetry.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 
-#include "allocator/phase_detector.h"
-#include "allocator/trace_export.h"
-#include "interpose/json_text.h"
+#include "allocator/telemetry/chrome_trace.h"
+#include "allocator/telemetry/phase_detector.h"
+#include "io/json_writer.h"
+#include "io/safe_file.h"
 
 namespace tide::interpose {
 namespace {
@@ -19,24 +18,26 @@ namespace {
 constexpr double kHeadroomMargin = 0.05;
 constexpr int kHeadroomWindow = 8;
 
-allocator::Mark mark_of(Phase phase) {
+// How much of an existing file at a trace's path is read to recognise it as a trace.
+constexpr std::size_t kRecognisedBytes = 256;
+
+allocator::telemetry::Mark mark_of(Phase phase) {
   switch (phase) {
     case Phase::backward:
-      return allocator::Mark::kBackward;
+      return allocator::telemetry::Mark::kBackward;
     case Phase::update:
-      return allocator::Mark::kUpdate;
+      return allocator::telemetry::Mark::kUpdate;
     default:
-      return allocator::Mark::kForward;
+      return allocator::telemetry::Mark::kForward;
   }
 }
 
-std::string phase_peaks_json(const std::uint64_t (&peaks)[kPhaseCount]) {
-  std::string out = "{";
-  bool first = true;
+io::json::Object phase_peaks_json(const std::uint64_t (&peaks)[kPhaseCount]) {
+  io::json::Object out;
   for (std::size_t p = 0; p < kPhaseCount; ++p) {
-    append_json_member(out, first, phase_name(static_cast<Phase>(p)), peaks[p]);
+    out.add_uint(phase_name(static_cast<Phase>(p)), peaks[p]);
   }
-  return out + "}";
+  return out;
 }
 
 std::string trace_path(const std::string& path, int device, int devices) {
@@ -59,7 +60,7 @@ AllocatorTelemetry::Device& AllocatorTelemetry::device(int index) {
     const std::lock_guard lock(create_lock_);
     if (!d.ready.load(std::memory_order_relaxed)) {
       // Every change is a sample (resolution 1 byte): driver-level changes are few and large.
-      d.telemetry = std::make_unique<allocator::Telemetry>(kSamplesPerDevice, 1);
+      d.telemetry = std::make_unique<allocator::telemetry::Telemetry>(kSamplesPerDevice, 1);
       d.phase = Phase::unmarked;
       d.ready.store(true, std::memory_order_release);
       int seen = devices_seen_.load(std::memory_order_relaxed);
@@ -70,39 +71,41 @@ AllocatorTelemetry::Device& AllocatorTelemetry::device(int index) {
   return d;
 }
 
-void AllocatorTelemetry::on_alloc(const MemoryEvent& event) {
+template <typename Change>
+void AllocatorTelemetry::apply(const MemoryEvent& event, Change&& change) {
   if (event.device < 0 || event.device >= kMaxDevices) return;
   Device& d = device(event.device);
   const std::uint64_t now = clock_.now();
   const std::lock_guard lock(d.lock);
   const Phase phase = phase_.load(std::memory_order_relaxed);
   if (phase != d.phase) mark_locked(d, phase, now);
-  DeviceMemory& m = d.memory;
-  m.live_bytes += event.bytes;
-  m.peak_bytes = std::max(m.peak_bytes, m.live_bytes);
-  std::uint64_t& phase_peak = m.phase_peak_bytes[static_cast<std::size_t>(phase)];
-  phase_peak = std::max(phase_peak, m.live_bytes);
-  if (d.phase != Phase::unmarked) {
-    allocator::IterationStats& it = d.open;
-    it.peak_live_all = std::max(it.peak_live_all, m.live_bytes);
-    const int p = static_cast<int>(d.phase) - 1;
-    it.peak_live[p] = std::max(it.peak_live[p], m.live_bytes);
-    it.peak_reserved[p] = std::max(it.peak_reserved[p], m.live_bytes);
-  }
-  d.telemetry->on_change(m.live_bytes, m.live_bytes, [now] { return now; });
+  change(d, phase);
+  d.telemetry->on_change(d.memory.live_bytes, d.memory.live_bytes, [now] { return now; });
+}
+
+void AllocatorTelemetry::on_alloc(const MemoryEvent& event) {
+  apply(event, [&](Device& d, Phase phase) {
+    DeviceMemory& m = d.memory;
+    m.live_bytes += event.bytes;
+    m.peak_bytes = std::max(m.peak_bytes, m.live_bytes);
+    std::uint64_t& phase_peak = m.phase_peak_bytes[static_cast<std::size_t>(phase)];
+    phase_peak = std::max(phase_peak, m.live_bytes);
+    if (d.phase != Phase::unmarked) {
+      allocator::telemetry::IterationStats& it = d.open;
+      it.peak_live_all = std::max(it.peak_live_all, m.live_bytes);
+      const int p = static_cast<int>(d.phase) - 1;
+      it.peak_live[p] = std::max(it.peak_live[p], m.live_bytes);
+      it.peak_reserved[p] = std::max(it.peak_reserved[p], m.live_bytes);
+    }
+  });
 }
 
 void AllocatorTelemetry::on_free(const MemoryEvent& event) {
-  if (event.device < 0 || event.device >= kMaxDevices) return;
-  Device& d = device(event.device);
-  const std::uint64_t now = clock_.now();
-  const std::lock_guard lock(d.lock);
-  const Phase phase = phase_.load(std::memory_order_relaxed);
-  if (phase != d.phase) mark_locked(d, phase, now);
-  DeviceMemory& m = d.memory;
-  m.live_bytes -= std::min(m.live_bytes, event.bytes);
-  if (d.phase != Phase::unmarked) d.open.min_live = std::min(d.open.min_live, m.live_bytes);
-  d.telemetry->on_change(m.live_bytes, m.live_bytes, [now] { return now; });
+  apply(event, [&](Device& d, Phase /*phase*/) {
+    DeviceMemory& m = d.memory;
+    m.live_bytes -= std::min(m.live_bytes, event.bytes);
+    if (d.phase != Phase::unmarked) d.open.min_live = std::min(d.open.min_live, m.live_bytes);
+  });
 }
 
 void AllocatorTelemetry::on_refused(const MemoryEvent& event) {
@@ -111,7 +114,7 @@ void AllocatorTelemetry::on_refused(const MemoryEvent& event) {
   const std::uint64_t now = clock_.now();
   const std::lock_guard lock(d.lock);
   if (d.refusals.size() >= kRefusalsKept) return;
-  allocator::OomRecord record;
+  allocator::telemetry::OomRecord record;
   record.t_ns = now;
   record.requested = event.bytes;
   record.rounded = event.bytes;
@@ -146,11 +149,11 @@ void AllocatorTelemetry::mark_locked(Device& d, Phase phase, std::uint64_t now) 
   const bool new_iteration =
       d.phase == Phase::unmarked || (phase == Phase::forward && d.phase != Phase::forward);
   if (new_iteration && d.phase != Phase::unmarked) {
-    d.telemetry->mark(allocator::Mark::kIterationEnd, now, live, live);
+    d.telemetry->mark(allocator::telemetry::Mark::kIterationEnd, now, live, live);
     ++d.iterations_closed;
   }
   if (new_iteration) {
-    d.open = allocator::IterationStats{};
+    d.open = allocator::telemetry::IterationStats{};
     d.open.index = d.iterations_closed;
     d.open.start_ns = now;
     d.open.peak_live_all = live;
@@ -209,19 +212,19 @@ AllocatorTelemetry::Snapshot AllocatorTelemetry::snapshot(int index, double ns_p
   }
   // No marks: iterations and phases from the shape of the curve.
   if (s.iterations.empty()) {
-    s.iterations = allocator::detect_iterations(s.samples);
+    s.iterations = allocator::telemetry::detect_iterations(s.samples);
     s.detected = !s.iterations.empty();
   }
   std::uint64_t limit = d.total.load(std::memory_order_relaxed);
   if (limit_ != 0) limit = limit == 0 ? limit_ : std::min(limit, limit_);
-  s.headroom = allocator::forecast_headroom(s.iterations, limit, kHeadroomMargin, kHeadroomWindow,
-                                            s.memory.peak_bytes);
+  s.headroom = allocator::telemetry::forecast_headroom(s.iterations, limit, kHeadroomMargin,
+                                                       kHeadroomWindow, s.memory.peak_bytes);
   return s;
 }
 
 std::string AllocatorTelemetry::report_json() const {
   const double scale = clock_.ns_per_tick();
-  std::string devices = "[";
+  io::json::Array devices;
   std::uint64_t phase_peaks[kPhaseCount] = {};
   std::uint64_t samples = 0;
   std::uint64_t dropped = 0;
@@ -240,7 +243,7 @@ std::string AllocatorTelemetry::report_json() const {
     std::copy(std::begin(s.memory.phase_peak_bytes), std::end(s.memory.phase_peak_bytes), peaks);
     if (s.detected) {
       for (const auto& it : s.iterations) {
-        for (int p = 0; p < allocator::kPhaseCount; ++p) {
+        for (int p = 0; p < allocator::telemetry::kPhaseCount; ++p) {
           std::uint64_t& peak = peaks[p + 1];  // allocator phases start at forward
           if (it.phase_seen[p]) peak = std::max(peak, it.peak_live[p]);
         }
@@ -248,48 +251,33 @@ std::string AllocatorTelemetry::report_json() const {
     }
     for (std::size_t p = 0; p < kPhaseCount; ++p)
       phase_peaks[p] = std::max(phase_peaks[p], peaks[p]);
-    if (index > 0) devices += ", ";
-    std::string d = "{";
-    bool first = true;
-    append_json_member(d, first, "device", static_cast<std::uint64_t>(index));
-    append_json_member(d, first, "peak_bytes", s.memory.peak_bytes);
-    append_json_member(d, first, "live_bytes_at_exit", s.memory.live_bytes);
-    append_json_raw_member(d, first, "phase_peak_bytes", phase_peaks_json(peaks));
-    append_json_member(d, first, "iterations", static_cast<std::uint64_t>(s.iterations.size()));
-    append_json_member(d, first, "phases_from",
-                       s.iterations.empty() ? "none" : (s.detected ? "detected" : "marks"));
-    append_json_member(d, first, "limit_refusals", static_cast<std::uint64_t>(s.refusals.size()));
-    std::string headroom = "{";
-    bool first_h = true;
-    append_json_member(headroom, first_h, "headroom_bytes", s.headroom.headroom);
-    append_json_member(headroom, first_h, "update_peak_bytes", s.headroom.update_peak);
-    append_json_member(headroom, first_h, "limit_bytes", s.headroom.limit);
-    append_json_member(headroom, first_h, "margin_bytes", s.headroom.margin);
-    append_json_member(headroom, first_h, "iterations",
-                       static_cast<std::uint64_t>(std::max(s.headroom.iterations, 0)));
-    headroom += "}";
-    append_json_raw_member(d, first, "headroom_forecast", headroom);
-    devices += d + "}";
+    devices.add(io::json::Object()
+                    .add_uint("device", static_cast<std::uint64_t>(index))
+                    .add_uint("peak_bytes", s.memory.peak_bytes)
+                    .add_uint("live_bytes_at_exit", s.memory.live_bytes)
+                    .add("phase_peak_bytes", phase_peaks_json(peaks))
+                    .add_uint("iterations", s.iterations.size())
+                    .add_string("phases_from",
+                                s.iterations.empty() ? "none" : (s.detected ? "detected" : "marks"))
+                    .add_uint("limit_refusals", s.refusals.size())
+                    .add("headroom_forecast",
+                         io::json::Object()
+                             .add_uint("headroom_bytes", s.headroom.headroom)
+                             .add_uint("update_peak_bytes", s.headroom.update_peak)
+                             .add_uint("limit_bytes", s.headroom.limit)
+                             .add_uint("margin_bytes", s.headroom.margin)
+                             .add_uint("iterations", static_cast<std::uint64_t>(
+                                                         std::max(s.headroom.iterations, 0)))));
   }
-  devices += "]";
-  std::string out;
-  bool first = true;
-  append_json_raw_member(out, first, "devices", devices);
-  std::string phases = "{";
-  bool first_p = true;
-  append_json_raw_member(phases, first_p, "peak_bytes", phase_peaks_json(phase_peaks));
-  append_json_member(phases, first_p, "from",
-                     any_marked ? "marks" : (any_detected ? "detected" : "none"));
-  append_json_member(phases, first_p, "iterations", iterations_total);
-  phases += "}";
-  append_json_raw_member(out, first, "phases", phases);
-  std::string timeline = "{";
-  bool first_t = true;
-  append_json_member(timeline, first_t, "samples", samples);
-  append_json_member(timeline, first_t, "dropped", dropped);
-  timeline += "}";
-  append_json_raw_member(out, first, "timeline", timeline);
-  return out;
+  io::json::Object out;
+  out.add("devices", devices);
+  out.add("phases",
+          io::json::Object()
+              .add("peak_bytes", phase_peaks_json(phase_peaks))
+              .add_string("from", any_marked ? "marks" : (any_detected ? "detected" : "none"))
+              .add_uint("iterations", iterations_total));
+  out.add("timeline", io::json::Object().add_uint("samples", samples).add_uint("dropped", dropped));
+  return out.text();
 }
 
 bool AllocatorTelemetry::write_trace(const std::string& path, std::vector<std::string>* written,
@@ -299,22 +287,20 @@ bool AllocatorTelemetry::write_trace(const std::string& path, std::vector<std::s
   for (int index = 0; index < devices; ++index) {
     const Snapshot s = snapshot(index, scale);
     const std::string file = trace_path(path, index, devices);
-    std::ofstream out(file);
-    if (!out) {
-      if (error != nullptr) *error = file + ": " + std::strerror(errno);
-      return false;
-    }
-    allocator::TimelineExport data;
+    allocator::telemetry::TimelineExport data;
     data.device = index;
     data.samples = s.samples;
     data.iterations = s.iterations;
     data.marks = s.marks;
     data.ooms = s.refusals;
     data.headroom = s.headroom;
-    allocator::write_chrome_trace(out, data);
-    out.close();
-    if (!out) {
-      if (error != nullptr) *error = file + ": write failed";
+    std::ostringstream text;
+    allocator::telemetry::write_chrome_trace(text, data);
+    try {
+      io::replace_file(file, text.str(), kRecognisedBytes, &allocator::telemetry::is_chrome_trace,
+                       io::Folder::kMustExist);
+    } catch (const io::FileError& e) {
+      if (error != nullptr) *error = file + ": " + e.what();
       return false;
     }
     if (written != nullptr) written->push_back(file);
@@ -337,7 +323,7 @@ void AllocatorTelemetry::child_after_fork() {
     if (d.ready.load(std::memory_order_relaxed)) d.telemetry->clear();
     d.memory = DeviceMemory{};
     d.phase = Phase::unmarked;
-    d.open = allocator::IterationStats{};
+    d.open = allocator::telemetry::IterationStats{};
     d.iterations_closed = 0;
     d.refusals.clear();
     d.lock.unlock();

@@ -1,4 +1,4 @@
-// The interposer's telemetry: the allocator's (allocator/telemetry.h) fed with what the driver
+// The interposer's telemetry: the allocator's (allocator/telemetry/) fed with what the driver
 // hooks see, so that an unmodified trainer gets the same timeline, iterations and phases
 // (marked, or detected from the curve), per-phase peaks, headroom forecast and Perfetto trace as
 // a trainer using tide's allocator.
@@ -15,8 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/telemetry.h"
+#include "allocator/telemetry/headroom.h"
+#include "allocator/telemetry/oom_record.h"
+#include "allocator/telemetry/telemetry.h"
 #include "interpose/event_clock.h"
 #include "interpose/memory_events.h"
 #include "interpose/spin_lock.h"
@@ -51,30 +52,35 @@ class AllocatorTelemetry final : public MemoryTelemetry {
  private:
   struct Device {
     mutable SpinLock lock;
-    std::atomic<bool> ready{false};                   // `telemetry` exists
-    std::unique_ptr<allocator::Telemetry> telemetry;  // created on the device's first event
+    std::atomic<bool> ready{false};  // `telemetry` exists
+    std::unique_ptr<allocator::telemetry::Telemetry>
+        telemetry;  // created on the device's first event
     DeviceMemory memory;
     Phase phase = Phase::unmarked;  // the last phase marked on this device's telemetry
     // The iteration in progress, as the allocator's telemetry tracks it (it keeps it private
     // until its end mark): the report shows it too.
-    allocator::IterationStats open{};
+    allocator::telemetry::IterationStats open{};
     std::uint64_t iterations_closed = 0;
-    std::vector<allocator::OomRecord> refusals;
+    std::vector<allocator::telemetry::OomRecord> refusals;
     std::atomic<std::uint64_t> total{0};  // device memory as the driver reported it
   };
   // What the report and the trace need of one device, times in nanoseconds.
   struct Snapshot {
-    std::vector<allocator::Sample> samples;
-    std::vector<allocator::MarkEvent> marks;
-    std::vector<allocator::IterationStats> iterations;  // marked, else detected
-    std::vector<allocator::OomRecord> refusals;
-    allocator::HeadroomForecast headroom;
+    std::vector<allocator::telemetry::Sample> samples;
+    std::vector<allocator::telemetry::MarkEvent> marks;
+    std::vector<allocator::telemetry::IterationStats> iterations;  // marked, else detected
+    std::vector<allocator::telemetry::OomRecord> refusals;
+    allocator::telemetry::HeadroomForecast headroom;
     DeviceMemory memory;
     std::uint64_t samples_dropped = 0;
     bool detected = false;
   };
 
   Device& device(int index);  // creates the telemetry on first use
+  // Runs change(device, phase) on the event's device under its lock, the current phase marked
+  // there first, then records the device's live bytes in its timeline.
+  template <typename Change>
+  void apply(const MemoryEvent& event, Change&& change);
   void mark_locked(Device& d, Phase phase, std::uint64_t now);
   Snapshot snapshot(int index, double ns_per_tick) const;
 

@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <numeric>
 
-#include "interpose/json_text.h"
 #include "interpose/real_dlsym.h"
+#include "io/json_writer.h"
 
 namespace tide::interpose {
 namespace {
@@ -33,18 +33,16 @@ std::string hex(std::uintptr_t value) {
   return text;
 }
 
-std::string frame_json(void* ip) {
-  std::string out = "{";
-  bool first = true;
-  append_json_member(out, first, "ip", hex(reinterpret_cast<std::uintptr_t>(ip)));
+io::json::Object frame_json(void* ip) {
+  io::json::Object out;
+  out.add_string("ip", hex(reinterpret_cast<std::uintptr_t>(ip)));
   Dl_info info{};
   // ip - 1: a return address may already belong to the next function.
   if (dladdr(static_cast<char*>(ip) - 1, &info) != 0) {
     if (info.dli_fname != nullptr) {
-      append_json_member(out, first, "object", info.dli_fname);
-      append_json_member(out, first, "offset",
-                         hex(reinterpret_cast<std::uintptr_t>(ip) -
-                             reinterpret_cast<std::uintptr_t>(info.dli_fbase)));
+      out.add_string("object", info.dli_fname);
+      out.add_string("offset", hex(reinterpret_cast<std::uintptr_t>(ip) -
+                                   reinterpret_cast<std::uintptr_t>(info.dli_fbase)));
     }
     if (info.dli_sname != nullptr) {
       int status = -1;
@@ -53,10 +51,9 @@ std::string frame_json(void* ip) {
       std::free(demangled);  // NOLINT(cppcoreguidelines-no-malloc): __cxa_demangle's buffer
       function += "+" + hex(reinterpret_cast<std::uintptr_t>(ip) -
                             reinterpret_cast<std::uintptr_t>(info.dli_saddr));
-      append_json_member(out, first, "function", function);
+      out.add_string("function", function);
     }
   }
-  out += "}";
   return out;
 }
 
@@ -132,13 +129,12 @@ void CallStacks::on_free(std::uint32_t site, std::uint64_t bytes) {
 }
 
 std::string CallStacks::report_json(std::size_t top) const {
-  std::string out;
-  bool first = true;
-  append_json_raw_member(out, first, "enabled", enabled() ? "true" : "false");
-  if (!load_error_.empty()) append_json_member(out, first, "error", load_error_);
-  append_json_member(out, first, "sample_every", sample_every_);
-  append_json_member(out, first, "allocations_seen", calls_.load(std::memory_order_relaxed));
-  append_json_member(out, first, "allocations_sampled", sampled_.load(std::memory_order_relaxed));
+  io::json::Object out;
+  out.add_bool("enabled", enabled());
+  if (!load_error_.empty()) out.add_string("error", load_error_);
+  out.add_uint("sample_every", sample_every_);
+  out.add_uint("allocations_seen", calls_.load(std::memory_order_relaxed));
+  out.add_uint("allocations_sampled", sampled_.load(std::memory_order_relaxed));
   std::vector<Site> sites;
   std::uint64_t dropped = 0;
   {
@@ -146,35 +142,27 @@ std::string CallStacks::report_json(std::size_t top) const {
     sites = sites_;
     dropped = sites_dropped_;
   }
-  append_json_member(out, first, "sites", static_cast<std::uint64_t>(sites.size()));
-  append_json_member(out, first, "sites_dropped", dropped);
+  out.add_uint("sites", sites.size());
+  out.add_uint("sites_dropped", dropped);
   std::vector<std::size_t> order(sites.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return sites[a].bytes != sites[b].bytes ? sites[a].bytes > sites[b].bytes : a < b;
   });
-  std::string list = "[";
+  io::json::Array list(",\n  ");  // a site per line
   for (std::size_t i = 0; i < std::min(top, order.size()); ++i) {
     const Site& s = sites[order[i]];
-    if (i > 0) list += ",\n  ";
-    list += "{";
-    bool first_member = true;
-    append_json_member(list, first_member, "allocations", s.allocations);
-    append_json_member(list, first_member, "bytes", s.bytes);
-    append_json_member(list, first_member, "live_bytes_at_exit", s.live_bytes);
-    append_json_member(list, first_member, "peak_live_bytes", s.peak_live_bytes);
-    std::string frames = "[";
-    for (std::size_t f = 0; f < s.frames.size(); ++f) {
-      if (f > 0) frames += ", ";
-      frames += frame_json(s.frames[f]);
-    }
-    frames += "]";
-    append_json_raw_member(list, first_member, "frames", frames);
-    list += "}";
+    io::json::Array frames;
+    for (void* frame : s.frames) frames.add(frame_json(frame));
+    list.add(io::json::Object()
+                 .add_uint("allocations", s.allocations)
+                 .add_uint("bytes", s.bytes)
+                 .add_uint("live_bytes_at_exit", s.live_bytes)
+                 .add_uint("peak_live_bytes", s.peak_live_bytes)
+                 .add("frames", frames));
   }
-  list += "]";
-  append_json_raw_member(out, first, "top_sites", list);
-  return out;
+  out.add("top_sites", list);
+  return out.text();
 }
 
 void CallStacks::prepare_fork() { mutex_.lock(); }

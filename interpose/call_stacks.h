@@ -32,8 +32,8 @@ class CallStacks {
   void on_alloc(std::uint32_t site, std::uint64_t bytes);
   void on_free(std::uint32_t site, std::uint64_t bytes);
 
-  // The report's "stacks" object (JSON members without braces): the `top` sites by bytes
-  // allocated, each frame symbolised (dladdr; C++ names demangled).
+  // The report's "stacks" object (JSON): the `top` sites by bytes allocated, each frame
+  // symbolised (dladdr; C++ names demangled).
   std::string report_json(std::size_t top) const;
 
   void prepare_fork();

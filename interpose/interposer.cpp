@@ -20,8 +20,9 @@
 #include "interpose/bindings.h"
 #include "interpose/counters.h"
 #include "interpose/event_clock.h"
-#include "interpose/json_text.h"
 #include "interpose/thread_state.h"
+#include "io/json_writer.h"
+#include "io/safe_file.h"
 
 namespace tide::interpose {
 namespace {
@@ -61,6 +62,30 @@ std::string trace_path_for(const std::string& report_path) {
     return report_path.substr(0, report_path.size() - suffix.size()) + ".trace.json";
   }
   return report_path + ".trace.json";
+}
+
+// A report is tide's own to replace when it starts as write_report starts it; this much of an
+// existing file is read to tell.
+constexpr std::string_view kReportHead = "{\"tide_report\": 1,";
+constexpr std::size_t kRecognisedBytes = 256;
+bool is_report(std::string_view head) { return head.starts_with(kReportHead); }
+
+// A byte count for people: "1.50 GiB".
+std::string format_bytes(std::uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  if (unit == 0) {
+    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
+  } else {
+    std::snprintf(text, sizeof text, "%.2f %s", value, kUnits[unit]);
+  }
+  return text;
 }
 
 // ---- The report on a fatal signal -------------------------------------------------------------
@@ -267,109 +292,81 @@ Interposer::Totals Interposer::totals() const {
   return t;
 }
 
-std::string Interposer::report_json() const {
+io::json::Object Interposer::report() const {
   const Counters counters = ThreadCounters::total();
-  std::string out = "{";
-  bool first = true;
-  append_json_member(out, first, "tide_report", std::uint64_t{1});
-  append_json_member(out, first, "pid", static_cast<std::uint64_t>(getpid()));
-  append_json_member(out, first, "command", command_line());
+  io::json::Object out;
+  out.add_uint("tide_report", 1);  // first: is_report() knows a report by it
+  out.add_uint("pid", static_cast<std::uint64_t>(getpid()));
+  out.add_string("command", command_line());
   char duration[32];
   std::snprintf(duration, sizeof duration, "%.3f",
                 static_cast<double>(monotonic_ns() - start_ns_) * 1e-9);
-  append_json_raw_member(out, first, "duration_s", duration);
-  append_json_raw_member(out, first, "stand_in_driver", bound_to_standin() ? "true" : "false");
+  out.add_raw("duration_s", duration);
+  out.add_bool("stand_in_driver", bound_to_standin());
+  out.add("settings", io::json::Object()
+                          .add_uint("memory_limit_bytes", settings_.memory_limit)
+                          .add_bool("stacks", settings_.stacks)
+                          .add_uint("stack_sample", settings_.stack_sample));
+  out.add("totals",
+          io::json::Object()
+              .add_uint("allocations", counters.allocations)
+              .add_uint("frees", counters.frees)
+              .add_uint("live_allocations_at_exit", allocations_.size() + physical_.size())
+              .add_uint("limit_rejections", counters.limit_rejections)
+              .add_uint("limit_rejected_bytes", counters.limit_rejected_bytes)
+              .add_uint("runtime_fallback_records", counters.runtime_fallbacks)
+              .add_uint("unbound_lookups", unbound_lookups()));
 
-  std::string settings = "{";
-  bool first_s = true;
-  append_json_member(settings, first_s, "memory_limit_bytes", settings_.memory_limit);
-  append_json_raw_member(settings, first_s, "stacks", settings_.stacks ? "true" : "false");
-  append_json_member(settings, first_s, "stack_sample", settings_.stack_sample);
-  settings += "}";
-  append_json_raw_member(out, first, "settings", settings);
-
-  std::string totals = "{";
-  bool first_t = true;
-  append_json_member(totals, first_t, "allocations", counters.allocations);
-  append_json_member(totals, first_t, "frees", counters.frees);
-  append_json_member(totals, first_t, "live_allocations_at_exit",
-                     allocations_.size() + physical_.size());
-  append_json_member(totals, first_t, "limit_rejections", counters.limit_rejections);
-  append_json_member(totals, first_t, "limit_rejected_bytes", counters.limit_rejected_bytes);
-  append_json_member(totals, first_t, "runtime_fallback_records", counters.runtime_fallbacks);
-  append_json_member(totals, first_t, "unbound_lookups",
-                     static_cast<std::uint64_t>(unbound_lookups()));
-  totals += "}";
-  append_json_raw_member(out, first, "totals", totals);
-
-  std::string entry_points = "{";
-  std::string origins = "{";
-  bool first_e = true;
-  bool first_o = true;
+  io::json::Object entry_points;
+  io::json::Object origins;
   for (std::size_t k = 0; k < kKindCount; ++k) {
     const Counters::PerKind& c = counters.kinds[k];
+    const std::string_view kind = kind_name(static_cast<Kind>(k));
     if (c.calls != 0) {
-      std::string member = "{";
-      bool first_m = true;
-      append_json_member(member, first_m, "calls", c.calls);
-      append_json_member(member, first_m, "failures", c.failures);
-      append_json_member(member, first_m, "bytes", c.bytes);
-      member += "}";
-      append_json_raw_member(entry_points, first_e, kind_name(static_cast<Kind>(k)), member);
+      entry_points.add(kind, io::json::Object()
+                                 .add_uint("calls", c.calls)
+                                 .add_uint("failures", c.failures)
+                                 .add_uint("bytes", c.bytes));
     }
     if (c.allocations != 0) {
-      std::string member = "{";
-      bool first_m = true;
-      append_json_member(member, first_m, "allocations", c.allocations);
-      append_json_member(member, first_m, "bytes", c.allocated_bytes);
-      member += "}";
-      append_json_raw_member(origins, first_o, kind_name(static_cast<Kind>(k)), member);
+      origins.add(kind, io::json::Object()
+                            .add_uint("allocations", c.allocations)
+                            .add_uint("bytes", c.allocated_bytes));
     }
   }
-  entry_points += "}";
-  origins += "}";
-  append_json_raw_member(out, first, "entry_points", entry_points);
-  append_json_raw_member(out, first, "allocations_by_origin", origins);
+  out.add("entry_points", entry_points);
+  out.add("allocations_by_origin", origins);
 
-  std::string mapped = "[";
+  io::json::Array mapped;
   for (int d = 0; d < telemetry_->devices_seen(); ++d) {
-    if (d > 0) mapped += ", ";
-    mapped += std::to_string(std::max<std::int64_t>(0, mapped_peak_[d].load()));
+    mapped.add_uint(static_cast<std::uint64_t>(std::max<std::int64_t>(0, mapped_peak_[d].load())));
   }
-  mapped += "]";
-  append_json_raw_member(out, first, "mapped_peak_bytes", mapped);
-
-  append_json_raw_member(out, first, "telemetry", "{" + telemetry_->report_json() + "}");
-  append_json_raw_member(out, first, "stacks", "{" + stacks_.report_json(20) + "}");
-  out += "}";
+  out.add("mapped_peak_bytes", mapped);
+  out.add_raw("telemetry", telemetry_->report_json());
+  out.add_raw("stacks", stacks_.report_json(20));
   return out;
 }
 
 bool Interposer::write_report(const std::string& path, std::string* error) {
-  std::vector<std::string> traces;
-  if (!telemetry_->write_trace(trace_path_for(path), &traces, error)) return false;
-  std::string json = report_json();
-  json.pop_back();  // the closing brace: one more member
-  std::string list = "[";
-  for (std::size_t i = 0; i < traces.size(); ++i) {
-    if (i > 0) list += ", ";
-    append_json_string(list, traces[i]);
-  }
-  list += "]";
-  bool first = false;
-  append_json_raw_member(json, first, "traces", list);
-  json += "}\n";
-  std::FILE* file = std::fopen(path.c_str(), "w");
-  if (file == nullptr) {
-    if (error != nullptr) *error = path + ": " + std::strerror(errno);
+  // Nothing but tide's own reports and traces is ever replaced, nor a FIFO or a device opened, and
+  // a crash leaves the old file or the new one (io/safe_file.h). The report's path is checked
+  // first: a path it may not take gets no traces either.
+  try {
+    io::check_replaceable(path, kRecognisedBytes, &is_report);
+    std::vector<std::string> traces;
+    if (!telemetry_->write_trace(trace_path_for(path), &traces, error)) return false;
+    io::json::Object json = report();
+    io::json::Array list;
+    for (const std::string& trace : traces) list.add_string(trace);
+    json.add("traces", list);
+    io::replace_file(path, json.text() + "\n", kRecognisedBytes, &is_report,
+                     io::Folder::kMustExist);
+    return true;
+  } catch (const std::exception& e) {
+    // FileError, and whatever else may fail (memory, the filesystem): at exit, never an exception.
+    if (error != nullptr) *error = path + ": " + e.what();
     return false;
   }
-  const bool ok = std::fwrite(json.data(), 1, json.size(), file) == json.size();
-  if (std::fclose(file) != 0 || !ok) {
-    if (error != nullptr) *error = path + ": write failed";
-    return false;
-  }
-  return true;
 }
 
 std::string Interposer::summary_line(const std::string& report_path) const {

@@ -20,6 +20,7 @@
 #include "interpose/memory_events.h"
 #include "interpose/memory_limit.h"
 #include "interpose/settings.h"
+#include "io/json_writer.h"
 
 namespace tide::interpose {
 
@@ -60,7 +61,8 @@ class Interposer {
   // Marks the process as one that uses CUDA: it writes a report at exit.
   void note_used();
 
-  // Writes the report (and the trace next to it) to `path`.
+  // Writes the report (and the trace next to it) to `path`: over nothing, or over a report (and
+  // traces) tide wrote before; never over another file, into a FIFO or device, or creating folders.
   bool write_report(const std::string& path, std::string* error);
   // The report at exit or on a fatal signal: once per process.
   void write_final_report();
@@ -82,7 +84,7 @@ class Interposer {
   static void parent_after_fork();
   static void child_after_fork();
 
-  std::string report_json() const;
+  io::json::Object report() const;
   std::string summary_line(const std::string& report_path) const;
   void start_reporter();
 

@@ -58,9 +58,9 @@ class MemoryTelemetry {
   virtual DeviceMemory device_memory(int device) const = 0;
   virtual int devices_seen() const = 0;  // one past the highest device with an event
 
-  // The report's "telemetry" object (JSON members, without braces), and the timeline as
-  // Perfetto-loadable traces (Chrome JSON trace format) at `path` (one device) or next to it
-  // (one file per device), listed in `written`.
+  // The report's "telemetry" object (JSON), and the timeline as Perfetto-loadable traces (Chrome
+  // JSON trace format) at `path` (one device) or next to it (one file per device), listed in
+  // `written`; a trace is written only over nothing or a trace (io/safe_file.h).
   virtual std::string report_json() const = 0;
   virtual bool write_trace(const std::string& path, std::vector<std::string>* written,
                            std::string* error) const = 0;

@@ -1,7 +1,9 @@
 // The C ABI of the optimizer kernels (include/tide/tide.h, "optimizer kernels").
 #include <stdexcept>
+#include <string>
 
 #include "capi/status.h"
+#include "kernels/capi.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/thread_pool.h"
 #include "tide/tide.h"
@@ -9,14 +11,7 @@
 namespace tide::kernels {
 namespace {
 
-void require(bool ok, const char* message) {
-  if (!ok) throw std::invalid_argument(message);
-}
-
-Dtype dtype_of(std::int32_t d, const char* what) {
-  require(d == TIDE_FLOAT32 || d == TIDE_BFLOAT16 || d == TIDE_FLOAT16, what);
-  return static_cast<Dtype>(d);
-}
+using tide::capi::require;
 
 CpuAdamOptions options_of(const tide_cpu_options* o) {
   CpuAdamOptions options;
@@ -41,7 +36,43 @@ CpuAdamOptions options_of(const tide_cpu_options* o) {
 
 std::int32_t abi_isa(CpuIsa isa) { return static_cast<std::int32_t>(isa) + TIDE_CPU_ISA_SCALAR; }
 
+AdamSubgroup subgroup_from_c(const tide_adam_subgroup& s) {
+  return AdamSubgroup{
+      .grad = s.grad,
+      .param = s.param,
+      .exp_avg = s.exp_avg,
+      .exp_avg_sq = s.exp_avg_sq,
+      .param_copy = s.param_copy,
+      .count = s.count,
+      .grad_dtype = dtype_from_c(s.grad_dtype, "tide_cpu_adam_step: grad_dtype"),
+      .state_dtype = dtype_from_c(s.state_dtype, "tide_cpu_adam_step: state_dtype"),
+      .copy_dtype = s.param_copy != nullptr
+                        ? dtype_from_c(s.copy_dtype, "tide_cpu_adam_step: copy_dtype")
+                        : AdamSubgroup{}.copy_dtype};
+}
+
 }  // namespace
+
+Dtype dtype_from_c(std::int32_t dtype, std::string_view what) {
+  if (dtype != TIDE_FLOAT32 && dtype != TIDE_BFLOAT16 && dtype != TIDE_FLOAT16) {
+    throw std::invalid_argument(std::string(what) + " is not a tide_dtype (" +
+                                std::to_string(dtype) + "; 0 float32, 1 bfloat16, 2 float16)");
+  }
+  return static_cast<Dtype>(dtype);
+}
+
+AdamHyper hyper_from_c(const tide_adam_hyper& h) {
+  return AdamHyper{.lr = h.lr,
+                   .beta1 = h.beta1,
+                   .beta2 = h.beta2,
+                   .eps = h.eps,
+                   .weight_decay = h.weight_decay,
+                   .step = h.step,
+                   .decoupled = h.decoupled != 0,
+                   .maximize = h.maximize != 0,
+                   .grad_scale = h.grad_scale};
+}
+
 }  // namespace tide::kernels
 
 using tide::capi::guard;
@@ -54,29 +85,8 @@ TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
                                         const tide_cpu_options* options, tide_adam_result* result) {
   return guard([&] {
     k::require(subgroup != nullptr && hyper != nullptr, "tide_cpu_adam_step: null argument");
-    k::AdamSubgroup s;
-    s.grad = subgroup->grad;
-    s.param = subgroup->param;
-    s.exp_avg = subgroup->exp_avg;
-    s.exp_avg_sq = subgroup->exp_avg_sq;
-    s.param_copy = subgroup->param_copy;
-    s.count = subgroup->count;
-    s.grad_dtype = k::dtype_of(subgroup->grad_dtype, "tide_cpu_adam_step: unknown grad_dtype");
-    s.state_dtype = k::dtype_of(subgroup->state_dtype, "tide_cpu_adam_step: unknown state_dtype");
-    if (s.param_copy != nullptr) {
-      s.copy_dtype = k::dtype_of(subgroup->copy_dtype, "tide_cpu_adam_step: unknown copy_dtype");
-    }
-    k::AdamHyper h;
-    h.lr = hyper->lr;
-    h.beta1 = hyper->beta1;
-    h.beta2 = hyper->beta2;
-    h.eps = hyper->eps;
-    h.weight_decay = hyper->weight_decay;
-    h.grad_scale = hyper->grad_scale;
-    h.step = hyper->step;
-    h.decoupled = hyper->decoupled != 0;
-    h.maximize = hyper->maximize != 0;
-    const k::AdamResult r = k::cpu_adam_step(s, h, k::options_of(options));
+    const k::AdamResult r = k::cpu_adam_step(k::subgroup_from_c(*subgroup), k::hyper_from_c(*hyper),
+                                             k::options_of(options));
     if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
   });
 }
@@ -86,16 +96,16 @@ TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype,
                                               uint64_t* nonfinite) {
   return guard([&] {
     k::require(nonfinite != nullptr, "tide_cpu_count_nonfinite: null output pointer");
-    *nonfinite = k::cpu_count_nonfinite(
-        values, k::dtype_of(dtype, "tide_cpu_count_nonfinite: unknown dtype"), count,
-        k::options_of(options));
+    *nonfinite =
+        k::cpu_count_nonfinite(values, k::dtype_from_c(dtype, "tide_cpu_count_nonfinite: dtype"),
+                               count, k::options_of(options));
   });
 }
 
 TIDE_API tide_status tide_cpu_cast(const float* src, void* dst, int32_t dst_dtype, uint64_t count,
                                    const tide_cpu_options* options) {
   return guard([&] {
-    k::cpu_cast(src, dst, k::dtype_of(dst_dtype, "tide_cpu_cast: unknown dtype"), count,
+    k::cpu_cast(src, dst, k::dtype_from_c(dst_dtype, "tide_cpu_cast: dst_dtype"), count,
                 k::options_of(options));
   });
 }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu_simd.h"
 #include "kernels/cpu_variant.h"
 
 // Everything below is compiled for AVX-512 (see cpu_variant.h for why this is a region after
@@ -41,19 +42,6 @@ struct Avx512Math {
   }
 };
 
-AdamTerms<F16> broadcast(const AdamCoefficients& c) {
-  return {F16{_mm512_set1_ps(c.grad_mul)},
-          F16{_mm512_set1_ps(c.decay)},
-          F16{_mm512_set1_ps(c.l2)},
-          F16{_mm512_set1_ps(c.lerp_w)},
-          F16{_mm512_set1_ps(c.beta2)},
-          F16{_mm512_set1_ps(c.one_minus_beta2)},
-          F16{_mm512_set1_ps(c.inv_bc2_sqrt)},
-          F16{_mm512_set1_ps(c.eps)},
-          F16{_mm512_set1_ps(c.neg_step_size)},
-          c.lerp_from_grad};
-}
-
 // fp32 → bf16, round to nearest even; NaN stays NaN, quieted (kernels/dtype.h's float_to_bf16).
 __m256i to_bf16(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
@@ -75,145 +63,74 @@ __m512 from_bf16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// Loads 16 values of dtype D from element i as fp32; with kTail, only the lanes in `k` (the
-// others read as zero and touch no memory).
-template <Dtype D, bool kTail>
-__m512 load(const void* base, std::size_t i, __mmask16 k) {
-  if constexpr (D == Dtype::kFloat32) {
-    const float* p = static_cast<const float*>(base) + i;
-    return kTail ? _mm512_maskz_loadu_ps(k, p) : _mm512_loadu_ps(p);
-  } else {
-    const auto* p = static_cast<const std::uint16_t*>(base) + i;
-    const __m256i h = kTail ? _mm256_maskz_loadu_epi16(k, p)
-                            : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    if constexpr (D == Dtype::kBFloat16) return from_bf16(h);
-    return _mm512_cvtph_ps(h);
-  }
-}
+// The vector traits of kernels/cpu_simd.h: 16 lanes, masked heads and tails.
+struct Avx512 : SimdShape<F16, Avx512Math, /*kMasked=*/true, __mmask16, 0xffff> {
+  static Lanes first_lanes(std::size_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static F16 splat(float x) { return {_mm512_set1_ps(x)}; }
+  static void fence() { _mm_sfence(); }
 
-// The weight copy is written and not read: a streaming store of its full lines saves the read
-// a normal store makes first (2 of 30 bytes per element). `q` must be 32-byte aligned.
-template <Dtype D>
-void stream_copy(void* base, std::size_t i, __m512 x) {
-  auto* q = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i);
-  _mm256_stream_si256(q, D == Dtype::kBFloat16 ? to_bf16(x) : to_fp16(x));
-}
-
-template <Dtype D, bool kTail>
-void store(void* base, std::size_t i, __mmask16 k, __m512 x) {
-  if constexpr (D == Dtype::kFloat32) {
-    float* p = static_cast<float*>(base) + i;
-    if constexpr (kTail) {
-      _mm512_mask_storeu_ps(p, k, x);
+  template <Dtype D, bool kTail>
+  static __m512 load(const void* base, std::size_t i, Lanes k) {
+    if constexpr (D == Dtype::kFloat32) {
+      const float* p = static_cast<const float*>(base) + i;
+      return kTail ? _mm512_maskz_loadu_ps(k, p) : _mm512_loadu_ps(p);
     } else {
-      _mm512_storeu_ps(p, x);
-    }
-  } else {
-    auto* p = static_cast<std::uint16_t*>(base) + i;
-    const __m256i h = D == Dtype::kBFloat16 ? to_bf16(x) : to_fp16(x);
-    if constexpr (kTail) {
-      _mm256_mask_storeu_epi16(p, k, h);
-    } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+      const auto* p = static_cast<const std::uint16_t*>(base) + i;
+      const __m256i h = kTail ? _mm256_maskz_loadu_epi16(k, p)
+                              : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      if constexpr (D == Dtype::kBFloat16) return from_bf16(h);
+      return _mm512_cvtph_ps(h);
     }
   }
-}
 
-constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // fpclass: QNaN, +inf, -inf, SNaN
+  template <Dtype D, bool kTail>
+  static void store(void* base, std::size_t i, Lanes k, __m512 x) {
+    if constexpr (D == Dtype::kFloat32) {
+      float* p = static_cast<float*>(base) + i;
+      if constexpr (kTail) {
+        _mm512_mask_storeu_ps(p, k, x);
+      } else {
+        _mm512_storeu_ps(p, x);
+      }
+    } else {
+      auto* p = static_cast<std::uint16_t*>(base) + i;
+      const __m256i h = D == Dtype::kBFloat16 ? to_bf16(x) : to_fp16(x);
+      if constexpr (kTail) {
+        _mm256_mask_storeu_epi16(p, k, h);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+      }
+    }
+  }
 
-// Steps per burst: the main loop loads 8 vectors (8 cache lines) of each buffer in a row, as
-// DeepSpeed's kernel does, rather than one line of each buffer in turn. Measured on the
-// development machine (Xeon, 2 threads, 1e8 parameters): about 9% more bandwidth than one
-// vector per step; 16 gained nothing more.
-constexpr int kBurst = 8;
+  template <Dtype D>
+  static void stream(void* base, std::size_t i, __m512 x) {
+    auto* q = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i);
+    _mm256_stream_si256(q, D == Dtype::kBFloat16 ? to_bf16(x) : to_fp16(x));
+  }
 
-// kU vectors of 16 elements from element i (with kTail, one vector: the lanes in k). Returns how
-// many elements were rejected as non-finite.
-template <int kU, Dtype G, Dtype S, Dtype C, bool kTail>
-unsigned step(const AdamTerms<F16>& t, const AdamSubgroup& s, std::size_t i, __mmask16 k) {
-  static_assert(!kTail || kU == 1);
-  __m512 g[kU], p[kU], m[kU], v[kU];
-#pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) g[u] = load<G, kTail>(s.grad, i + 16 * u, k);
-#pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) m[u] = load<S, kTail>(s.exp_avg, i + 16 * u, k);
-#pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) v[u] = load<S, kTail>(s.exp_avg_sq, i + 16 * u, k);
-#pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) p[u] = load<Dtype::kFloat32, kTail>(s.param, i + 16 * u, k);
-  unsigned rejected = 0;
-#pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) {
-    F16 p1{p[u]}, m1{m[u]}, v1{v[u]};
-    adam_update<Avx512Math>(t, F16{g[u]}, p1, m1, v1);
+  static unsigned keep_finite(F16 p1, F16 m1, F16 v1, Lanes k, __m512& p, __m512& m, __m512& v) {
+    constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // fpclass: QNaN, +inf, -inf, SNaN
     const auto bad = static_cast<__mmask16>((_mm512_fpclass_ps_mask(p1.x, kNonFinite) |
                                              _mm512_fpclass_ps_mask(m1.x, kNonFinite) |
                                              _mm512_fpclass_ps_mask(v1.x, kNonFinite)) &
                                             k);
-    // Rejected lanes keep their old values: nothing non-finite is ever stored.
-    p[u] = _mm512_mask_blend_ps(bad, p1.x, p[u]);
-    m[u] = _mm512_mask_blend_ps(bad, m1.x, m[u]);
-    v[u] = _mm512_mask_blend_ps(bad, v1.x, v[u]);
-    rejected += static_cast<unsigned>(__builtin_popcount(bad));
+    p = _mm512_mask_blend_ps(bad, p1.x, p);
+    m = _mm512_mask_blend_ps(bad, m1.x, m);
+    v = _mm512_mask_blend_ps(bad, v1.x, v);
+    return static_cast<unsigned>(__builtin_popcount(bad));
   }
-#pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) store<Dtype::kFloat32, kTail>(s.param, i + 16 * u, k, p[u]);
-#pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) store<S, kTail>(s.exp_avg, i + 16 * u, k, m[u]);
-#pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) store<S, kTail>(s.exp_avg_sq, i + 16 * u, k, v[u]);
-  if constexpr (C != kNoCopy) {
-#pragma GCC unroll 8
-    for (int u = 0; u < kU; ++u) {
-      if constexpr (kTail) {
-        store<C, true>(s.param_copy, i, k, p[u]);
-      } else {
-        stream_copy<C>(s.param_copy, i + 16 * u, p[u]);
-      }
-    }
-  }
-  return rejected;
-}
+};
 
-// The lanes of the first n elements (n < 16).
-__mmask16 first_lanes(std::size_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
-
-// flatten: adam_update (a header template, compiled for the baseline CPU) and the Avx512Math
-// calls inside it are inlined here, into AVX-512 code.
-template <Dtype G, Dtype S, Dtype C>
-[[gnu::flatten]] std::uint64_t adam_range(const AdamCoefficients& c, const AdamSubgroup& subgroup,
-                                          std::size_t begin, std::size_t end) {
-  // A local copy: the stores (through may-alias vector pointers) cannot touch it, so the
-  // buffer addresses stay in registers instead of being reloaded every step.
-  const AdamSubgroup s = subgroup;
-  const AdamTerms<F16> t = broadcast(c);
-  std::uint64_t rejected = 0;
-  std::size_t i = begin;
-  if constexpr (C != kNoCopy) {
-    // Masked steps up to the copy's first 32-byte boundary, for the streaming stores.
-    const auto address =
-        reinterpret_cast<std::uintptr_t>(static_cast<std::uint16_t*>(s.param_copy) + i);
-    const std::size_t head = std::min<std::size_t>((32 - address % 32) % 32 / 2, end - i);
-    if (head > 0) rejected += step<1, G, S, C, true>(t, s, i, first_lanes(head));
-    i += head;
+// flatten: the loops of cpu_simd.h and adam_update (header templates, compiled for the baseline
+// CPU) and the Avx512Math calls inside them are inlined here, into AVX-512 code.
+struct AdamRange {
+  template <Dtype G, Dtype S, Dtype C>
+  [[gnu::flatten]] static std::uint64_t run(const AdamCoefficients& c, const AdamSubgroup& s,
+                                            std::size_t begin, std::size_t end) {
+    return simd_adam_range<Avx512, G, S, C>(c, s, begin, end);
   }
-  for (; i + 16 * kBurst <= end; i += 16 * kBurst) {
-    rejected += step<kBurst, G, S, C, false>(t, s, i, 0xffff);
-  }
-  for (; i + 16 <= end; i += 16) rejected += step<1, G, S, C, false>(t, s, i, 0xffff);
-  if (i < end) rejected += step<1, G, S, C, true>(t, s, i, first_lanes(end - i));
-  // Streaming stores are weakly ordered: fence them before the caller hands the copy on.
-  if constexpr (C != kNoCopy) _mm_sfence();
-  return rejected;
-}
-
-std::uint64_t adam(const AdamCoefficients& t, const AdamSubgroup& s, std::size_t begin,
-                   std::size_t end) {
-  return dispatch_dtypes(s, [&](auto g, auto st, auto c) {
-    return adam_range<decltype(g)::value, decltype(st)::value, decltype(c)::value>(t, s, begin,
-                                                                                   end);
-  });
-}
+};
 
 // Non-finite: exponent bits all ones. 32 16-bit values or 16 fp32 values per step.
 std::uint64_t count_nonfinite(const void* values, Dtype dtype, std::size_t begin, std::size_t end) {
@@ -242,13 +159,9 @@ std::uint64_t count_nonfinite(const void* values, Dtype dtype, std::size_t begin
   return n;
 }
 
-void cast(const float* src, void* dst, Dtype dst_dtype, std::size_t begin, std::size_t end) {
-  auto* out = static_cast<std::uint16_t*>(dst);
-  for (std::size_t i = begin; i < end; i += 16) {
-    const auto k = static_cast<__mmask16>(end - i >= 16 ? 0xffffu : (1u << (end - i)) - 1u);
-    const __m512 x = _mm512_maskz_loadu_ps(k, src + i);
-    _mm256_mask_storeu_epi16(out + i, k, dst_dtype == Dtype::kFloat16 ? to_fp16(x) : to_bf16(x));
-  }
+[[gnu::flatten]] void cast(const float* src, void* dst, Dtype dst_dtype, std::size_t begin,
+                           std::size_t end) {
+  simd_cast<Avx512>(src, dst, dst_dtype, begin, end);
 }
 
 }  // namespace
@@ -263,7 +176,8 @@ void cast(const float* src, void* dst, Dtype dst_dtype, std::size_t begin, std::
 namespace tide::kernels {
 
 const CpuKernels& avx512_kernels() {
-  static constexpr CpuKernels kKernels{CpuIsa::kAvx512, &adam, &count_nonfinite, &cast};
+  static constexpr CpuKernels kKernels{CpuIsa::kAvx512, &adam_for_dtypes<AdamRange>,
+                                       &count_nonfinite, &cast};
   return kKernels;
 }
 

@@ -6,13 +6,13 @@
 namespace tide::kernels {
 namespace {
 
-std::uint64_t adam(const AdamCoefficients& t, const AdamSubgroup& s, std::size_t begin,
-                   std::size_t end) {
-  return dispatch_dtypes(s, [&](auto g, auto st, auto c) {
-    return adam_scalar_range<decltype(g)::value, decltype(st)::value, decltype(c)::value>(
-        t, s, begin, end);
-  });
-}
+struct AdamRange {
+  template <Dtype G, Dtype S, Dtype C>
+  static std::uint64_t run(const AdamCoefficients& c, const AdamSubgroup& s, std::size_t begin,
+                           std::size_t end) {
+    return adam_scalar_range<G, S, C>(c, s, begin, end);
+  }
+};
 
 // A value is non-finite when its exponent bits are all ones.
 template <typename Storage>
@@ -44,7 +44,8 @@ void cast(const float* src, void* dst, Dtype dst_dtype, std::size_t begin, std::
 }  // namespace
 
 const CpuKernels& scalar_kernels() {
-  static constexpr CpuKernels kKernels{CpuIsa::kScalar, &adam, &count_nonfinite, &cast};
+  static constexpr CpuKernels kKernels{CpuIsa::kScalar, &adam_for_dtypes<AdamRange>,
+                                       &count_nonfinite, &cast};
   return kKernels;
 }
 

@@ -1,6 +1,7 @@
 // The per-instruction-set entry points of the CPU implementation: cpu_scalar.cpp, cpu_avx2.cpp
-// and cpu_avx512.cpp each define one table. Every entry works on elements [begin, end) of its
-// buffers on the calling thread; cpu_adam.cpp splits the work over threads and picks the table.
+// and cpu_avx512.cpp each define one table (the SIMD ones from the loops of cpu_simd.h, over their
+// vector width). Every entry works on elements [begin, end) of its buffers on the calling thread;
+// cpu_adam.cpp splits the work over threads and picks the table.
 //
 // The AVX2 and AVX-512 files are compiled for their instruction set with a `#pragma GCC target`
 // region that starts after every #include, and keep all their code in an anonymous namespace:
@@ -65,6 +66,17 @@ decltype(auto) dispatch_dtypes(const AdamSubgroup& s, Fn&& fn) {
       break;
   }
   return with_state(std::integral_constant<Dtype, Dtype::kFloat32>{});
+}
+
+// The table's adam entry for a variant whose loop over [begin, end) is Range::run<G, S, C>: the
+// subgroup's dtypes picked once, outside the loop.
+template <typename Range>
+std::uint64_t adam_for_dtypes(const AdamCoefficients& t, const AdamSubgroup& s, std::size_t begin,
+                              std::size_t end) {
+  return dispatch_dtypes(s, [&](auto g, auto st, auto c) {
+    return Range::template run<decltype(g)::value, decltype(st)::value, decltype(c)::value>(
+        t, s, begin, end);
+  });
 }
 
 // The scalar loop: the scalar variant, and the tails of the AVX2 variant. Stores every element

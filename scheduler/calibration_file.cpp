@@ -13,11 +13,15 @@
 #include <thread>
 
 #include "config/env.h"
-#include "scheduler/json.h"
-#include "scheduler/safe_file.h"
+#include "io/json.h"
+#include "io/json_writer.h"
+#include "io/safe_file.h"
 
 namespace tide::scheduler {
 namespace {
+
+namespace json = io::json;
+using io::FileError;
 
 constexpr std::size_t kMaxFileBytes = 1 << 20;  // a calibration is a few hundred bytes
 
@@ -190,7 +194,7 @@ std::string format_calibration(const Calibration& c) {
 Calibration load_calibration(const std::filesystem::path& path) {
   std::string text;
   try {
-    text = read_regular_file(path, kMaxFileBytes);
+    text = io::read_regular_file(path, kMaxFileBytes);
   } catch (const FileError& e) {
     throw CalibrationError("calibration " + path.string() + ": " + e.what());
   }
@@ -208,7 +212,7 @@ bool is_calibration(std::string_view text) {
 
 void save_calibration(const std::filesystem::path& path, const Calibration& calibration) {
   try {
-    replace_file(path, format_calibration(calibration), kMaxFileBytes, &is_calibration);
+    io::replace_file(path, format_calibration(calibration), kMaxFileBytes, &is_calibration);
   } catch (const FileError& e) {
     throw CalibrationError("calibration " + path.string() + ": " + e.what());
   }
@@ -216,7 +220,7 @@ void save_calibration(const std::filesystem::path& path, const Calibration& cali
 
 void check_calibration_path(const std::filesystem::path& path) {
   try {
-    check_replaceable(path, kMaxFileBytes, &is_calibration);
+    io::check_replaceable(path, kMaxFileBytes, &is_calibration);
   } catch (const FileError& e) {
     throw CalibrationError("calibration " + path.string() + ": " + e.what());
   }

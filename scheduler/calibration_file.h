@@ -76,7 +76,7 @@ std::string format_calibration(const Calibration& calibration);
 
 // Reads a regular file only (symlinks followed; a FIFO or device is refused, never waited on).
 Calibration load_calibration(const std::filesystem::path& path);
-// Writes atomically, creating the folder (scheduler/safe_file.h: symlinks are written through,
+// Writes atomically, creating the folder (io/safe_file.h: symlinks are written through,
 // and only an absent path or an existing calibration file is replaced; anything else is
 // refused with CalibrationError).
 void save_calibration(const std::filesystem::path& path, const Calibration& calibration);

@@ -7,8 +7,8 @@
 #include <new>
 #include <stdexcept>
 
-#include "allocator/device_registry.h"
-#include "allocator/pinned_arena.h"
+#include "allocator/device/device_registry.h"
+#include "allocator/pinned/arena.h"
 #include "config/env.h"
 #include "driver/error.h"
 #include "driver/memory.h"
@@ -227,8 +227,9 @@ allocator::DeviceMemoryResource& Executor::memory() {
   if (headroom_memory_ == nullptr) {
     // Looked up at every allocation until found: PyTorch creates tide's allocator of a device
     // at its first allocation there, which may come after the optimizer.
-    if (allocator::CachingAllocator* a = allocator::find_device_allocator(options_.device)) {
-      headroom_memory_ = std::make_unique<allocator::HeadroomResource>(*a);
+    if (allocator::device::CachingAllocator* a =
+            allocator::device::find_device_allocator(options_.device)) {
+      headroom_memory_ = std::make_unique<allocator::device::HeadroomResource>(*a);
     }
   }
   if (headroom_memory_ != nullptr) return *headroom_memory_;

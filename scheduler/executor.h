@@ -57,7 +57,7 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/headroom_resource.h"
+#include "allocator/device/headroom_resource.h"
 #include "allocator/memory_resource.h"
 #include "driver/context.h"
 #include "kernels/adam_math.h"
@@ -218,7 +218,7 @@ class Executor {
   std::optional<Plan> prepared_;
   // Before the buffers: they go back to these when they go.
   allocator::DriverResource driver_memory_;
-  std::unique_ptr<allocator::HeadroomResource> headroom_memory_;
+  std::unique_ptr<allocator::device::HeadroomResource> headroom_memory_;
   std::vector<UpdateBuffer> resident_;  // prepared GPU subgroups' gradients
   std::vector<UpdateBuffer> cached_;    // GPU buffers kept from the last phase
   UpdateBuffer cached_counters_;

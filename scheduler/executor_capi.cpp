@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "capi/status.h"
+#include "kernels/capi.h"
 #include "scheduler/executor.h"
 #include "scheduler/gradient_stats.h"
 #include "scheduler/rate_sources.h"
+#include "scheduler/scheduler_capi.h"
 #include "tide/tide.h"
 
 struct tide_optimizer {
@@ -25,22 +27,13 @@ struct tide_optimizer {
 
 namespace {
 
+using tide::capi::require;
+
 using namespace tide::scheduler;
 using tide::kernels::Dtype;
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
-}
-
 Dtype dtype_of(int32_t d, const char* what) {
-  require(d == TIDE_FLOAT32 || d == TIDE_BFLOAT16 || d == TIDE_FLOAT16,
-          std::string("tide_optimizer: ") + what + " is not a tide_dtype");
-  return static_cast<Dtype>(d);
-}
-
-Rates from_c(const tide_rates& r) {
-  return Rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
-               r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
+  return tide::kernels::dtype_from_c(d, std::string("tide_optimizer: ") + what);
 }
 
 Policy policy_of(const tide_placement_policy* policy) {
@@ -68,20 +61,6 @@ tide_optimizer& checked(tide_optimizer* optimizer) {
 const tide_optimizer& checked(const tide_optimizer* optimizer) {
   require(optimizer != nullptr, "tide_optimizer: null optimizer");
   return *optimizer;
-}
-
-tide::kernels::AdamHyper hyper_of(const tide_adam_hyper& h) {
-  tide::kernels::AdamHyper out;
-  out.lr = h.lr;
-  out.beta1 = h.beta1;
-  out.beta2 = h.beta2;
-  out.eps = h.eps;
-  out.weight_decay = h.weight_decay;
-  out.grad_scale = h.grad_scale;
-  out.step = h.step;
-  out.decoupled = h.decoupled != 0;
-  out.maximize = h.maximize != 0;
-  return out;
 }
 
 }  // namespace
@@ -126,7 +105,7 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     so.param_dtype = dtype_of(o.param_dtype, "param_dtype");
     ExecutorOptions eo;
     eo.device = o.device;
-    if (o.use_rates) eo.rates = from_c(o.rates);
+    if (o.use_rates) eo.rates = rates_from_c(o.rates);
     eo.gradients_on_gpu = o.gradients_on_gpu != 0;
     eo.planner.max_buffers = o.max_buffers;
     eo.refine = o.refine != 0;
@@ -223,7 +202,7 @@ TIDE_API tide_status tide_optimizer_ready(tide_optimizer* optimizer, const tide_
   return tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
     require(hyper != nullptr, "tide_optimizer_ready: null hyperparameters");
-    o.executor->ready(hyper_of(*hyper));
+    o.executor->ready(tide::kernels::hyper_from_c(*hyper));
   });
 }
 
@@ -237,7 +216,8 @@ TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_a
   const tide_status status = tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
     require(hyper != nullptr, "tide_optimizer_step: null hyperparameters");
-    const PhaseReport& r = o.executor->run(hyper_of(*hyper), policy_of(policy), headroom_bytes);
+    const PhaseReport& r =
+        o.executor->run(tide::kernels::hyper_from_c(*hyper), policy_of(policy), headroom_bytes);
     if (!r.not_updated.empty()) {
       after = TIDE_ERROR_STEP_INCOMPLETE;
       message = "tide_optimizer_step: " + std::to_string(r.not_updated.size()) +

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "allocator/pinned_arena.h"
+#include "allocator/pinned/arena.h"
 #include "driver/error.h"
 #include "driver/memory.h"
 #include "kernels/adam_gpu.h"

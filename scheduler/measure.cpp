@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "allocator/pinned_arena.h"
+#include "allocator/pinned/arena.h"
 #include "driver/memory.h"
 #include "driver/stream.h"
 #include "kernels/adam_gpu.h"
@@ -26,7 +26,8 @@ double seconds_since(Clock::time_point t) {
 
 // Pinned host buffers of one subgroup, released with the arena.
 struct HostSubgroup {
-  explicit HostSubgroup(allocator::PinnedArena& arena, std::uint64_t n) : arena_(arena), n_(n) {
+  explicit HostSubgroup(allocator::pinned::PinnedArena& arena, std::uint64_t n)
+      : arena_(arena), n_(n) {
     state = static_cast<float*>(arena.allocate(12 * n));
     grad = arena.allocate(2 * n);
     copy = arena.allocate(2 * n);
@@ -50,7 +51,7 @@ struct HostSubgroup {
     s.grad_dtype = kernels::Dtype::kBFloat16;
     return s;
   }
-  allocator::PinnedArena& arena_;
+  allocator::pinned::PinnedArena& arena_;
   std::uint64_t n_;
   float* state;
   void* grad;
@@ -83,7 +84,7 @@ CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& op
     throw std::invalid_argument(
         "tide: measure_cpu_cost: at least 1024 parameters, one repeat, and one thread");
   }
-  allocator::PinnedArena arena;
+  allocator::pinned::PinnedArena arena;
   HostSubgroup a(arena, params), b(arena, params);
   const std::uint64_t bytes = 12 * params;
   const kernels::AdamHyper hyper;
@@ -106,7 +107,7 @@ Rates measure_rates(const MeasureOptions& options) {
   const std::uint64_t n = options.params;
   const std::uint64_t bytes = 12 * n;
   const double nd = static_cast<double>(n), bytesd = static_cast<double>(bytes);
-  allocator::PinnedArena arena;
+  allocator::pinned::PinnedArena arena;
   HostSubgroup a(arena, n), b(arena, n);
   driver::DeviceBuffer d_in(bytes), d_out(bytes), d_grad(2 * n), d_copy(2 * n), counters(8);
   driver::Stream s1, s2;

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "allocator/pinned_arena.h"
+#include "allocator/pinned/arena.h"
 
 namespace tide::scheduler {
 namespace {
@@ -48,7 +48,7 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
     require(next == s.params, which + ": its parameter slices cover " + std::to_string(next) +
                                   " of " + std::to_string(s.params) + " elements");
   }
-  arena_ = std::make_unique<allocator::PinnedArena>();
+  arena_ = std::make_unique<allocator::pinned::PinnedArena>();
   buffers_.resize(specs_.size());
   try {
     for (std::size_t i = 0; i < specs_.size(); ++i) {

@@ -29,7 +29,7 @@
 
 #include "kernels/dtype.h"
 
-namespace tide::allocator {
+namespace tide::allocator::pinned {
 class PinnedArena;
 }
 
@@ -81,7 +81,7 @@ class OptimizerState {
   // One slice covering the whole subgroup: the GPU kernel writes the parameters directly.
   bool contiguous(std::size_t i) const;
 
-  allocator::PinnedArena& arena() const { return *arena_; }
+  allocator::pinned::PinnedArena& arena() const { return *arena_; }
 
   // A spare slot for subgroup i's size: from the pool, else newly allocated (throws
   // std::bad_alloc, or CudaError when registering new pinned memory fails).
@@ -105,7 +105,7 @@ class OptimizerState {
   };
   std::vector<SubgroupSpec> specs_;
   StateOptions options_;
-  std::unique_ptr<allocator::PinnedArena> arena_;
+  std::unique_ptr<allocator::pinned::PinnedArena> arena_;
   std::vector<Buffers> buffers_;
   std::vector<std::pair<std::uint64_t, float*>> spares_;  // (elements, slot)
   bool abandoned_ = false;

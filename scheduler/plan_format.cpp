@@ -3,11 +3,13 @@
 #include <cstdio>
 #include <sstream>
 
-#include "scheduler/json.h"
+#include "io/json_writer.h"
 #include "scheduler/units.h"
 
 namespace tide::scheduler {
 namespace {
+
+namespace json = io::json;
 
 std::string printf_string(const char* format, auto... args) {
   char buffer[256];

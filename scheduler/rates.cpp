@@ -41,11 +41,17 @@ std::span<const RateInfo, kRateCount> rate_infos() { return kRates; }
 const RateInfo& rate_info(RateKind kind) { return kRates[static_cast<std::size_t>(kind)]; }
 
 Rates builtin_rates() {
-  // Per rank of a 4×H100 node (the published setting, DESIGN.md): the CPU update rate is the
-  // measured all-CPU update phase (5e9 params in 2.27 s); the copies are the 20-25 GB/s each way of
-  // pinned-memory PCIe copies with four GPUs sharing the host; a CPU update that shares host
-  // memory bandwidth with both copy directions runs about 10% slower; a fused Adam kernel moves
-  // about 28 bytes/param through HBM (3 TB/s), so 5e10 params/s is conservative.
+  // Per rank of a 4×H100 node (the published setting, DESIGN.md; tests/scheduler/published_test.cpp
+  // checks the plan they give against the measurements):
+  // - CPU update 2.2e9 params/s: the measured all-CPU update phase (5e9 params in 2.27 s, 8.7e9
+  //   params/s over 4 ranks). While copies run it shares host memory bandwidth with them: 2.0e9
+  //   (10% less).
+  // - Copies 25 GB/s each way alone, the top of the quoted 20-25 GB/s of pinned-memory PCIe copies
+  //   with four GPUs sharing the host; 23 GB/s each way while both directions run: the measured
+  //   K = 2 phase moved 25 subgroups × 1.2 GB each way in 1.30 s, which needs at least that.
+  // - GPU update 5e10 params/s: a fused Adam moves ~28 bytes/param through ~3 TB/s of HBM, so
+  //   1e11 is the bound; half of it is conservative, and the update is still ~25× faster than
+  //   its copies.
   Rates r;
   r.cpu_update = 2.2e9;
   r.cpu_update_contended = 2.0e9;

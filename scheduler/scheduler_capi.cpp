@@ -6,32 +6,28 @@
 #include "capi/status.h"
 #include "scheduler/planner.h"
 #include "scheduler/rate_sources.h"
+#include "scheduler/scheduler_capi.h"
 #include "tide/tide.h"
 
-namespace {
+namespace tide::scheduler {
 
-using namespace tide::scheduler;
-
-void require(bool condition, const char* message) {
-  if (!condition) throw std::invalid_argument(message);
+Rates rates_from_c(const tide_rates& r) {
+  return Rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
+               r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
 }
 
-tide_rates to_c(const Rates& r) {
+tide_rates rates_to_c(const Rates& r) {
   return tide_rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
                     r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
 }
 
-Rates from_c(const tide_rates& r) {
-  Rates out;
-  out.cpu_update = r.cpu_update;
-  out.cpu_update_contended = r.cpu_update_contended;
-  out.h2d = r.h2d;
-  out.d2h = r.d2h;
-  out.h2d_duplex = r.h2d_duplex;
-  out.d2h_duplex = r.d2h_duplex;
-  out.gpu_update = r.gpu_update;
-  return out;
-}
+}  // namespace tide::scheduler
+
+namespace {
+
+using tide::capi::require;
+
+using namespace tide::scheduler;
 
 }  // namespace
 
@@ -42,7 +38,7 @@ TIDE_API tide_status tide_rates_resolve(const char* calibration_path, tide_rates
     require(rates != nullptr, "tide_rates_resolve: null output pointer");
     std::optional<std::filesystem::path> path;
     if (calibration_path != nullptr) path = calibration_path;
-    *rates = to_c(resolve_rates(path).rates);
+    *rates = rates_to_c(resolve_rates(path).rates);
   });
 }
 
@@ -69,7 +65,7 @@ TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
       workload.footprint.gradient_bytes_per_param = footprint->gradient_bytes_per_param;
       workload.footprint.gradients_on_gpu = footprint->gradients_on_gpu != 0;
     }
-    const Rates r = rates != nullptr ? from_c(*rates) : resolve_rates(std::nullopt).rates;
+    const Rates r = rates != nullptr ? rates_from_c(*rates) : resolve_rates(std::nullopt).rates;
     const Plan p = plan(workload, r);
     for (std::size_t i = 0; i < count; ++i) {
       device[i] = p.subgroups[i].device == Device::gpu ? 1 : 0;

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "config/env.h"
+#include "io/json_writer.h"
 #include "scheduler/interleave.h"
-#include "scheduler/json.h"
 #include "scheduler/plan_format.h"
 #include "scheduler/planner.h"
 #include "scheduler/rate_sources.h"
@@ -22,6 +22,7 @@ namespace tide::tools {
 namespace {
 
 using namespace tide::scheduler;
+namespace json = io::json;
 
 constexpr const char* kUsage = R"(usage: tide plan --params N --free-memory SIZE [options]
 

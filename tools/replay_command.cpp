@@ -1,7 +1,7 @@
-// `tide replay`: runs an allocation-event trace (allocator/trace.h) back through the device caching
-// allocator, on the driver tide loads (the stand-in driver on a machine without a GPU), and prints
-// what it took as one JSON line: peaks of live, requested and reserved bytes, driver allocation
-// calls (after the first and second iterations too), failed allocations, time.
+// `tide replay`: runs an allocation-event trace (allocator/telemetry/trace.h) back through the
+// device caching allocator, on the driver tide loads (the stand-in driver on a machine without a
+// GPU), and prints what it took as one JSON line: peaks of live, requested and reserved bytes,
+// driver allocation calls (after the first and second iterations too), failed allocations, time.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -10,12 +10,12 @@
 #include <string>
 #include <string_view>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/synthetic_trace.h"
-#include "allocator/trace.h"
-#include "allocator/trace_export.h"
-#include "allocator/trace_replay.h"
+#include "allocator/device/caching_allocator.h"
+#include "allocator/device/trace_replay.h"
+#include "allocator/telemetry/synthetic_trace.h"
+#include "allocator/telemetry/trace.h"
 #include "config/env.h"
+#include "io/json_writer.h"
 #include "tools/command.h"
 
 namespace tide::tools {
@@ -39,7 +39,8 @@ constexpr const char* kUsage =
     "                     0.5 (default 0)\n"
     "  --no-marks         synthetic: no phase marks (phases are detected from the curve)\n"
     "\n"
-    "A trace is checked before it runs (allocator/trace.h): unsigned integers only, at most 256\n"
+    "A trace is checked before it runs (allocator/telemetry/trace.h): unsigned integers only, at "
+    "most 256\n"
     "streams and 2^26 events, no free or record of an id that is not live. Exit status: 0, or\n"
     "1 with a message (a bad argument or trace, or allocations that failed).\n";
 
@@ -57,7 +58,7 @@ int replay_command(int argc, char** argv) {
   std::string save;
   std::string timeline;
   std::optional<int> device;
-  allocator::SyntheticOptions options;
+  allocator::telemetry::SyntheticOptions options;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     auto value = [&]() -> const char* {
@@ -80,7 +81,7 @@ int replay_command(int argc, char** argv) {
       options.marks = false;
     } else if (arg == "--device") {
       device = static_cast<int>(config::parse_int(
-          arg, value(), 0, static_cast<std::int64_t>(allocator::kMaxTraceDevice)));
+          arg, value(), 0, static_cast<std::int64_t>(allocator::telemetry::kMaxTraceDevice)));
     } else if (arg == "--save") {
       save = value();
     } else if (arg == "--timeline") {
@@ -100,39 +101,36 @@ int replay_command(int argc, char** argv) {
     return 2;
   }
 
-  allocator::Trace trace;
+  allocator::telemetry::Trace trace;
   std::string name = path;
   if (!synthetic.empty()) {
-    trace = allocator::generate_transformer_trace(allocator::shape_named(synthetic), options).trace;
+    trace = allocator::telemetry::generate_transformer_trace(
+                allocator::telemetry::shape_named(synthetic), options)
+                .trace;
     name = synthetic;
   } else {
-    trace = allocator::load_trace(path);
+    trace = allocator::telemetry::load_trace(path);
   }
-  if (!save.empty()) allocator::save_trace(save, trace);
+  if (!save.empty()) allocator::telemetry::save_trace(save, trace);
 
-  allocator::CachingAllocator alloc(device.value_or(trace.device));
-  const allocator::ReplayResult r = allocator::replay_trace(trace, alloc);
-  if (!timeline.empty()) allocator::export_chrome_trace(alloc, timeline);
+  allocator::device::CachingAllocator alloc(device.value_or(trace.device));
+  const allocator::device::ReplayResult r = allocator::device::replay_trace(trace, alloc);
+  if (!timeline.empty()) alloc.export_chrome_trace(timeline);
 
   const auto& ends = r.device_allocs_at_end;
   const std::uint64_t after1 = !ends.empty() ? r.device_allocs - ends[0] : 0;
   const std::uint64_t after2 = ends.size() >= 2 ? r.device_allocs - ends[1] : 0;
   const std::uint64_t allocs_after1 =
       r.allocations_at_end.empty() ? 0 : r.allocations - r.allocations_at_end[0];
-  std::string escaped;
-  for (char c : name) {
-    if (c == '"' || c == '\\') escaped += '\\';
-    escaped += c;
-  }
   std::printf(
-      "{\"trace\":\"%s\",\"events\":%llu,\"allocations\":%llu,\"failed_allocations\":%llu,"
+      "{\"trace\":%s,\"events\":%llu,\"allocations\":%llu,\"failed_allocations\":%llu,"
       "\"unknown_ids\":%llu,\"iterations\":%zu,\"peak_live_bytes\":%llu,"
       "\"peak_requested_bytes\":%llu,\"peak_reserved_bytes\":%llu,"
       "\"peak_reserved_over_live\":%.4f,\"peak_reserved_over_requested\":%.4f,"
       "\"driver_allocs\":%llu,\"driver_allocs_after_iter1\":%llu,"
       "\"driver_allocs_after_iter2\":%llu,\"driver_allocs_per_1000_after_iter1\":%.3f,"
       "\"growable\":%s,\"seconds\":%.4f}\n",
-      escaped.c_str(), static_cast<unsigned long long>(r.events),
+      io::json::quote(name).c_str(), static_cast<unsigned long long>(r.events),
       static_cast<unsigned long long>(r.allocations),
       static_cast<unsigned long long>(r.failed_allocations),
       static_cast<unsigned long long>(r.unknown_ids), ends.size(),

@@ -365,8 +365,8 @@ TIDE_API tide_status tide_alloc_headroom(int device, tide_alloc_forecast* foreca
 TIDE_API tide_status tide_alloc_last_oom(int device, tide_alloc_oom* oom, int* found);
 /* The timeline, phases, marks and out-of-memory events as Chrome trace JSON (Perfetto). */
 TIDE_API tide_status tide_alloc_export_timeline(int device, const char* path);
-/* Records allocation events (the text format of allocator/trace.h; `tide replay` runs it back),
- * at most `max_events`; stop writes them to `path` (NULL: discards them). */
+/* Records allocation events (the text format of allocator/telemetry/trace.h; `tide replay` runs
+ * it back), at most `max_events`; stop writes them to `path` (NULL: discards them). */
 TIDE_API tide_status tide_alloc_trace_start(int device, size_t max_events);
 TIDE_API tide_status tide_alloc_trace_stop(int device, const char* path);
 

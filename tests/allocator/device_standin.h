@@ -1,17 +1,34 @@
-// The stand-in driver's control API, for the device allocator's tests: the test process loads the
-// same library the driver layer loaded (TIDE_CUDA_DRIVER), so both see one stand-in.
+// The host stand-in driver as the allocator's and the executor's tests control and observe it:
+// its counters, capacity, bandwidth and fault injection (standin/standin.h), and what it knows of
+// registered host memory, asked as a program asks a real driver (cuPointerGetAttribute). The test
+// process loads the same library the driver layer loaded (TIDE_CUDA_DRIVER), so both see one
+// stand-in.
 #pragma once
 
+#include <cuda.h>
 #include <dlfcn.h>
+#include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "standin/standin.h"
 
 namespace tide::allocator::testing {
+
+// An address range [base, base + size).
+struct Range {
+  std::uintptr_t base;
+  std::size_t size;
+  bool holds(const void* p, std::size_t bytes) const {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    return a >= base && bytes <= size && a - base <= size - bytes;
+  }
+};
 
 class DeviceStandin {
  public:
@@ -26,6 +43,10 @@ class DeviceStandin {
     load(set_capacity_, "tide_standin_set_capacity");
     load(device_memory_, "tide_standin_device_memory");
     load(fail_alloc_, "tide_standin_fail_alloc");
+    load(fail_copy_, "tide_standin_fail_copy");
+    load(device_lost_, "tide_standin_device_lost");
+    load(set_hmm_, "tide_standin_set_hmm");
+    load(pointer_attribute_, "cuPointerGetAttribute");
   }
   ~DeviceStandin() { dlclose(handle_); }
   DeviceStandin(const DeviceStandin&) = delete;
@@ -58,7 +79,42 @@ class DeviceStandin {
   void set_bandwidth(double h2d_gbps, double d2h_gbps) const {
     check(set_bandwidth_(h2d_gbps, d2h_gbps), "tide_standin_set_bandwidth");
   }
+  // Fault injection: the nth device allocation, the nth copy, every driver call from the nth on
+  // (device lost) fail; 0 ends it.
   void fail_alloc(std::uint64_t n) const { check(fail_alloc_(n), "tide_standin_fail_alloc"); }
+  void fail_copy(std::uint64_t n) const { check(fail_copy_(n), "tide_standin_fail_copy"); }
+  void device_lost(std::uint64_t n) const { check(device_lost_(n), "tide_standin_device_lost"); }
+  // Devices address pageable host memory (HMM), as tide's CPU mode needs.
+  void hmm(bool on) const { check(set_hmm_(on ? 1 : 0), "tide_standin_set_hmm"); }
+
+  // The registered range holding `p`, as the driver reports it.
+  std::optional<Range> registered_range(const void* p) const {
+    const auto ptr = reinterpret_cast<CUdeviceptr>(p);
+    unsigned type = 0;
+    if (pointer_attribute_(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_HOST) {
+      return std::nullopt;
+    }
+    CUdeviceptr start = 0;
+    std::size_t size = 0;
+    if (pointer_attribute_(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr) != CUDA_SUCCESS ||
+        pointer_attribute_(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr) != CUDA_SUCCESS) {
+      return std::nullopt;
+    }
+    return Range{static_cast<std::uintptr_t>(start), size};
+  }
+
+  // Whether all of [p, p + bytes) lies in one registration.
+  ::testing::AssertionResult registered(const void* p, std::size_t bytes) const {
+    const auto range = registered_range(p);
+    if (!range) return ::testing::AssertionFailure() << p << " is not in registered memory";
+    if (!range->holds(p, bytes)) {
+      return ::testing::AssertionFailure()
+             << "[" << p << ", +" << bytes << ") is not inside one registration (range at "
+             << reinterpret_cast<void*>(range->base) << ", " << range->size << " bytes)";
+    }
+    return ::testing::AssertionSuccess();
+  }
 
  private:
   template <typename F>
@@ -77,6 +133,10 @@ class DeviceStandin {
   int (*set_capacity_)(int, std::uint64_t) = nullptr;
   int (*device_memory_)(int, std::uint64_t*, std::uint64_t*, std::uint64_t*) = nullptr;
   int (*fail_alloc_)(std::uint64_t) = nullptr;
+  int (*fail_copy_)(std::uint64_t) = nullptr;
+  int (*device_lost_)(std::uint64_t) = nullptr;
+  int (*set_hmm_)(int) = nullptr;
+  CUresult (*pointer_attribute_)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
 };
 
 }  // namespace tide::allocator::testing

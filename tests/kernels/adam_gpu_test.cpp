@@ -22,28 +22,11 @@
 #include "driver/stream.h"
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
+#include "tests/gpu_test_support.h"
 #include "tests/kernels/adam_test_util.h"
 
 namespace tide::kernels::testing {
 namespace {
-
-#if defined(TIDE_REAL_GPU)
-// Skips the whole program (exit 77, which ctest reports as skipped) without a real GPU.
-class RequireGpu : public ::testing::Environment {
- public:
-  void SetUp() override {
-    try {
-      if (driver::device_count() > 0) return;
-      std::fprintf(stderr, "SKIP: the CUDA driver reports no device\n");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "SKIP: no CUDA driver: %s\n", e.what());
-    }
-    std::fflush(stderr);
-    std::_Exit(77);
-  }
-};
-const auto* const kRequireGpu = ::testing::AddGlobalTestEnvironment(new RequireGpu);
-#endif
 
 // The buffers of many subgroups in one device allocation (one upload, one download: copies
 // are what costs time on the stand-in), each buffer `misalign` elements past a 256-byte line.

@@ -5,7 +5,7 @@ with a NULL data pointer, and training goes on after it is caught.
 PyTorch keeps what a pluggable allocate function returns as the tensor's memory without looking
 (CUDAPluggableAllocator::malloc, PyTorch 2.15), so tide hands it tide_alloc_throwing, which throws
 instead of returning NULL. The exception's way through a separate library is checked without a
-GPU by tests/allocator/torch_contract_test.cpp; through PyTorch itself only on a GPU (here,
+GPU by tests/allocator/device/torch_contract_test.cpp; through PyTorch itself only on a GPU (here,
 marked `gpu`). Each case runs in a subprocess: an allocator is installed once per process.
 """
 

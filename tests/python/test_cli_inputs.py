@@ -4,6 +4,7 @@ message and a non-zero exit status, runs nothing it should not, and destroys not
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -94,6 +95,14 @@ def test_tide_replay_refuses_a_hostile_trace_naming_its_line(tide, tmp_path, eve
 def test_tide_replay_bounds_its_options(tide, args, message):
     r = tide("replay", "--synthetic", "gpt-tiny", *args)
     assert r.returncode == 1 and message in r.stderr
+
+
+def test_tide_replay_prints_valid_json_whatever_the_trace_is_named(tide, tmp_path):
+    # A file name may hold any byte but '/' and NUL: the JSON line quotes it as JSON does.
+    path = write_trace(tmp_path / 'a "quoted"\ttab\\back\x01slash.trace', "0 alloc 1 4096 0")
+    r = tide("replay", path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["trace"] == path
 
 
 def test_tide_replay_says_why_it_exits_non_zero(tide, tmp_path):

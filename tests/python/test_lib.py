@@ -2,6 +2,7 @@
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 
@@ -24,6 +25,21 @@ def test_only_the_c_abi_is_exported(build_dir):
     assert names, "no exported symbols"
     leaked = [n for n in names if not n.startswith("tide_")]
     assert leaked == [], f"symbols other than the C ABI leak out of libtide.so: {leaked[:10]}"
+
+
+def test_every_function_of_the_c_abi_is_exported(repo, build_dir):
+    # Each component's C ABI file is in its component's archive, which libtide.so takes whole: a
+    # file left out, or a symbol the link hides, is a function tide.h declares and nobody can call.
+    header = (repo / "include" / "tide" / "tide.h").read_text()
+    declared = set(re.findall(r"^TIDE_API\b[^(;]*?\b(tide_\w+)\s*\(", header, re.MULTILINE))
+    assert len(declared) > 40, "the declarations were not found in tide.h"
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(build_dir / "lib" / "libtide.so")],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert sorted(declared - exported) == [], "declared in tide.h but not exported"
+    assert sorted(exported - declared) == [], "exported but not declared in tide.h"
 
 
 def test_libtide_does_not_link_the_cuda_driver_or_runtime(build_dir):

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "config/env.h"
+#include "io/safe_file.h"
 #include "scheduler/rate_sources.h"
-#include "scheduler/safe_file.h"
 
 namespace tide::scheduler {
 namespace {
@@ -218,7 +218,7 @@ TEST_F(CalibrationFile, WritesOnlyRegularFilesOfItsOwnAndThroughSymlinks) {
   // Someone else's file, a folder, a FIFO, a device, a symlink to a device: refused, untouched.
   const fs::path other = write("notes.txt", "my notes\n");
   EXPECT_NE(error_saving(other).find("is not a file tide wrote: not replaced"), std::string::npos);
-  EXPECT_EQ(read_regular_file(other, 100), "my notes\n");
+  EXPECT_EQ(io::read_regular_file(other, 100), "my notes\n");
   fs::create_directories(dir_ / "folder");
   EXPECT_NE(error_saving(dir_ / "folder").find("is a folder"), std::string::npos);
   const fs::path fifo = dir_ / "fifo";

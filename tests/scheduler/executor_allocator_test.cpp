@@ -1,7 +1,7 @@
 // The executor under tide's caching allocator: its GPU buffers are carved from the allocator's
 // cache (memory the forward and backward passes freed, which the driver does not count as free),
 // and the telemetry's update-phase peak, from which the next headroom is forecast, leaves them out.
-#include "allocator/device_registry.h"
+#include "allocator/device/device_registry.h"
 #include "executor_fixture.h"
 
 namespace tide::scheduler::testing {
@@ -17,7 +17,7 @@ struct ExecutorAllocatorTest : ::testing::Test {
     capacity = standin.capacity();
     standin.set_capacity(64 * kMiB);
     model = std::make_unique<Model>(std::vector<std::uint64_t>(kSubgroups, kParams), 3);
-    allocator = &allocator::device_allocator(0);
+    allocator = &allocator::device::device_allocator(0);
     // What a forward and backward pass leave behind: 54 MiB of large blocks and a small one
     // freed into the cache; the driver's free memory is less than one buffer.
     void* activations = allocator->allocate(54 * kMiB, nullptr);
@@ -37,7 +37,7 @@ struct ExecutorAllocatorTest : ::testing::Test {
   driver::PrimaryContext context;
   allocator::testing::DeviceStandin standin;
   std::unique_ptr<Model> model;
-  allocator::CachingAllocator* allocator = nullptr;
+  allocator::device::CachingAllocator* allocator = nullptr;
   std::uint64_t capacity = 0;
 };
 
@@ -48,7 +48,7 @@ TEST_F(ExecutorAllocatorTest, BuffersComeFromTheAllocatorsCache) {
   Executor executor(*model->state, options);
   const std::uint64_t reserved = allocator->usage().reserved;
 
-  allocator->mark(allocator::Mark::kUpdate);
+  allocator->mark(allocator::telemetry::Mark::kUpdate);
   auto grads = model->make_gradients(1);
   model->offload_all(executor);
   const PhaseReport& r = executor.run(hyper(1), Policy::all_gpu(), 48 * kMiB);
@@ -62,15 +62,16 @@ TEST_F(ExecutorAllocatorTest, BuffersComeFromTheAllocatorsCache) {
   EXPECT_GE(allocator->usage().live, r.planned.buffers * 14 * kParams);
   executor.release_buffers();
   EXPECT_EQ(allocator->usage().live, 0u);
-  allocator->mark(allocator::Mark::kIterationEnd);
+  allocator->mark(allocator::telemetry::Mark::kIterationEnd);
 
   // The update phase's peak leaves the buffers out (so the next headroom does not shrink by
   // them); the timeline shows them.
-  const std::vector<allocator::IterationStats> its = allocator->iterations();
+  const std::vector<allocator::telemetry::IterationStats> its = allocator->iterations();
   ASSERT_FALSE(its.empty());
-  EXPECT_EQ(its.back().peak_live[static_cast<int>(allocator::Phase::kUpdate)], 0u);
+  EXPECT_EQ(its.back().peak_live[static_cast<int>(allocator::telemetry::Phase::kUpdate)], 0u);
   std::uint64_t highest = 0;
-  for (const allocator::Sample& s : allocator->timeline()) highest = std::max(highest, s.live);
+  for (const allocator::telemetry::Sample& s : allocator->timeline())
+    highest = std::max(highest, s.live);
   EXPECT_GE(highest, r.planned.buffers * 14 * kParams);
   EXPECT_EQ(allocator->headroom().update_peak, 0u);
 }

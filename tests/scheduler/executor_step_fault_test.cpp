@@ -21,52 +21,7 @@ namespace {
 constexpr std::uint64_t kHeadroom = std::uint64_t{1} << 30;
 
 // The stand-in's fault injection and counters, through the library tide loaded.
-class Faults {
- public:
-  Faults() {
-    const char* path = std::getenv("TIDE_CUDA_DRIVER");
-    if (path == nullptr) throw std::runtime_error("TIDE_CUDA_DRIVER is not set");
-    handle_ = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) throw std::runtime_error(dlerror());
-    fail_copy_ = load<int (*)(std::uint64_t)>("tide_standin_fail_copy");
-    fail_alloc_ = load<int (*)(std::uint64_t)>("tide_standin_fail_alloc");
-    device_lost_ = load<int (*)(std::uint64_t)>("tide_standin_device_lost");
-    set_hmm_ = load<int (*)(int)>("tide_standin_set_hmm");
-    stats_ = load<void (*)(tide_standin_stats*)>("tide_standin_get_stats");
-  }
-  ~Faults() {
-    fail_copy_(0);
-    fail_alloc_(0);
-    device_lost_(0);
-    dlclose(handle_);
-  }
-  Faults(const Faults&) = delete;
-  Faults& operator=(const Faults&) = delete;
-
-  void fail_copy(std::uint64_t n) const { ASSERT_EQ(fail_copy_(n), 0); }
-  void fail_alloc(std::uint64_t n) const { ASSERT_EQ(fail_alloc_(n), 0); }
-  void device_lost(std::uint64_t n) const { ASSERT_EQ(device_lost_(n), 0); }
-  void hmm(bool on) const { ASSERT_EQ(set_hmm_(on ? 1 : 0), 0); }
-  tide_standin_stats stats() const {
-    tide_standin_stats s{};
-    stats_(&s);
-    return s;
-  }
-
- private:
-  template <typename F>
-  F load(const char* name) {
-    auto* f = reinterpret_cast<F>(dlsym(handle_, name));
-    if (f == nullptr) throw std::runtime_error(std::string("no ") + name);
-    return f;
-  }
-  void* handle_ = nullptr;
-  int (*fail_copy_)(std::uint64_t) = nullptr;
-  int (*fail_alloc_)(std::uint64_t) = nullptr;
-  int (*device_lost_)(std::uint64_t) = nullptr;
-  int (*set_hmm_)(int) = nullptr;
-  void (*stats_)(tide_standin_stats*) = nullptr;
-};
+using Faults = allocator::testing::DeviceStandin;
 
 // A model whose bf16 parameters are host memory (HMM); gradients are produced in device memory.
 struct HostModel {

@@ -1,0 +1,45 @@
+// Registering chunks with the CUDA driver (page-locking them), through driver/.
+//
+// cuMemHostRegister and cuMemHostUnregister need a current context; chunks are registered from
+// whatever thread jemalloc's hooks run on, so a registrar holds a retained primary context and
+// makes it current around its calls where the thread has none (and restores that afterwards).
+// Without a driver, a registrar registers nothing and says so once per process.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace tide::allocator::pinned {
+
+class Registrar {
+ public:
+  // Loads the driver (driver::cuda()) and retains `device`'s primary context. Without a driver
+  // (DriverNotFound), pinned() is false and a message on stderr says, once per process, that
+  // pinned arenas hold ordinary pageable memory. Throws std::invalid_argument for a device the
+  // driver does not have, CudaError if the driver fails.
+  explicit Registrar(int device);
+  ~Registrar();
+  Registrar(const Registrar&) = delete;
+  Registrar& operator=(const Registrar&) = delete;
+
+  bool pinned() const { return context_ != nullptr; }
+
+  // cuMemHostRegister(PORTABLE) of a whole chunk; throws CudaError. No-op when not pinned.
+  void register_chunk(void* base, std::size_t bytes);
+  // cuMemHostUnregister; false if the driver refused (the caller counts it). Never throws.
+  bool unregister_chunk(void* base) noexcept;
+
+  std::uint64_t register_ns() const { return register_ns_.load(std::memory_order_relaxed); }
+  std::uint64_t unregister_ns() const { return unregister_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  int device_ = 0;
+  CUcontext context_ = nullptr;
+  std::atomic<std::uint64_t> register_ns_{0};
+  std::atomic<std::uint64_t> unregister_ns_{0};
+};
+
+}  // namespace tide::allocator::pinned

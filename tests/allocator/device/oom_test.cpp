@@ -1,0 +1,147 @@
+// Out of memory at the stand-in's capacity: the allocator gives its cache back (after waiting
+// for pending work) and retries; when that cannot help, it returns null and records the state.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "allocator/device/caching_allocator.h"
+#include "driver/context.h"
+#include "driver/memory.h"
+#include "driver/stream.h"
+#include "tests/allocator/device_standin.h"
+
+namespace tide::allocator::device {
+namespace {
+
+using telemetry::OomRecord;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+class OomTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    capacity_ = standin_.capacity();
+    standin_.set_capacity(64 * kMiB);
+  }
+  void TearDown() override {
+    standin_.set_capacity(capacity_);
+    standin_.set_bandwidth(0, 0);
+    standin_.fail_alloc(0);
+  }
+  static AllocatorConfig config(bool growable) {
+    AllocatorConfig c;
+    c.growable = growable;
+    c.thread_cache_bytes = 0;
+    return c;
+  }
+
+  testing::DeviceStandin standin_;
+  driver::PrimaryContext context_{0};
+  std::uint64_t capacity_ = 0;
+};
+
+TEST_F(OomTest, ReleasingTheCacheAndRetryingSucceedsWhenItCan) {
+  CachingAllocator a(0, config(false));
+  void* cached = a.allocate(20 * kMiB, nullptr);
+  a.deallocate(cached, 20 * kMiB, nullptr);
+  // Someone else takes 30 MiB of the device: 20 cached + 30 + 24 more is over 64.
+  driver::DeviceBuffer other(30 * kMiB);
+  void* p = a.allocate(24 * kMiB, nullptr);
+  ASSERT_NE(p, nullptr);
+  AllocatorStats s = a.stats();
+  EXPECT_EQ(s.num_alloc_retries, 1u);
+  EXPECT_EQ(s.num_ooms, 0u);
+  EXPECT_EQ(s.reserved_bytes[kAllPools].current, 24 * kMiB);  // the 20 MiB went back
+  a.deallocate(p, 24 * kMiB, nullptr);
+}
+
+TEST_F(OomTest, AGrowableSegmentGivesBackPagesToMakeRoom) {
+  CachingAllocator a(0, config(true));
+  void* first = a.allocate(20 * kMiB, nullptr);
+  void* second = a.allocate(20 * kMiB, nullptr);
+  a.deallocate(first, 20 * kMiB, nullptr);
+  // 40 MiB contiguous: not in the 20 MiB hole; 40 more pages would pass the capacity; giving
+  // back the hole's pages makes room after the second block.
+  void* p = a.allocate(40 * kMiB, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(a.stats().num_alloc_retries, 1u);
+  EXPECT_EQ(a.stats().reserved_bytes[kAllPools].current, 60 * kMiB);
+  EXPECT_EQ(a.stats().num_ooms, 0u);
+  a.deallocate(p, 40 * kMiB, nullptr);
+  a.deallocate(second, 20 * kMiB, nullptr);
+}
+
+TEST_F(OomTest, AnInjectedDriverFailureIsRetriedAfterReleasing) {
+  CachingAllocator a(0, config(true));
+  standin_.fail_alloc(1);  // the next driver allocation fails with CUDA_ERROR_OUT_OF_MEMORY
+  void* p = a.allocate(8 * kMiB, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(a.stats().num_alloc_retries, 1u);
+  a.deallocate(p, 8 * kMiB, nullptr);
+}
+
+TEST_F(OomTest, PendingWorkOnAnotherStreamIsWaitedForBeforeGivingUp) {
+  standin_.set_bandwidth(0.02, 0.02);  // 4 MiB: 210 ms
+  CachingAllocator a(0, config(true));
+  driver::Stream s1;
+  driver::Stream s2;
+  std::vector<unsigned char> host(4 * kMiB, 1);
+  void* x = a.allocate(48 * kMiB, s1.get());
+  driver::copy_to_device_async(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(x)),
+                               host.data(), host.size(), s1);
+  a.deallocate(x, 48 * kMiB, s1.get());
+  // Stream 2 needs 48 MiB: only x can serve it, once stream 1's copy is done.
+  void* y = a.allocate(48 * kMiB, s2.get());
+  EXPECT_EQ(y, x);
+  EXPECT_TRUE(s1.idle()) << "handed to stream 2 before stream 1's work was done";
+  EXPECT_EQ(a.stats().num_ooms, 0u);
+  a.deallocate(y, 48 * kMiB, s2.get());
+}
+
+TEST_F(OomTest, WhenNothingHelpsItReturnsNullAndRecordsTheState) {
+  CachingAllocator a(0, config(true));
+  void* live = a.allocate(60 * kMiB, nullptr);
+  ASSERT_NE(live, nullptr);
+  void* small_live = a.allocate(1000, nullptr);
+  ASSERT_NE(small_live, nullptr);
+  EXPECT_EQ(a.allocate(8 * kMiB, nullptr), nullptr);
+  const std::vector<OomRecord> ooms = a.ooms();
+  ASSERT_EQ(ooms.size(), 1u);
+  const OomRecord& r = ooms[0];
+  EXPECT_EQ(r.requested, 8 * kMiB);
+  EXPECT_EQ(r.rounded, 8 * kMiB);
+  EXPECT_EQ(r.allocated, 60 * kMiB + 1024);
+  EXPECT_EQ(r.reserved, 62 * kMiB);
+  EXPECT_EQ(r.limit, 64 * kMiB);
+  EXPECT_FALSE(r.limit_reached);  // the device's capacity, not a configured limit
+  EXPECT_EQ(r.device_total, 64 * kMiB);
+  EXPECT_EQ(r.device_free, 2 * kMiB);
+  EXPECT_NE(r.describe(0).find("out of memory on device 0"), std::string::npos);
+  const AllocatorStats s = a.stats();
+  EXPECT_EQ(s.num_ooms, 1u);
+  EXPECT_EQ(s.allocated_bytes[kAllPools].current, 60 * kMiB + 1024);  // nothing leaked
+  // The failure is on the timeline, and the allocator still works.
+  EXPECT_EQ(a.timeline().back().live, 60 * kMiB + 1024);
+  a.deallocate(live, 60 * kMiB, nullptr);
+  void* p = a.allocate(8 * kMiB, nullptr);
+  EXPECT_NE(p, nullptr);
+  a.deallocate(p, 8 * kMiB, nullptr);
+  a.deallocate(small_live, 1000, nullptr);
+}
+
+TEST_F(OomTest, TheSmallPoolFailsCleanlyToo) {
+  CachingAllocator a(0, config(true));
+  void* live = a.allocate(63 * kMiB, nullptr);  // 64 MiB of pages: the device is full
+  ASSERT_NE(live, nullptr);
+  EXPECT_EQ(a.allocate(1000, nullptr), nullptr);  // a small block needs a new 2 MiB segment
+  ASSERT_EQ(a.ooms().size(), 1u);
+  EXPECT_EQ(a.ooms()[0].rounded, 1024u);
+  a.deallocate(live, 63 * kMiB, nullptr);
+  void* p = a.allocate(1000, nullptr);  // the cached pages go back to make room
+  EXPECT_NE(p, nullptr);
+  a.deallocate(p, 1000, nullptr);
+}
+
+}  // namespace
+}  // namespace tide::allocator::device
