@@ -33,26 +33,32 @@
 //                           of bf16 gradients at 25 GB/s (0.4 s) does not explain (DeepSpeed copies
 //                           per bucket, synchronously, and converts on the CPU); here its copies
 //                           run at the rate that gives those 3.35 s (1e10 B / 3.35 s, scaled)
-//   dos_k2 ... dos_k6       gradients offloaded asynchronously during backward; one GPU subgroup
-//                           every K (DOS-style); "dos_best" names the fastest K
-//   twin_flow_0.25, _0.5    asynchronous offload; a static fraction of the subgroups on the GPU,
-//                           through the same pipeline (Twin-Flow-style; the real Twin-Flow keeps
-//                           that fraction's state resident on the GPU, which is not simulated)
-//   tide                    asynchronous offload; each update phase planned from the headroom
-//                           tide's allocator measures then
-// Static configurations (dos, twin_flow) get the headroom measured once, before the rounds.
+//   dos_k2 ... dos_k6       gradients offloaded asynchronously during backward (the GPU
+//                           subgroups' kept on the GPU); one GPU subgroup every K (DOS-style);
+//                           "dos_best" marks the fastest K
+//   twin_flow_0.25, _0.5    the same with a static fraction of the subgroups on the GPU, through
+//                           the same pipeline (Twin-Flow-style; the real Twin-Flow keeps that
+//                           fraction's state resident on the GPU, which is not simulated)
+//   tide                    the same with each update phase planned from the headroom tide's
+//                           allocator forecasts at zero_grad(), every iteration
+// Static configurations (dos, twin_flow) plan with a headroom measured once, before the rounds
+// (tide's forecast then); every configuration runs through its own executor.
 //
 // Variant "varying": the same rates and sizes, but the update phase's free memory alternates
-// from one iteration to the next, between room for about 1.8 and 5 subgroup buffers (memory
-// outside tide's allocator: another tenant of the GPU whose use alternates, e.g. with the
-// sequence lengths of its batches); tide plans each phase from what its allocator sees, the
-// static configurations keep the headroom of the first (roomy) iteration and fall back to the CPU
-// when their buffers cannot be had. ZeRO-Offload-style is left out there (its update uses no GPU
-// memory: its time is the published variant's).
+// from one iteration to the next between a roomy state (2.4 B/param: every placement fits) and
+// a tight one (1.2 B/param: K=2's kept gradients do not fit), through memory outside tide's
+// allocator (another tenant of the GPU whose use alternates, e.g. with the sequence lengths of
+// its batches; activations are small here so that both fit). tide plans each iteration from what
+// its allocator sees; each static configuration runs twice, planned with the roomy state's
+// headroom ("@roomy": in tight iterations its allocations fail and it falls back to the CPU, and
+// the executor caps its later plans) and with the tight one's ("@tight": it leaves the roomy
+// iterations' extra memory unused, or does not fit at all and runs on the CPU). A round is one
+// iteration in each state. ZeRO-Offload-style is left out there (its update uses no GPU memory).
 //
 // Each line also has the performance model's prediction of every phase (forward: the layers'
-// compute; backward: scheduler/iteration_model.h; update: the plan tide plan makes for this
-// workload and headroom with the rates measured at the start) and measured over predicted.
+// compute; backward: scheduler/iteration_model.h; update: the plan the executor's planner, the one
+// `tide plan` runs, makes for that headroom with the rates measured at the start) and measured
+// over predicted.
 #include <cuda.h>
 #include <dlfcn.h>
 
