@@ -365,7 +365,11 @@ int main(int argc, char** argv) {
   const auto [cpu_per_s, memcpy_per_s] = measure_cpu_cost(std::uint64_t{4} << 20, cpu_options);
   const double sigma = cpu_per_s / kPubCpuRate;
   const double tau = (P / kPubParams) / sigma;
-  w.link = std::min(kPubLink * sigma, memcpy_per_s / 4);
+  // The stand-in's copies are a memcpy and then a sleep until the simulated link would be done:
+  // a link above a third of the memcpy rate would keep the copy threads busy enough, both ways,
+  // to take the CPU update's core on a 2-core machine. Capped there (said below and in every
+  // line: "link_over_published_ratio").
+  w.link = std::min(kPubLink * sigma, memcpy_per_s / 3);
   w.blocking_published_link =
       w.link * (2 * kPubParams / kPubLink) / kPubBlockingGradient;  // its 3.35 s, scaled
   g_gpu_rate = kPubGpuRate * sigma;
@@ -437,10 +441,20 @@ int main(int argc, char** argv) {
     o.refine = false;
     predictors.push_back(std::make_unique<Executor>(trainer.state(), o));
   }
-  auto predicted_update = [&](const Config& c, std::uint64_t headroom) {
-    return predictors[c.offload == Offload::async ? 1 : 0]
-        ->plan_for(c.policy, headroom)
-        .predicted.phase_s;
+  auto predicted_plan = [&](const Config& c, std::uint64_t headroom) {
+    return predictors[c.offload == Offload::async ? 1 : 0]->plan_for(c.policy, headroom);
+  };
+  // The backward pass with a plan: its GPU subgroups' gradients stay on the GPU.
+  auto predicted_backward = [&](const Config& c, const Plan& plan) {
+    const bool blocking = c.offload != Offload::async;
+    const std::vector<std::uint64_t> sizes(kSubgroups, w.subgroup);
+    const std::vector<std::uint64_t> bytes = host_gradient_bytes(
+        sizes, w.layers.size(), 2, blocking ? std::vector<std::size_t>{} : plan.gpu_order);
+    std::vector<LayerTimes> layers = w.layers;
+    for (std::size_t l = 0; l < layers.size(); ++l) layers[l].gradient_bytes = bytes[l];
+    return predict_backward(
+        layers, c.offload == Offload::blocking_published ? w.blocking_published_link : w.link,
+        blocking);
   };
   std::string best_dos;
 
@@ -571,18 +585,16 @@ int main(int argc, char** argv) {
     for (std::size_t i : chosen) {
       const Config& c = configs[i];
       const Round& b = best[i];
-      const double blocking_link =
-          c.offload == Offload::blocking_published ? w.blocking_published_link : w.link;
       const double forward = predict_forward(w.layers);
-      const double backward =
-          predict_backward(w.layers, blocking_link, c.offload != Offload::async);
-      double update = 0;
+      double backward = 0, update = 0;
       std::string states;
       for (std::size_t k = 0; k < b.size(); ++k) {
         // The headroom tide saw in that memory state; a static configuration plans with its own.
         const std::uint64_t headroom = c.static_headroom ? static_headroom[c.planned_for] : seen[k];
-        const double predicted = predicted_update(c, headroom);
+        const Plan plan = predicted_plan(c, headroom);
+        const double predicted = plan.predicted.phase_s;
         update += predicted / static_cast<double>(b.size());
+        backward += predicted_backward(c, plan) / static_cast<double>(b.size());
         char one[512];
         std::snprintf(one, sizeof one,
                       "%s{\"headroom_bytes\":%llu,\"plan_gpu_bytes\":%llu,\"gpu_subgroups\":%zu,"
@@ -632,11 +644,12 @@ int main(int argc, char** argv) {
           "\"forward_over_predicted\":%.3f,\"backward_over_predicted\":%.3f,"
           "\"update_over_predicted\":%.3f,\"by_memory_state\":[%s],\"subgroups\":%zu,"
           "\"params\":%.3g,\"time_scale\":%.4f,\"link_gbps\":%.3f,"
-          "\"cpu_update_params_per_s\":%.3g,\"rounds\":%d%s%s,\"machine\":\"%s\"}\n",
+          "\"link_over_published_ratio\":%.3f,\"cpu_update_params_per_s\":%.3g,"
+          "\"cpu_update_contended_params_per_s\":%.3g,\"rounds\":%d%s%s,\"machine\":\"%s\"}\n",
           variant.c_str(), (varying ? c.name : base).c_str(), planned, round_s(b), med[i], f, bw, u,
           forward + backward + update, forward, backward, update, f / forward, bw / backward,
-          u / update, states.c_str(), kSubgroups, P, tau, w.link / 1e9, rates.cpu_update, rounds,
-          extra, dos_best.c_str(), machine);
+          u / update, states.c_str(), kSubgroups, P, tau, w.link / 1e9, w.link / (kPubLink * sigma),
+          rates.cpu_update, rates.cpu_update_contended, rounds, extra, dos_best.c_str(), machine);
       std::fflush(stdout);
     }
   };

@@ -12,8 +12,10 @@
 // What it leaves out: per-copy and per-launch latencies, and the CPU the stand-in's copies take.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace tide::scheduler {
 
@@ -26,5 +28,14 @@ struct LayerTimes {
 // `layers` in forward order (backward runs them in reverse). `d2h_bytes_per_s` > 0.
 double predict_forward(std::span<const LayerTimes> layers);
 double predict_backward(std::span<const LayerTimes> layers, double d2h_bytes_per_s, bool blocking);
+
+// The gradient bytes of each of `layers` layers that go to host memory, for parameters laid out
+// in subgroups `subgroup_params` (in order) and split into layers of P / layers parameters (the
+// last one takes the rest): every element's `gradient_bytes`, but for the subgroups in `kept`,
+// whose gradients stay on the GPU (a plan's GPU subgroups with gradients kept there). Throws
+// std::invalid_argument for no layers, more layers than parameters, or a subgroup out of range.
+std::vector<std::uint64_t> host_gradient_bytes(std::span<const std::uint64_t> subgroup_params,
+                                               std::size_t layers, unsigned gradient_bytes,
+                                               std::span<const std::size_t> kept = {});
 
 }  // namespace tide::scheduler

@@ -40,5 +40,22 @@ TEST(IterationModel, RejectsARateThatIsNotPositive) {
   EXPECT_THROW(predict_backward(three_layers(), 0, false), std::invalid_argument);
 }
 
+TEST(IterationModel, HostGradientBytesLeaveOutTheGradientsKeptOnTheGpu) {
+  // Subgroups of 4, 4 and 2 parameters in 3 layers of 3 (the last takes the rest: 4).
+  const std::vector<std::uint64_t> sizes = {4, 4, 2};
+  EXPECT_EQ(host_gradient_bytes(sizes, 3, 2), (std::vector<std::uint64_t>{6, 6, 8}));
+  // Subgroup 1 (parameters 4..7) kept: layer 1 (3..5) keeps 4 and 5, layer 2 (6..9) 6 and 7.
+  const std::vector<std::size_t> kept = {1};
+  EXPECT_EQ(host_gradient_bytes(sizes, 3, 2, kept), (std::vector<std::uint64_t>{6, 2, 4}));
+  const std::vector<std::size_t> all = {0, 1, 2};
+  EXPECT_EQ(host_gradient_bytes(sizes, 3, 2, all), (std::vector<std::uint64_t>{0, 0, 0}));
+  EXPECT_EQ(host_gradient_bytes(sizes, 1, 4), (std::vector<std::uint64_t>{40}));
+  EXPECT_EQ(host_gradient_bytes(sizes, 10, 1), std::vector<std::uint64_t>(10, 1));
+  EXPECT_THROW(host_gradient_bytes(sizes, 0, 2), std::invalid_argument);
+  EXPECT_THROW(host_gradient_bytes(sizes, 11, 2), std::invalid_argument);
+  const std::vector<std::size_t> bad = {3};
+  EXPECT_THROW(host_gradient_bytes(sizes, 3, 2, bad), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace tide::scheduler
