@@ -159,7 +159,6 @@ struct Measured {
 struct Iteration {
   std::uint64_t params = 0, subgroup = 0;
   std::vector<LayerTimes> layers;  // forward order
-  double activation_bytes = 0;     // at the forward pass's peak, all layers
   double link = 0;                 // bytes/s each way
   double blocking_published_link = 0;
 };
@@ -189,7 +188,7 @@ class Trainer {
   }
   void set_activation_bytes(double bytes) { activation_bytes_ = bytes; }
 
-  // One iteration under `config` with `executor`; `headroom` for a static configuration.
+  // One iteration under `config` with `executor`; `static_headroom` for a static configuration.
   Measured iteration(const Config& config, Executor& executor, std::uint64_t static_headroom) {
     using telemetry_mark = allocator::telemetry::Mark;
     Measured m;
@@ -199,9 +198,9 @@ class Trainer {
     std::vector<void*> acts(layers, nullptr);
     // zero_grad(), as tide.torch does it: with gradients kept on the GPU the plan is made now,
     // so that the backward pass sends its GPU subgroups' gradients to the GPU buffers it holds.
+    const auto t0 = Clock::now();  // the plan's time counts in the forward pass's
     m.headroom = config.static_headroom ? static_headroom : allocator_.headroom().headroom;
     if (config.offload == Offload::async) executor.prepare(config.policy, m.headroom);
-    const auto t0 = Clock::now();
     allocator_.mark(telemetry_mark::kForward);
     for (std::size_t l = 0; l < layers; ++l) {
       acts[l] = allocate(activation);
