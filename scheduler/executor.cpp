@@ -54,6 +54,8 @@ std::string policy_name(const Policy& policy) {
       return "gpu";
     case Policy::Kind::interleave:
       return "k" + std::to_string(policy.k);
+    case Policy::Kind::first:
+      return "first" + std::to_string(policy.k);
   }
   return "?";
 }
@@ -289,6 +291,12 @@ Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_bytes,
       if (policy.k < 1) throw std::invalid_argument("tide: interleave policy needs K >= 1");
       chosen = plan_interleaved(w, r, policy.k, options_.planner);
       break;
+    case Policy::Kind::first: {
+      std::vector<std::size_t> order(std::min(policy.k, state_.size()));
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      chosen = plan_for_order(w, r, order, options_.planner);
+      break;
+    }
     case Policy::Kind::automatic:
       chosen = plan(w, r, options_.planner);
       break;

@@ -77,19 +77,23 @@ namespace tide::scheduler {
 
 // Which subgroups go to the GPU.
 struct Policy {
-  enum class Kind : std::uint8_t { automatic, cpu, gpu, interleave };
+  enum class Kind : std::uint8_t { automatic, cpu, gpu, interleave, first };
   Kind kind = Kind::automatic;
-  std::size_t k = 0;  // interleave: one GPU subgroup every k (k ≥ 1)
+  std::size_t k = 0;  // interleave: one GPU subgroup every k (k ≥ 1); first: how many
 
   static Policy automatic_policy() { return {}; }
   static Policy all_cpu() { return {Kind::cpu, 0}; }
   static Policy all_gpu() { return {Kind::gpu, 0}; }
   static Policy every(std::size_t k) { return {Kind::interleave, k}; }
+  // Subgroups 0..n-1 on the GPU (all of them when there are fewer), the rest on the CPU: a
+  // static share of the subgroups, as offloading systems that fix the GPU's ratio do (the
+  // iteration benchmark's Twin-Flow-style configurations). Not a TIDE_PLACEMENT value.
+  static Policy first(std::size_t n) { return {Kind::first, n}; }
 };
 
 // "auto", "cpu", "gpu" or a K ≥ 1 ("2": one GPU subgroup in two). Throws std::invalid_argument.
 Policy parse_policy(std::string_view text);
-std::string policy_name(const Policy& policy);  // "auto", "cpu", "gpu", "k2"
+std::string policy_name(const Policy& policy);  // "auto", "cpu", "gpu", "k2", "first3"
 // TIDE_PLACEMENT if set (strictly parsed; config::EnvError), else `fallback`.
 Policy policy_from_env(const Policy& fallback);
 

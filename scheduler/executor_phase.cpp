@@ -655,7 +655,10 @@ void Executor::Phase::join() {
 }
 
 void Executor::Phase::release(bool confirmed) {
+  // The GPU memory the phase held: what later plans are capped at if an allocation failed. The
+  // gradients kept on the GPU count: they are part of what a plan places in the headroom.
   allocated_bytes = counters.size() + buffer.size() * buffer_bytes;
+  for (const UpdateBuffer& b : x.resident_) allocated_bytes += b.size();
   if (!confirmed) {
     x.unconfirmed_ = true;
     for (const GpuTask& t : failed) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "standin/bandwidth.h"
+#include "standin/busy.h"
 #include "standin/devices.h"
 #include "standin/faults.h"
 #include "standin/holds.h"
@@ -133,6 +134,15 @@ int tide_standin_set_capacity(int device, uint64_t bytes) {
 int tide_standin_register_kernel(const char* name, tide_standin_kernel run, size_t param_bytes) {
   try {
     return tide::standin::register_kernel(name, run, param_bytes);
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+int tide_standin_busy(void* stream, double seconds, const char* name) {
+  if (int r = require_init(); r != 0) return r;
+  try {
+    return tide::standin::enqueue_busy(static_cast<CUstream>(stream), seconds, name);
   } catch (...) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

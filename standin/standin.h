@@ -101,6 +101,15 @@ typedef void (*tide_standin_kernel)(const tide_standin_grid* grid, void** params
 TIDE_STANDIN_API int tide_standin_register_kernel(const char* name, tide_standin_kernel run,
                                                   size_t param_bytes);
 
+/* Timed stream work: enqueues on `stream` (a CUstream; null: the legacy default stream of the
+ * current context) an operation that occupies the stream for `seconds` from when it starts,
+ * without using a CPU (its worker sleeps): a GPU kernel of that duration, for benchmarks that
+ * simulate a model's forward and backward passes. It is recorded and held as a kernel
+ * (TIDE_STANDIN_OP_KERNEL) named `name` (null: "busy"; truncated as kernel names are), and the
+ * stream's later work, and events recorded after it, wait for it as for a kernel. Returns
+ * CUDA_ERROR_INVALID_VALUE for `seconds` not finite, negative or above 3600. */
+TIDE_STANDIN_API int tide_standin_busy(void* stream, double seconds, const char* name);
+
 /* Kinds of stream work, as bits: what the recording records and what a hold holds. Memsets, event
  * records, stream waits and host functions are neither recorded nor held. */
 #define TIDE_STANDIN_OP_H2D 1u    /* a copy host to device (cuMemcpyHtoD*, sync or async) */

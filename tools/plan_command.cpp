@@ -12,6 +12,7 @@
 #include "config/env.h"
 #include "io/json_writer.h"
 #include "scheduler/interleave.h"
+#include "scheduler/iteration_model.h"
 #include "scheduler/plan_format.h"
 #include "scheduler/planner.h"
 #include "scheduler/rate_sources.h"
@@ -55,6 +56,14 @@ these flags:
   --h2d-duplex-gbps R      host to GPU while GPU to host also runs, GB/s
   --d2h-duplex-gbps R      GPU to host while host to GPU also runs, GB/s
   --gpu-update R           GPU update, params/s
+
+the whole iteration (optional; both or neither of the first two):
+  --forward-seconds S      the forward pass's GPU compute per iteration, seconds
+  --backward-seconds S     the backward pass's GPU compute per iteration, seconds
+  --layers N               layers the backward pass produces gradients by (default 32)
+  --gradient-offload async|blocking
+                           gradients copied to host memory as each layer's are ready (default;
+                           tide) or all after the backward pass, waited for (ZeRO-Offload)
 
 output:
   --json                   one JSON object instead of the table
@@ -167,13 +176,57 @@ void print_rates(const ResolvedRates& resolved) {
   }
 }
 
+// The whole iteration under the model: forward and backward passes (scheduler/iteration_model.h;
+// the gradients of the plan's GPU subgroups stay on the GPU when it keeps them there) and the
+// plan's update phase.
+struct Iteration {
+  double forward_s = 0, backward_s = 0;
+  std::size_t layers = 32;
+  bool blocking = false;
+  double predicted_forward = 0, predicted_backward = 0, predicted_update = 0;
+
+  void predict(const Workload& workload, const Rates& rates, const Plan& plan) {
+    const bool kept = workload.footprint.gradients_on_gpu && !blocking;
+    const std::vector<std::uint64_t> bytes = host_gradient_bytes(
+        workload.subgroup_params, layers, workload.footprint.gradient_bytes_per_param,
+        kept ? plan.gpu_order : std::vector<std::size_t>{});
+    std::vector<LayerTimes> times(layers);
+    for (std::size_t l = 0; l < layers; ++l) {
+      times[l] = {forward_s / static_cast<double>(layers), backward_s / static_cast<double>(layers),
+                  bytes[l]};
+    }
+    predicted_forward = predict_forward(times);
+    predicted_backward = predict_backward(times, rates.d2h, blocking);
+    predicted_update = plan.predicted.phase_s;
+  }
+  double total() const { return predicted_forward + predicted_backward + predicted_update; }
+  std::string json() const {
+    return "{\"forward_s\":" + json::number(predicted_forward) +
+           ",\"backward_s\":" + json::number(predicted_backward) +
+           ",\"update_s\":" + json::number(predicted_update) +
+           ",\"iteration_s\":" + json::number(total()) + ",\"layers\":" + std::to_string(layers) +
+           ",\"gradient_offload\":" + json::quote(blocking ? "blocking" : "async") + "}";
+  }
+  std::string line() const {
+    char out[320];
+    std::snprintf(out, sizeof out,
+                  "iteration        forward %.3f s + backward %.3f s (gradients %s, %zu layers) + "
+                  "update %.3f s = %.3f s predicted\n",
+                  predicted_forward, predicted_backward,
+                  blocking ? "copied after the backward pass" : "offloaded as they are ready",
+                  layers, predicted_update, total());
+    return out;
+  }
+};
+
 }  // namespace
 
 int plan_command(int argc, char** argv) {
   std::vector<std::string_view> with_value = {
-      "--params",    "--ranks",          "--subgroup-params", "--free-memory", "--gpu-memory",
-      "--gradients", "--gradient-bytes", "--state-bytes",     "--max-buffers", "--calibration",
-      "--max-k"};
+      "--params",           "--ranks",       "--subgroup-params", "--free-memory",
+      "--gpu-memory",       "--gradients",   "--gradient-bytes",  "--state-bytes",
+      "--max-buffers",      "--calibration", "--max-k",           "--forward-seconds",
+      "--backward-seconds", "--layers",      "--gradient-offload"};
   for (const RateInfo& info : rate_infos()) with_value.push_back(info.flag);
   const Arguments args(argc, argv, with_value, {"--json", "--help", "-h"});
   if (args.has("--help") || args.has("-h")) {
@@ -255,6 +308,33 @@ int plan_command(int argc, char** argv) {
     left -= s;
   }
 
+  // The whole iteration: the forward and backward passes' GPU compute, and how the gradients
+  // reach host memory.
+  std::optional<Iteration> iteration;
+  if (args.has("--forward-seconds") != args.has("--backward-seconds")) {
+    throw std::invalid_argument("--forward-seconds and --backward-seconds go together");
+  }
+  if (args.has("--forward-seconds")) {
+    iteration.emplace();
+    iteration->forward_s =
+        config::parse_double("--forward-seconds", *args.get("--forward-seconds"), 0, 1e6);
+    iteration->backward_s =
+        config::parse_double("--backward-seconds", *args.get("--backward-seconds"), 0, 1e6);
+    if (auto v = args.get("--layers")) {
+      iteration->layers = static_cast<std::size_t>(config::parse_int("--layers", *v, 1, 100000));
+    }
+    if (auto v = args.get("--gradient-offload")) {
+      iteration->blocking =
+          config::parse_choice("--gradient-offload", *v, {"async", "blocking"}) == 1;
+    }
+    if (iteration->layers > setting.params_per_rank) {
+      throw std::invalid_argument("--layers is more than the parameters per rank");
+    }
+  } else if (args.has("--layers") || args.has("--gradient-offload")) {
+    throw std::invalid_argument(
+        "--layers and --gradient-offload need --forward-seconds and --backward-seconds");
+  }
+
   std::optional<std::filesystem::path> calibration;
   if (auto v = args.get("--calibration")) calibration = *v;
   ResolvedRates resolved = resolve_rates(calibration);
@@ -274,6 +354,7 @@ int plan_command(int argc, char** argv) {
   }
   const std::size_t rule_k =
       published_k(resolved.rates, workload.footprint, setting.subgroup_params);
+  if (iteration) iteration->predict(workload, resolved.rates, best);
 
   if (args.has("--json")) {
     std::string out = "{\"workload\":{\"params\":" + std::to_string(setting.params) +
@@ -303,7 +384,9 @@ int plan_command(int argc, char** argv) {
       }
       out += "}";
     }
-    out += "],\"published_k\":" + std::to_string(rule_k) + "}\n";
+    out += "],\"published_k\":" + std::to_string(rule_k);
+    if (iteration) out += ",\"iteration\":" + iteration->json();
+    out += "}\n";
     std::fputs(out.c_str(), stdout);
     return 0;
   }
@@ -325,6 +408,7 @@ int plan_command(int argc, char** argv) {
               workload.footprint.gradients_on_gpu ? "kept on the GPU" : "copied in from host");
   print_rates(resolved);
   std::printf("\n%s", plan_table(best).c_str());
+  if (iteration) std::printf("%s", iteration->line().c_str());
   std::printf("\none GPU subgroup every K (same model; published rule for these rates: K = %zu)\n",
               rule_k);
   std::printf("     K  GPU subgroups  buffers  predicted s\n");

@@ -225,6 +225,7 @@ TEST(ExecutorPolicy, ParsesAndNames) {
   EXPECT_EQ(policy_name(parse_policy("gpu")), "gpu");
   EXPECT_EQ(policy_name(parse_policy("4")), "k4");
   EXPECT_EQ(policy_name(parse_policy("k2")), "k2");
+  EXPECT_EQ(policy_name(Policy::first(3)), "first3");
   for (const char* bad : {"", "0", "k0", "K", "two", "1.5", "99999999999999999999"}) {
     EXPECT_THROW(parse_policy(bad), std::invalid_argument) << bad;
   }

@@ -106,6 +106,26 @@ TEST_F(FaultTest, FallbackWithGradientsKeptOnTheGpu) {
   EXPECT_EQ(standin.bytes_in_use(), run.baseline);
 }
 
+// The cap on later plans after a fallback is the GPU memory the phase held, the gradients kept
+// on the GPU included (found by bench_iteration: without them the cap was the counters' few
+// bytes, and plans stayed all-CPU for dozens of phases while it grew back by a quarter a phase).
+TEST_F(FaultTest, TheCapAfterAFallbackCountsTheGradientsKeptOnTheGpu) {
+  ExecutorOptions kept = options();
+  kept.gradients_on_gpu = true;
+  kept.refine = false;
+  Run run(*this, std::vector<std::uint64_t>(4, 4096), /*split_every=*/0, kept);
+  const Plan& prepared = run.executor.prepare(Policy::all_gpu(), kHeadroom);
+  ASSERT_EQ(prepared.resident_bytes, 4u * 4096 * 2);
+  auto grads = run.gradients(1);
+  standin.fail_alloc(2);  // the counters are allocated, the first buffer is not
+  const PhaseReport& r = run.executor.run(hyper(1), Policy::all_gpu(), kHeadroom);
+  EXPECT_EQ(r.fallback_subgroups, 4u);
+  EXPECT_GE(r.headroom_cap, prepared.resident_bytes);
+  EXPECT_LT(r.headroom_cap, kHeadroom);
+  run.expect_exact(grads, 1);
+  EXPECT_EQ(standin.bytes_in_use(), run.baseline);
+}
+
 TEST_F(FaultTest, BuffersAPhaseDoesNotUseStayKeptWithinItsHeadroom) {
   ExecutorOptions fixed = options();
   fixed.refine = false;

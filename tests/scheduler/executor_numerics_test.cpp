@@ -42,6 +42,9 @@ void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare) {
     if (policy.kind == Policy::Kind::automatic) {
       EXPECT_FALSE(report.ran.cpu_order.empty());
     }
+    if (policy.kind == Policy::Kind::first) {
+      EXPECT_EQ(report.ran.gpu_order, (std::vector<std::size_t>{0, 1, 2}));
+    }
   }
 }
 
@@ -49,6 +52,7 @@ TEST(ExecutorNumerics, AllCpu) { run_steps(Policy::all_cpu(), false, false); }
 TEST(ExecutorNumerics, AllGpu) { run_steps(Policy::all_gpu(), false, false); }
 TEST(ExecutorNumerics, InterleavedK2) { run_steps(Policy::every(2), false, false); }
 TEST(ExecutorNumerics, InterleavedK3) { run_steps(Policy::every(3), false, false); }
+TEST(ExecutorNumerics, FirstThree) { run_steps(Policy::first(3), false, false); }
 TEST(ExecutorNumerics, Planned) { run_steps(Policy::automatic_policy(), false, false); }
 TEST(ExecutorNumerics, PlannedWithGradientsKeptOnGpu) {
   run_steps(Policy::automatic_policy(), true, true);

@@ -1,6 +1,7 @@
 // The recorded timeline (tide_standin_record, tide_standin_recorded) and holds
 // (tide_standin_hold, tide_standin_release). Nothing here depends on how fast anything runs: what
 // a hold keeps from starting cannot start, whatever the machine's speed.
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -203,6 +204,62 @@ TEST_F(RecordingTest, HeldWorkWaitsOnItsStreamUntilLetThrough) {
   EXPECT_NE(ops[2].end_ns, 0);
   // No longer held.
   ASSERT_EQ(cuMemcpyHtoD(device.get(), host.data(), 1), CUDA_SUCCESS);
+}
+
+// tide_standin_busy: timed work that occupies its stream as a kernel would, and only its stream.
+TEST_F(RecordingTest, BusyWorkOccupiesItsStreamForItsDurationAsAKernel) {
+  DeviceBuffer device(4096);
+  PinnedVector host(4096);
+  Stream busy, other;
+  Event after_busy;
+  const ReleaseAtExit release;
+  ASSERT_EQ(tide_standin_record(16), 0);
+  ASSERT_EQ(tide_standin_hold(TIDE_STANDIN_OP_KERNEL), 0);
+  ASSERT_EQ(tide_standin_busy(busy.get(), 0.02, "layer_forward"), 0);
+  ASSERT_EQ(cuEventRecord(after_busy.get(), busy.get()), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemcpyHtoDAsync(device.get(), host.data(), 4096, busy.get()), CUDA_SUCCESS);
+  // Held like a kernel: the stream and its event wait, another stream runs meanwhile.
+  ASSERT_EQ(cuMemcpyDtoHAsync(host.data(), device.get(), 8, other.get()), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(other.get()), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(after_busy.get()), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(cuStreamQuery(busy.get()), CUDA_ERROR_NOT_READY);
+  std::vector<tide_standin_op> ops = recorded();
+  ASSERT_EQ(ops.size(), 3u);
+  EXPECT_EQ(ops[0].start_ns, 0);
+  EXPECT_NE(ops[2].end_ns, 0);
+
+  ASSERT_EQ(tide_standin_release(TIDE_STANDIN_OP_KERNEL, TIDE_STANDIN_RELEASE_ALL), 0);
+  ASSERT_EQ(cuStreamSynchronize(busy.get()), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(after_busy.get()), CUDA_SUCCESS);
+  ops = recorded();
+  EXPECT_EQ(ops[0].kind, TIDE_STANDIN_OP_KERNEL);
+  EXPECT_STREQ(ops[0].name, "layer_forward");
+  EXPECT_EQ(ops[0].stream, reinterpret_cast<std::uintptr_t>(busy.get()));
+  EXPECT_GT(ops[0].start_ns, ops[2].end_ns);  // let through after the other stream's copy
+  // It lasts at least its duration (a sleep: never shorter), and the stream's next work starts
+  // after it.
+  EXPECT_GE(ops[0].end_ns - ops[0].start_ns, 20'000'000);
+  EXPECT_LE(ops[0].end_ns, ops[1].start_ns);
+  EXPECT_EQ(ops[1].kind, TIDE_STANDIN_OP_H2D);
+
+  // Unnamed: "busy"; zero seconds is fine.
+  ASSERT_EQ(tide_standin_busy(busy.get(), 0, nullptr), 0);
+  ASSERT_EQ(cuStreamSynchronize(busy.get()), CUDA_SUCCESS);
+  EXPECT_STREQ(recorded().back().name, "busy");
+}
+
+TEST_F(RecordingTest, BusyWorkRejectsBadDurationsAndStreams) {
+  Stream stream;
+  for (double seconds : {-1e-9, 3601.0, std::nan(""), HUGE_VAL}) {
+    EXPECT_EQ(tide_standin_busy(stream.get(), seconds, "x"), CUDA_ERROR_INVALID_VALUE) << seconds;
+  }
+  CUstream gone = nullptr;
+  ASSERT_EQ(cuStreamCreate(&gone, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamDestroy(gone), CUDA_SUCCESS);
+  EXPECT_EQ(tide_standin_busy(gone, 0, "x"), CUDA_ERROR_INVALID_HANDLE);
+  // The legacy default stream of the current context.
+  EXPECT_EQ(tide_standin_busy(nullptr, 0, "x"), 0);
+  EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
 }
 
 TEST_F(RecordingTest, HoldsRejectUnknownKinds) {
