@@ -76,7 +76,9 @@ test-pip-install: bootstrap
 	@TIDE_TEST_PIP_INSTALL=1 CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
 	  $(PY) -m pytest -q -s tests/python/test_packaging.py -k pip_install
 
-bench: build
+# The build's own output goes to stderr: stdout is the benchmarks' JSON lines only.
+bench:
+	@$(MAKE) --no-print-directory build >&2
 	@scripts/run_bench.sh $(BENCH)
 
 # Checks for the GPU first and builds only when there is one (scripts/gpu_check.sh).
