@@ -199,8 +199,12 @@ class Trainer {
     // zero_grad(), as tide.torch does it: with gradients kept on the GPU the plan is made now,
     // so that the backward pass sends its GPU subgroups' gradients to the GPU buffers it holds.
     const auto t0 = Clock::now();  // the plan's time counts in the forward pass's
-    m.headroom = config.static_headroom ? static_headroom : allocator_.headroom().headroom;
-    if (config.offload == Offload::async) executor.prepare(config.policy, m.headroom);
+    // tide prepares with what may be held through the forward and backward passes (its kept
+    // gradients are); a static configuration keeps its gradients within its update headroom.
+    const allocator::telemetry::HeadroomForecast forecast = allocator_.headroom();
+    m.headroom = config.static_headroom ? static_headroom : forecast.headroom;
+    if (config.offload == Offload::async)
+      executor.prepare(config.policy, config.static_headroom ? m.headroom : forecast.held_headroom);
     allocator_.mark(telemetry_mark::kForward);
     for (std::size_t l = 0; l < layers; ++l) {
       acts[l] = allocate(activation);

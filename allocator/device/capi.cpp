@@ -256,8 +256,9 @@ TIDE_API tide_status tide_alloc_headroom(int device, tide_alloc_forecast* foreca
   return tide::capi::guard([&] {
     require(forecast != nullptr, "tide_alloc_headroom: null output");
     const telemetry::HeadroomForecast f = device_allocator(device).headroom();
-    *forecast = tide_alloc_forecast{f.headroom, f.update_peak, f.limit,
-                                    f.margin,   f.iterations,  f.detected ? 1 : 0};
+    *forecast =
+        tide_alloc_forecast{f.headroom,   f.update_peak,      f.limit,         f.margin,
+                            f.iterations, f.detected ? 1 : 0, f.held_headroom, f.iteration_peak};
   });
 }
 

@@ -337,6 +337,11 @@ typedef struct tide_alloc_forecast {
   uint64_t margin_bytes;      /* safety margin (TIDE_HEADROOM_MARGIN of the limit) */
   int32_t iterations;         /* recent iterations it comes from; 0: none seen yet */
   int32_t detected;           /* 1: from detected phases */
+  /* What can be held through a whole iteration (allocated before the forward pass, freed after
+   * the update: gradients kept on the GPU): the limit above the iterations' highest peak, less
+   * the margin; 0 before any iteration was seen. Never above headroom_bytes. */
+  uint64_t held_headroom_bytes;
+  uint64_t iteration_peak_bytes; /* forecast peak live bytes of a whole iteration */
 } tide_alloc_forecast;
 
 typedef struct tide_alloc_oom {

@@ -180,6 +180,9 @@ def test_phases_iterations_headroom_and_timeline_export(lib, tmp_path):
     h = tt.headroom(0)
     assert h["iterations"] > 0
     assert h["headroom_bytes"] == h["limit_bytes"] - h["update_peak_bytes"] - h["margin_bytes"]
+    assert h["iteration_peak_bytes"] >= 48 * MiB  # the forward pass's activations
+    assert h["held_headroom_bytes"] == (h["limit_bytes"] - h["iteration_peak_bytes"]
+                                        - h["margin_bytes"])
     assert len(tt.timeline(0)) > 0
     path = tmp_path / "timeline.json"
     tt.export_timeline(path, 0)

@@ -444,6 +444,53 @@ def test_gpu_buffers_are_freed_after_the_step_unless_kept():
             assert tt.memory_allocated(0) == before
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="sizes the stand-in device's limit in tide's allocator")
+def test_gradients_kept_on_the_gpu_leave_room_for_the_forward_pass():
+    """With gradients_on_gpu, zero_grad() allocates the GPU subgroups' gradient buffers, which are
+    then held through the forward and backward passes: they must fit at those passes' peak, not
+    only at the update phase's (the update-phase headroom was used: the next forward pass's
+    activations then ran out of memory)."""
+    import ctypes
+
+    from tide import _lib
+    lib = _lib.lib()
+    lib.tide_alloc.restype = ctypes.c_void_p
+    lib.tide_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.tide_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    free_b, total_b = ctypes.c_size_t(), ctypes.c_size_t()
+    _lib.check(lib.tide_device_memory(0, ctypes.byref(free_b), ctypes.byref(total_b)))
+    limit_before = tt.headroom(0)["limit_bytes"]
+    model = make_model()
+    gradient_bytes = 4 * sum(p.numel() for p in model.parameters())
+    tt.set_per_process_memory_fraction(64 * 2**20 / total_b.value, 0)
+    try:
+        opt = tt.AdamW(model.parameters(), lr=3e-3, subgroup_size=3000, placement="auto",
+                       gradients_on_gpu=True)
+        h = tt.headroom(0)
+        # The forward pass's activations leave less than the gradients need; the update phase
+        # has room for all of them.
+        activations = h["limit_bytes"] - h["margin_bytes"] - tt.memory_allocated(0) - 4096
+        assert h["limit_bytes"] - h["margin_bytes"] - activations < gradient_bytes
+        headrooms = []
+        for tokens in batches(4):
+            tt.mark_phase("forward")
+            act = lib.tide_alloc(activations, 0, None)
+            assert act is not None, (f"the forward pass ran out of memory after step "
+                                     f"{len(headrooms)}: {_lib.lib().tide_last_error()}")
+            loss = loss_of(model, tokens)
+            tt.mark_phase("backward")
+            loss.backward()
+            lib.tide_free(act, activations, 0, None)
+            opt.step()
+            headrooms.append(opt.last_plan["headroom_bytes"])
+            opt.zero_grad()
+        # Not vacuous: the update phase had room to keep every gradient on the GPU.
+        assert max(headrooms) > 2 * gradient_bytes
+    finally:
+        tt.set_per_process_memory_fraction(limit_before / total_b.value, 0)
+    assert tt.headroom(0)["limit_bytes"] == limit_before
+
+
 def test_step_stats_and_closure():
     model = make_model()
     opt = tt.AdamW(model.parameters(), subgroup_size=3000, placement="auto")

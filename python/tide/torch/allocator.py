@@ -109,7 +109,9 @@ class Forecast(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_uint64)
                 for name in ("headroom_bytes", "update_peak_bytes", "limit_bytes", "margin_bytes")
-                ] + [("iterations", ctypes.c_int32), ("detected", ctypes.c_int32)]
+                ] + [("iterations", ctypes.c_int32), ("detected", ctypes.c_int32),
+                     ("held_headroom_bytes", ctypes.c_uint64),
+                     ("iteration_peak_bytes", ctypes.c_uint64)]
 
 
 class Oom(ctypes.Structure):
@@ -335,12 +337,16 @@ def iteration_stats(device: Any = None, max_iterations: int = 1024) -> list[dict
 
 def headroom(device: Any = None) -> dict[str, int]:
     """The headroom forecast: bytes the coming update phase can use safely ("headroom_bytes"),
-    from the recent iterations' update-phase peaks, the memory limit and the safety margin."""
+    from the recent iterations' update-phase peaks, the memory limit and the safety margin; and
+    bytes that can be held through a whole iteration, forward and backward included
+    ("held_headroom_bytes", from the iterations' highest peaks; 0 before any iteration)."""
     f = Forecast()
     _check(_lib_declared().tide_alloc_headroom(_device(device), ctypes.byref(f)))
     return {"headroom_bytes": f.headroom_bytes, "update_peak_bytes": f.update_peak_bytes,
             "limit_bytes": f.limit_bytes, "margin_bytes": f.margin_bytes,
-            "iterations": f.iterations, "detected": bool(f.detected)}
+            "iterations": f.iterations, "detected": bool(f.detected),
+            "held_headroom_bytes": f.held_headroom_bytes,
+            "iteration_peak_bytes": f.iteration_peak_bytes}
 
 
 def last_oom(device: Any = None) -> dict[str, int] | None:

@@ -194,17 +194,28 @@ class AdamW(torch.optim.Optimizer):
 
     # ---- the step ----
 
-    def _headroom(self, device: int) -> int:
+    def _headroom(self, device: int, *, held: bool = False) -> int:
+        """GPU memory the update phase may use; with `held`, what may be allocated now and held
+        through the coming forward and backward passes to the update phase (the gradients a
+        prepared plan keeps on the GPU): it must fit at their peak, not only at the update's."""
         if self._cpu or allocator.is_using_allocator():
-            return allocator.headroom(device)["headroom_bytes"]
+            forecast = allocator.headroom(device)
+            return forecast["held_headroom_bytes" if held else "headroom_bytes"]
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free * 0.9)
+        if not held:
+            return int(free * 0.9)
+        if self.last_plan is None:
+            return 0  # no iteration seen: the forward pass's peak is not known yet
+        # PyTorch's cache keeps what its passes reserved: what it may still grow by comes off.
+        growth = torch.cuda.max_memory_reserved(device) - torch.cuda.memory_reserved(device)
+        return max(0, int(free * 0.9) - max(0, growth))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
         if self._gradients_on_gpu:
             for bucket in self._buckets:
-                bucket.executor.prepare(self._policy, self._headroom(self._device_of(bucket)))
+                device = self._device_of(bucket)
+                bucket.executor.prepare(self._policy, self._headroom(device, held=True))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

@@ -127,6 +127,8 @@ TEST_F(AllocatorCapiTest, PhasesTimelineHeadroomAndExports) {
   ASSERT_EQ(tide_alloc_headroom(0, &f), TIDE_OK);
   EXPECT_EQ(f.update_peak_bytes, 16 * kMiB);
   EXPECT_EQ(f.headroom_bytes, f.limit_bytes - f.update_peak_bytes - f.margin_bytes);
+  EXPECT_EQ(f.iteration_peak_bytes, 64 * kMiB);  // the forward pass's
+  EXPECT_EQ(f.held_headroom_bytes, f.limit_bytes - f.iteration_peak_bytes - f.margin_bytes);
   std::vector<tide_alloc_sample> samples(16);
   ASSERT_EQ(tide_alloc_timeline(0, samples.data(), samples.size(), &count), TIDE_OK);
   EXPECT_EQ(count, 16u);

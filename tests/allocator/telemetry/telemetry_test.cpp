@@ -147,6 +147,21 @@ TEST(HeadroomTest, ForecastsFromTheHighestRecentUpdatePeakLessTheMargin) {
   f = forecast_headroom({}, 100 * kMiB, 0.0, 3, 70 * kMiB);  // nothing seen: the fallback
   EXPECT_EQ(f.iterations, 0);
   EXPECT_EQ(f.headroom, 30 * kMiB);
+  EXPECT_EQ(f.held_headroom, 0u);  // the forward pass's peak is not known yet
+}
+
+TEST(HeadroomTest, WhatIsHeldThroughAnIterationFitsAtItsHighestPeak) {
+  std::vector<IterationStats> its(4);
+  for (std::size_t i = 0; i < its.size(); ++i) {
+    its[i].phase_seen = {true, true, true};
+    its[i].peak_live[2] = 10 * kMiB;
+    its[i].peak_live_all = (40 + i) * kMiB;  // the forward and backward passes' peak
+  }
+  its[3].peak_live_all = 41 * kMiB;
+  const HeadroomForecast f = forecast_headroom(its, 100 * kMiB, 0.05, 3, 0);
+  EXPECT_EQ(f.iteration_peak, 42 * kMiB);  // iterations 1..3: max(41, 42, 41)
+  EXPECT_EQ(f.held_headroom, 53 * kMiB);   // 100 - 42 - 5
+  EXPECT_EQ(f.headroom, 85 * kMiB);        // 100 - 10 - 5
 }
 
 // ---- on generated traces, through the allocator on the stand-in driver
