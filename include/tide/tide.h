@@ -540,7 +540,9 @@ typedef struct tide_placement_policy {
 } tide_placement_policy;
 
 /* Plans the coming update phase now (call before backward). Optional; needed for
- * gradients_on_gpu. `policy` NULL: TIDE_PLACEMENT, else auto. */
+ * gradients_on_gpu. `policy` NULL: TIDE_PLACEMENT, else auto. The kept gradients' buffers are
+ * allocated now and held through the forward and backward passes: pass what fits at their peak
+ * (tide_alloc_forecast's held_headroom_bytes), not the update phase's headroom_bytes. */
 TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
                                             const tide_placement_policy* policy,
                                             uint64_t headroom_bytes);
