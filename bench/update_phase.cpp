@@ -388,9 +388,14 @@ int main(int argc, char** argv) {
         emit(p.kind == Policy::Kind::cpu ? "all_cpu" : name, setup.best[name], "");
       }
       const Best& tide = setup.best["auto"];
-      // The measured CPU rate is fp32 state's; another format's scales with its bytes, as the
-      // model assumes (Footprint::update_rate_scale).
-      const double scale = setup.executor->footprint(false).update_rate_scale();
+      // The measured CPU rate is fp32 state's. Another format's: as its all-CPU phases ran
+      // against fp32 state's in the same rounds when both ran (the kernel here is one scalar
+      // thread, not bandwidth-bound: bf16 moments cost conversions and save little), else scaled
+      // by its bytes, as the model assumes (Footprint::update_rate_scale).
+      double scale = setup.executor->footprint(false).update_rate_scale();
+      if (fp32 != nullptr && &setup != fp32) {
+        scale = fp32->best.at("cpu").seconds / setup.best.at("cpu").seconds;
+      }
       const double ideal = ideal_seconds(w, rates.cpu_update_contended * scale, rates, 2,
                                          setup.state->state_bytes());
       const double over_best_fixed = tide.seconds / best_fixed;

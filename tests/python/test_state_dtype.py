@@ -275,6 +275,14 @@ def test_a_load_that_does_not_fit_leaves_bf16_state_as_it_was():
     bad["state"][2]["exp_avg_sq"][0, 0] = -1.0
     with pytest.raises(ValueError, match="negative"):
         opt.load_state_dict(bad)
+    # Finite in fp32, infinite in bf16: refused too (fp32 state would take it).
+    bad = copy.deepcopy(opt.state_dict())
+    bad["state"][0]["exp_avg_sq"][1, 1] = 3.3999e38
+    with pytest.raises(ValueError, match="too large for the optimizer's state_dtype"):
+        opt.load_state_dict(bad)
+    fp32_state = make_opt(make_params(), 2, state_dtype=torch.float32)
+    step_with(fp32_state.param_groups[0]["params"], fp32_state, [1])
+    fp32_state.load_state_dict(bad)
     for i, (m, v) in enumerate(before):
         now = moments_in_pinned_memory(opt, i)
         assert torch.equal(now[0], m) and torch.equal(now[1], v)

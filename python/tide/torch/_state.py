@@ -280,7 +280,8 @@ class StateEntries:
                 elif ours is not None or current:
                     entry = {} if current is None else current
                     try:
-                        step = _checkpoint.checked_entry(entry, p, _name(bucket, i))
+                        step = _checkpoint.checked_entry(entry, p, _name(bucket, i),
+                                                         bucket.state_dtype)
                     except ValueError as error:
                         raise ValueError(f"{error} (opt.state[p], as the program replaced "
                                          "it)") from None

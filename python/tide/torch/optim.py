@@ -374,7 +374,8 @@ class AdamW(torch.optim.Optimizer):
         shapes, another optimizer's, non-finite values, a negative step or second moment)
         raises ValueError naming the parameter, and the optimizer is left as it was."""
         entries = _checkpoint.checked_entries(state_dict, self.param_groups,
-                                              lambda p: id(p) in self._where)
+                                              lambda p: id(p) in self._where,
+                                              lambda p: self._where[id(p)][0].state_dtype)
         groups_only = {"state": {}, "param_groups": state_dict["param_groups"]}
         live = self.state
         super().load_state_dict(groups_only)  # takes the groups' hyperparameters
