@@ -390,7 +390,9 @@ TIDE_API tide_status tide_rates_resolve(const char* calibration_path, tide_rates
 /* What a GPU subgroup moves and holds per parameter (tide_plan_footprint_default: 12 state bytes,
  * 2 gradient bytes, gradients kept on the GPU). */
 typedef struct tide_plan_footprint {
-  uint32_t state_bytes_per_param;    /* fp32 p, m, v: copied in and out */
+  uint32_t state_bytes_per_param;    /* copied in and out: 12 for fp32 p, m, v; 8 with bf16
+                                        moments (the update rates, given for fp32 state, are
+                                        then scaled by the bytes an update moves) */
   uint32_t gradient_bytes_per_param; /* e.g. 2 for bf16 */
   int gradients_on_gpu;              /* 1: kept on the GPU (memory); 0: copied in from host */
 } tide_plan_footprint;
