@@ -15,6 +15,12 @@ Cases:
                 out. PyTorch and DeepSpeed take fp32 gradients and give fp32 weights, so their
                 time includes the casts (into preallocated buffers): bf16 → fp32 gradients before
                 the step, fp32 → bf16 weights after.
+  adam_bf16_state  offload_step with bf16 moments (tide.torch's state_dtype=torch.bfloat16): 20
+                bytes per parameter instead of 28. Compared with tide's fp32-state offload step
+                ("tide_fp32_state", run in the same round-robin: its speed-up is the bf16 state's
+                over fp32 state) and with the bandwidth bound in the bytes it moves. No peer runs
+                bf16 moments on the CPU here: PyTorch's AdamW keeps its moments in the parameter's
+                dtype, and DeepSpeed's CPU Adam in fp32.
 
 The bandwidth line comes first; its "gbps" is the best of the measurements taken before, between
 and after the sizes ("measurements_gbps").
@@ -32,7 +38,8 @@ previous one's data in cache or another's threads still spinning.
 
 `bytes_per_param` is the traffic the case needs at least (28 bytes: adam_fp32 reads 4 B of
 gradient and reads and writes 8 B each of weight, first and second moment; offload_step reads 2 B
-of gradient, reads and writes the 24 B of fp32 state and writes 2 B of copy);
+of gradient, reads and writes the 24 B of fp32 state and writes 2 B of copy; adam_bf16_state 20:
+the same with 2 B moments, 16 B of state read and written);
 `fraction_of_bandwidth` is params × bytes_per_param / seconds over the measured bandwidth, for
 every implementation alike (the peers move more bytes than that).
 
@@ -61,7 +68,7 @@ import torch  # noqa: E402
 
 from tide import kernels  # noqa: E402
 
-BYTES_PER_PARAM = {"adam_fp32": 28, "offload_step": 28}
+BYTES_PER_PARAM = {"adam_fp32": 28, "offload_step": 28, "adam_bf16_state": 20}
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
 
 
@@ -146,21 +153,26 @@ class Buffers:
         self.grad32 = torch.randn(n, generator=generator)
         self.grad16 = self.grad32.to(torch.bfloat16)
         self.copy16 = torch.empty(n, dtype=torch.bfloat16)
+        self.exp_avg16 = torch.zeros(n, dtype=torch.bfloat16)  # adam_bf16_state's moments
+        self.exp_avg_sq16 = torch.zeros(n, dtype=torch.bfloat16)
         self.parameter = torch.nn.Parameter(self.param, requires_grad=True)  # same storage
         self.parameter.grad = self.grad32
 
 
 def make_tide(buffers: Buffers, case: str, threads: int):
     step = [0]
+    offload = case in ("offload_step", "adam_bf16_state")
+    bf16_state = case == "adam_bf16_state"
 
     def run():
         step[0] += 1
         kernels.cpu_adam_step(
             buffers.param,
-            buffers.grad16 if case == "offload_step" else buffers.grad32,
-            buffers.exp_avg, buffers.exp_avg_sq, step=step[0], lr=LR, betas=BETAS, eps=EPS,
-            weight_decay=WEIGHT_DECAY,
-            param_copy=buffers.copy16 if case == "offload_step" else None, threads=threads)
+            buffers.grad16 if offload else buffers.grad32,
+            buffers.exp_avg16 if bf16_state else buffers.exp_avg,
+            buffers.exp_avg_sq16 if bf16_state else buffers.exp_avg_sq,
+            step=step[0], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
+            param_copy=buffers.copy16 if offload else None, threads=threads)
 
     return run
 
@@ -237,14 +249,18 @@ def main() -> None:
     for size in (int(float(s)) for s in args.sizes.split(",")):
         reps = args.reps or (15 if size < 5e7 else 8)
         buffers = Buffers(size)
-        for case in ("adam_fp32", "offload_step"):
-            impls = {
-                "tide": lambda: make_tide(buffers, case, threads),
-                "torch_foreach": lambda: make_torch(buffers, case, {"foreach": True}),
-                "torch_fused": lambda: make_torch(buffers, case, {"fused": True}),
-            }
-            if cpu_adam_class is not None:
-                impls["deepspeed"] = lambda: make_deepspeed(buffers, case, cpu_adam_class)
+        for case in ("adam_fp32", "offload_step", "adam_bf16_state"):
+            if case == "adam_bf16_state":
+                impls = {"tide": lambda: make_tide(buffers, case, threads),
+                         "tide_fp32_state": lambda: make_tide(buffers, "offload_step", threads)}
+            else:
+                impls = {
+                    "tide": lambda: make_tide(buffers, case, threads),
+                    "torch_foreach": lambda: make_torch(buffers, case, {"foreach": True}),
+                    "torch_fused": lambda: make_torch(buffers, case, {"fused": True}),
+                }
+                if cpu_adam_class is not None:
+                    impls["deepspeed"] = lambda: make_deepspeed(buffers, case, cpu_adam_class)
             runs, times, errors = {}, {}, {}
             for name, make in impls.items():
                 try:
@@ -269,7 +285,10 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
             base = {"bench": "cpu_adam", "case": case, "params": size, "threads": threads,
                     "bytes_per_param": BYTES_PER_PARAM[case]}
-            for name in ("tide", "torch_foreach", "torch_fused", "deepspeed"):
+            for name in impls if case == "adam_bf16_state" else (
+                    "tide", "torch_foreach", "torch_fused", "deepspeed"):
+                if name == "tide_fp32_state":
+                    base = {**base, "bytes_per_param": BYTES_PER_PARAM["offload_step"]}
                 if name in times:
                     records.append({**base, "impl": name, "seconds": min(times[name]),
                                     "median_seconds": statistics.median(times[name]),
@@ -301,6 +320,10 @@ def main() -> None:
                 # hardly touched by load that comes and goes over the run.
                 record["paired_speedup_vs_fastest_peer"] = statistics.median(
                     peer / mine for peer, mine in zip(fastest["times"], record["times"]))
+                if record["case"] == "adam_bf16_state":  # its one "peer": fp32 state
+                    record["speedup_vs_fp32_state"] = record["speedup_vs_fastest_peer"]
+                    record["paired_speedup_vs_fp32_state"] = record[
+                        "paired_speedup_vs_fastest_peer"]
     for record in records:
         record.pop("times", None)
         if "seconds" in record:

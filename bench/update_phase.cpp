@@ -40,6 +40,11 @@
 // shared with other work come from few large subgroups and the scalar kernel, e.g.
 // --params 8.4e7 --subgroups 3.5e6 (24 subgroups: phases of about half a second).
 //
+// --state-dtype bfloat16 runs the moments in bf16 (8 state bytes per parameter copied each way
+// instead of 12, and a CPU update that moves 20 bytes instead of 28); --state-dtype both runs fp32
+// and bf16 state over the same model in the same rounds, on the same simulated link, and the bf16
+// lines add "speedup_vs_fp32_state" (the fp32-state run's best time of the same policy over its).
+//
 // Memory: 18 bytes per parameter (fp32 state, bf16 gradient and weight copy in pinned memory,
 // bf16 parameters in the stand-in's "device" memory, which is host memory too) plus the GPU
 // buffers and as many spare state slots (12 bytes per parameter of a subgroup) in pinned memory.
@@ -102,12 +107,14 @@ struct Sides {
   double ideal() const { return std::max(cpu, copy); }
   double serial() const { return cpu + copy; }
 };
-Sides sides_of(const PhaseReport& phase, const Rates& r) {
+// `state_bytes`: per parameter, 12 (fp32 state) or 8 (bf16 moments).
+Sides sides_of(const PhaseReport& phase, const Rates& r, unsigned state_bytes) {
   const auto g = static_cast<double>(phase.ran.gpu_params);
   const auto c = static_cast<double>(phase.ran.cpu_params);
+  const double sb = state_bytes;
   Sides s;
   s.cpu = phase.cpu_seconds;
-  const double in = g * 14 + c * 2, out = g * 12;
+  const double in = g * (sb + 2) + c * 2, out = g * sb;
   s.copy = g > 0 ? std::max(in / r.h2d_duplex, out / r.d2h_duplex) : in / r.h2d;
   return s;
 }
@@ -115,15 +122,21 @@ Sides sides_of(const PhaseReport& phase, const Rates& r) {
 constexpr double kOverPlanOverlapBound = 1.15;
 constexpr double kOverBestFixedBound = 1.05;
 
-double ideal_seconds(double w, double cpu_rate, const Rates& r, double upload_bytes) {
+double ideal_seconds(double w, double cpu_rate, const Rates& r, double upload_bytes,
+                     unsigned state_bytes) {
+  const double sb = state_bytes;
   double best = 1e300;
   for (int i = 0; i <= 1000; ++i) {
     const double g = w * i / 1000.0, c = w - g;
-    const double t =
-        std::max({c / cpu_rate, (14 * g + upload_bytes * c) / r.h2d_duplex, 12 * g / r.d2h_duplex});
+    const double t = std::max(
+        {c / cpu_rate, ((sb + 2) * g + upload_bytes * c) / r.h2d_duplex, sb * g / r.d2h_duplex});
     best = std::min(best, t);
   }
   return best;
+}
+
+const char* dtype_name(kernels::Dtype d) {
+  return d == kernels::Dtype::kFloat32 ? "float32" : "bfloat16";
 }
 
 std::uint64_t mem_available() {
@@ -146,6 +159,7 @@ int main(int argc, char** argv) {
   bool verbose = false;
   double fixed_gbps = 0;  // 0: from the measured rates
   std::vector<std::uint64_t> subgroup_sizes = {25'000'000, 50'000'000, 100'000'000};
+  std::vector<kernels::Dtype> state_dtypes = {kernels::Dtype::kFloat32};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--params") && i + 1 < argc) {
       total = std::atof(argv[++i]);
@@ -162,6 +176,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_update_phase: --gbps needs a number > 0\n");
         return 2;
       }
+    } else if (!std::strcmp(argv[i], "--state-dtype") && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "float32") || !std::strcmp(argv[i + 1], "bfloat16") ||
+                !std::strcmp(argv[i + 1], "both"))) {
+      const std::string which = argv[++i];
+      state_dtypes.clear();
+      if (which != "bfloat16") state_dtypes.push_back(kernels::Dtype::kFloat32);
+      if (which != "float32") state_dtypes.push_back(kernels::Dtype::kBFloat16);
     } else if (!std::strcmp(argv[i], "--subgroups") && i + 1 < argc) {
       subgroup_sizes.clear();
       for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ",")) {
@@ -171,7 +192,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_update_phase [--params N (1e9)] [--subgroups S1,S2,...] "
                    "[--repeats N (3)] [--isa scalar|best (scalar)] [--gbps G: simulated copies "
-                   "at G GB/s instead of the H100 ratio] [--verbose: every phase on stderr]\n");
+                   "at G GB/s instead of the H100 ratio] [--state-dtype float32|bfloat16|both "
+                   "(float32): the moments' dtype; both: each in the same rounds] [--verbose: "
+                   "every phase on stderr]\n");
       return 2;
     }
   }
@@ -186,18 +209,25 @@ int main(int argc, char** argv) {
   auto register_kernel = standin_fn<int (*)(const char*, tide_standin_kernel, size_t)>(
       handle, "tide_standin_register_kernel");
 
-  // What fits: 18 bytes per parameter, four GPU buffers of the largest subgroup and four spare
-  // state slots.
+  // What fits: per parameter the bf16 model parameters (2 bytes) and, per state format, its state
+  // (12 or 8 bytes), gradient and weight copy (2 + 2) in pinned memory; four GPU buffers of the
+  // largest subgroup and four spare state slots.
   const std::uint64_t largest = *std::max_element(subgroup_sizes.begin(), subgroup_sizes.end());
   const double budget = 0.75 * static_cast<double>(mem_available());
-  const double fits = (budget - 4.0 * (14 + 12) * static_cast<double>(largest)) / 18;
+  double per_param = 2, per_largest = 0;
+  for (kernels::Dtype d : state_dtypes) {
+    const double sb = d == kernels::Dtype::kFloat32 ? 12 : 8;
+    per_param += sb + 4;
+    per_largest += 4.0 * (sb + 2 + sb);
+  }
+  const double fits = (budget - per_largest * static_cast<double>(largest)) / per_param;
   if (budget > 0 && fits < total) {
     const double shrunk =
         std::floor(fits / static_cast<double>(largest)) * static_cast<double>(largest);
     std::fprintf(stderr,
                  "bench_update_phase: %.3g parameters need %.1f GB, more than 75%% of the %.1f GB "
                  "available: running %.3g\n",
-                 total, (18 * total + 4.0 * (14 + 12) * static_cast<double>(largest)) / 1e9,
+                 total, (per_param * total + per_largest * static_cast<double>(largest)) / 1e9,
                  budget / 0.75 / 1e9, shrunk);
     total = shrunk;
   }
@@ -238,13 +268,7 @@ int main(int argc, char** argv) {
       specs[i].params = size;
       specs[i].slices.push_back(ParamSlice{0, size, params.back().get()});
     }
-    OptimizerState state(std::move(specs), StateOptions{});
-    const Rates rates = measure_rates(m);  // right before this size's runs
-    ExecutorOptions options;
-    options.rates = rates;
-    options.cpu_threads = 1;
-    if (scalar) options.cpu_isa = kernels::CpuIsa::kScalar;
-    Executor executor(state, options);
+    const Rates rates = measure_rates(m);  // right before this size's runs (fp32 state)
     const double w = static_cast<double>(n * size);
     const std::uint64_t headroom = device_memory / 2;
     kernels::AdamHyper hyper;
@@ -257,89 +281,142 @@ int main(int argc, char** argv) {
       double over_overlap = 1e300;  // the best phase against its placement's ideal overlap
       Sides sides;                  // of that phase
     };
+    // One optimizer state and executor per state format, over the same model parameters, run in
+    // the same rounds: their phases see the same load and the same simulated link.
+    struct Setup {
+      kernels::Dtype dtype;
+      std::unique_ptr<OptimizerState> state;
+      std::unique_ptr<Executor> executor;
+      std::map<std::string, Best> best;
+    };
+    std::vector<Setup> setups;
+    for (kernels::Dtype dtype : state_dtypes) {
+      StateOptions state_options;
+      state_options.state_dtype = dtype;
+      Setup setup{dtype, std::make_unique<OptimizerState>(specs, state_options), nullptr, {}};
+      ExecutorOptions options;
+      options.rates = rates;
+      options.cpu_threads = 1;
+      if (scalar) options.cpu_isa = kernels::CpuIsa::kScalar;
+      setup.executor = std::make_unique<Executor>(*setup.state, options);
+      setups.push_back(std::move(setup));
+    }
     std::vector<Policy> policies = {Policy::all_cpu()};
     for (std::size_t k = 2; k <= std::min<std::size_t>(n, 8); ++k)
       policies.push_back(Policy::every(k));
     policies.push_back(Policy::automatic_policy());
-    std::map<std::string, Best> best;
-    executor.run(hyper, Policy::all_cpu(), headroom);  // warm: pages
+    for (Setup& setup : setups) setup.executor->run(hyper, Policy::all_cpu(), headroom);  // pages
     for (int round = 0; round < repeats; ++round) {
-      for (const Policy& p : policies) {
-        const PhaseReport& r = executor.run(hyper, p, headroom);
-        if (verbose) {
-          std::string gpu;
-          for (std::size_t s : r.ran.gpu_order) gpu += (gpu.empty() ? "" : ",") + std::to_string(s);
-          std::fprintf(
-              stderr,
-              "%s: %.3f s (predicted %.3f s: CPU side %.3f, GPU side %.3f, link %.3f), "
-              "CPU busy %.3f s (%.3g params/s), GPU [%s], %zu buffers\n",
-              policy_name(p).c_str(), r.seconds, r.ran.predicted.phase_s,
-              r.ran.predicted.cpu_side_s, r.ran.predicted.gpu_side_s, r.ran.predicted.link_s,
-              r.cpu_seconds,
-              r.cpu_seconds > 0 ? static_cast<double>(r.ran.cpu_params) / r.cpu_seconds : 0,
-              gpu.c_str(), r.ran.buffers);
-          for (std::size_t s : r.ran.gpu_order) {
-            const SubgroupTiming& t = r.timings[s];
-            std::fprintf(stderr,
-                         "  GPU subgroup %zu: copy-in %.3f s, update %.3f s, copy-out %.3f s\n", s,
-                         t.h2d_s, t.gpu_update_s, t.d2h_s);
+      for (Setup& setup : setups) {
+        for (const Policy& p : policies) {
+          const PhaseReport& r = setup.executor->run(hyper, p, headroom);
+          if (verbose) {
+            std::string gpu;
+            for (std::size_t s : r.ran.gpu_order)
+              gpu += (gpu.empty() ? "" : ",") + std::to_string(s);
+            std::fprintf(
+                stderr,
+                "%s, %s state: %.3f s (predicted %.3f s: CPU side %.3f, GPU side %.3f, link "
+                "%.3f), CPU busy %.3f s (%.3g params/s), GPU [%s], %zu buffers\n",
+                policy_name(p).c_str(), dtype_name(setup.dtype), r.seconds, r.ran.predicted.phase_s,
+                r.ran.predicted.cpu_side_s, r.ran.predicted.gpu_side_s, r.ran.predicted.link_s,
+                r.cpu_seconds,
+                r.cpu_seconds > 0 ? static_cast<double>(r.ran.cpu_params) / r.cpu_seconds : 0,
+                gpu.c_str(), r.ran.buffers);
+            for (std::size_t s : r.ran.gpu_order) {
+              const SubgroupTiming& t = r.timings[s];
+              std::fprintf(stderr,
+                           "  GPU subgroup %zu: copy-in %.3f s, update %.3f s, copy-out %.3f s\n",
+                           s, t.h2d_s, t.gpu_update_s, t.d2h_s);
+            }
           }
-        }
-        Best& b = best[policy_name(p)];
-        if (const Sides sides = sides_of(r, rates); r.seconds / sides.ideal() < b.over_overlap) {
-          b.over_overlap = r.seconds / sides.ideal();
-          b.sides = sides;
-        }
-        if (r.seconds < b.seconds) {
-          b.seconds = r.seconds;
-          b.predicted = r.ran.predicted.phase_s;
-          b.cpu_rate =
-              r.cpu_seconds > 0 ? static_cast<double>(r.ran.cpu_params) / r.cpu_seconds : 0;
-          b.gpu = r.ran.gpu_order.size();
-          b.buffers = r.ran.buffers;
+          Best& b = setup.best[policy_name(p)];
+          const Sides sides = sides_of(r, rates, setup.state->state_bytes());
+          if (r.seconds / sides.ideal() < b.over_overlap) {
+            b.over_overlap = r.seconds / sides.ideal();
+            b.sides = sides;
+          }
+          if (r.seconds < b.seconds) {
+            b.seconds = r.seconds;
+            b.predicted = r.ran.predicted.phase_s;
+            b.cpu_rate =
+                r.cpu_seconds > 0 ? static_cast<double>(r.ran.cpu_params) / r.cpu_seconds : 0;
+            b.gpu = r.ran.gpu_order.size();
+            b.buffers = r.ran.buffers;
+          }
         }
       }
     }
-    auto emit = [&](const std::string& policy, const Best& b, const std::string& extra) {
-      std::printf(
-          "{\"bench\":\"update_phase\",\"subgroup_params\":%llu,\"policy\":\"%s\","
-          "\"seconds\":%.4f,\"predicted_seconds\":%.4f,\"subgroups\":%zu,"
-          "\"gpu_subgroups\":%zu,\"buffers\":%zu,\"params\":%.3g,"
-          "\"cpu_update_params_per_s\":%.3g,\"cpu_update_contended_params_per_s\":%.3g,"
-          "\"copy_gbps\":%.2f,\"cpu_isa\":\"%s\"%s,"
-          "\"machine\":\"stand-in, 1 CPU update thread, simulated copies and GPU\"}\n",
-          static_cast<unsigned long long>(size), policy.c_str(), b.seconds, b.predicted, n, b.gpu,
-          b.buffers, w, rates.cpu_update, rates.cpu_update_contended, gbps,
-          scalar ? "scalar" : "widest", extra.c_str());
-      std::fflush(stdout);
-    };
-    double best_fixed = 1e300;
-    for (const Policy& p : policies) {
-      const std::string name = policy_name(p);
-      if (p.kind == Policy::Kind::automatic) continue;
-      best_fixed = std::min(best_fixed, best[name].seconds);
-      emit(p.kind == Policy::Kind::cpu ? "all_cpu" : name, best[name], "");
+    const Setup* fp32 = nullptr;
+    for (const Setup& setup : setups) {
+      if (setup.dtype == kernels::Dtype::kFloat32) fp32 = &setup;
     }
-    const Best& tide = best["auto"];
-    const double ideal = ideal_seconds(w, rates.cpu_update_contended, rates, 2);
-    const double over_best_fixed = tide.seconds / best_fixed;
-    char extra[512];
-    std::snprintf(
-        extra, sizeof extra,
-        ",\"over_ideal\":%.3f,\"over_best_fixed\":%.3f,\"tide_cpu_params_per_s\":%.3g,"
-        "\"over_plan_overlap\":%.3f,\"plan_cpu_side_s\":%.4f,\"plan_copy_side_s\":%.4f,"
-        "\"serial_over_plan_overlap\":%.3f,\"over_plan_overlap_bound\":%.2f,"
-        "\"over_best_fixed_bound\":%.2f,\"within_bounds\":%s",
-        tide.seconds / ideal, over_best_fixed, tide.cpu_rate, tide.over_overlap, tide.sides.cpu,
-        tide.sides.copy, tide.sides.serial() / tide.sides.ideal(), kOverPlanOverlapBound,
-        kOverBestFixedBound,
-        tide.over_overlap <= kOverPlanOverlapBound && over_best_fixed <= kOverBestFixedBound
-            ? "true"
-            : "false");
-    emit("tide", tide, extra);
-    Best bound;
-    bound.seconds = bound.predicted = ideal;
-    emit("ideal", bound, "");
+    for (Setup& setup : setups) {
+      auto emit = [&](const std::string& policy, const Best& b, const std::string& extra) {
+        // Against the fp32-state run of the same policy, in the same rounds, on the same link.
+        std::string versus;
+        if (fp32 != nullptr && &setup != fp32) {
+          const auto it = fp32->best.find(policy == "all_cpu" ? "cpu"
+                                          : policy == "tide"  ? "auto"
+                                                              : policy);
+          if (it != fp32->best.end() && b.seconds > 0) {
+            char text[64];
+            std::snprintf(text, sizeof text, ",\"speedup_vs_fp32_state\":%.3f",
+                          it->second.seconds / b.seconds);
+            versus = text;
+          }
+        }
+        std::printf(
+            "{\"bench\":\"update_phase\",\"subgroup_params\":%llu,\"policy\":\"%s\","
+            "\"state_dtype\":\"%s\",\"state_bytes_per_param\":%u,"
+            "\"seconds\":%.4f,\"predicted_seconds\":%.4f,\"subgroups\":%zu,"
+            "\"gpu_subgroups\":%zu,\"buffers\":%zu,\"params\":%.3g,"
+            "\"cpu_update_params_per_s\":%.3g,\"cpu_update_contended_params_per_s\":%.3g,"
+            "\"copy_gbps\":%.2f,\"cpu_isa\":\"%s\"%s%s,"
+            "\"machine\":\"stand-in, 1 CPU update thread, simulated copies and GPU\"}\n",
+            static_cast<unsigned long long>(size), policy.c_str(), dtype_name(setup.dtype),
+            setup.state->state_bytes(), b.seconds, b.predicted, n, b.gpu, b.buffers, w,
+            rates.cpu_update, rates.cpu_update_contended, gbps, scalar ? "scalar" : "widest",
+            versus.c_str(), extra.c_str());
+        std::fflush(stdout);
+      };
+      double best_fixed = 1e300;
+      for (const Policy& p : policies) {
+        const std::string name = policy_name(p);
+        if (p.kind == Policy::Kind::automatic) continue;
+        best_fixed = std::min(best_fixed, setup.best[name].seconds);
+        emit(p.kind == Policy::Kind::cpu ? "all_cpu" : name, setup.best[name], "");
+      }
+      const Best& tide = setup.best["auto"];
+      // The measured CPU rate is fp32 state's. Another format's: as its all-CPU phases ran
+      // against fp32 state's in the same rounds when both ran (the kernel here is one scalar
+      // thread, not bandwidth-bound: bf16 moments cost conversions and save little), else scaled
+      // by its bytes, as the model assumes (Footprint::update_rate_scale).
+      double scale = setup.executor->footprint(false).update_rate_scale();
+      if (fp32 != nullptr && &setup != fp32) {
+        scale = fp32->best.at("cpu").seconds / setup.best.at("cpu").seconds;
+      }
+      const double ideal = ideal_seconds(w, rates.cpu_update_contended * scale, rates, 2,
+                                         setup.state->state_bytes());
+      const double over_best_fixed = tide.seconds / best_fixed;
+      char extra[512];
+      std::snprintf(
+          extra, sizeof extra,
+          ",\"over_ideal\":%.3f,\"over_best_fixed\":%.3f,\"tide_cpu_params_per_s\":%.3g,"
+          "\"over_plan_overlap\":%.3f,\"plan_cpu_side_s\":%.4f,\"plan_copy_side_s\":%.4f,"
+          "\"serial_over_plan_overlap\":%.3f,\"over_plan_overlap_bound\":%.2f,"
+          "\"over_best_fixed_bound\":%.2f,\"within_bounds\":%s",
+          tide.seconds / ideal, over_best_fixed, tide.cpu_rate, tide.over_overlap, tide.sides.cpu,
+          tide.sides.copy, tide.sides.serial() / tide.sides.ideal(), kOverPlanOverlapBound,
+          kOverBestFixedBound,
+          tide.over_overlap <= kOverPlanOverlapBound && over_best_fixed <= kOverBestFixedBound
+              ? "true"
+              : "false");
+      emit("tide", tide, extra);
+      Best bound;
+      bound.seconds = bound.predicted = ideal;
+      emit("ideal", bound, "");
+    }
   }
   return 0;
 }

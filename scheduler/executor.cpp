@@ -149,7 +149,7 @@ bool Executor::frozen(std::size_t subgroup, std::size_t slice) const {
   return frozen_.at(subgroup).at(slice) != 0;
 }
 
-void Executor::save_frozen(std::vector<float>& saved) {
+void Executor::save_frozen(std::vector<char>& saved) {
   saved.clear();
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < state_.size(); ++i) {
@@ -158,16 +158,15 @@ void Executor::save_frozen(std::vector<float>& saved) {
     }
   }
   if (total == 0) return;
-  saved.resize(3 * total);  // may throw: before anything changed
-  float* out = saved.data();
+  saved.resize(state_.state_bytes() * total);  // may throw: before anything changed
+  char* out = saved.data();
   for (std::size_t i = 0; i < state_.size(); ++i) {
-    const std::uint64_t n = state_.params(i);
     for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
       if (!frozen_[i][k]) continue;
       const ParamSlice& slice = state_.spec(i).slices[k];
-      for (std::uint64_t part = 0; part < 3; ++part) {
-        const float* from = state_.param(i) + part * n + slice.offset;
-        out = std::copy(from, from + slice.count, out);
+      for (const auto& [part, size] : state_parts(i)) {
+        const char* from = part + slice.offset * size;
+        out = std::copy(from, from + slice.count * size, out);
       }
       // A frozen element has no gradient this step: zero, so that its update is finite (and
       // undone below) and counts as nothing.
@@ -177,20 +176,26 @@ void Executor::save_frozen(std::vector<float>& saved) {
   }
 }
 
-void Executor::restore_frozen(const std::vector<float>& saved) {
+void Executor::restore_frozen(const std::vector<char>& saved) {
   if (saved.empty()) return;
-  const float* in = saved.data();
+  const char* in = saved.data();
   for (std::size_t i = 0; i < state_.size(); ++i) {
-    const std::uint64_t n = state_.params(i);
     for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
       if (!frozen_[i][k]) continue;
       const ParamSlice& slice = state_.spec(i).slices[k];
-      for (std::uint64_t part = 0; part < 3; ++part) {
-        std::copy(in, in + slice.count, state_.param(i) + part * n + slice.offset);
-        in += slice.count;
+      for (const auto& [part, size] : state_parts(i)) {
+        std::copy(in, in + slice.count * size, part + slice.offset * size);
+        in += slice.count * size;
       }
     }
   }
+}
+
+// Subgroup i's master weights and moments, each with its element size.
+std::array<std::pair<char*, unsigned>, 3> Executor::state_parts(std::size_t i) const {
+  return {{{reinterpret_cast<char*>(state_.param(i)), 4u},
+           {static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes()},
+           {static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes()}}};
 }
 
 void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
@@ -240,7 +245,7 @@ allocator::DeviceMemoryResource& Executor::memory() {
 
 Footprint Executor::footprint(bool gradients_on_gpu) const {
   Footprint f;
-  f.state_bytes_per_param = 12;
+  f.state_bytes_per_param = state_.state_bytes();
   f.gradient_bytes_per_param = state_.grad_bytes();
   f.weight_bytes_per_param = state_.param_bytes();  // what a CPU subgroup uploads
   f.gradients_on_gpu = gradients_on_gpu;

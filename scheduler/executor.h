@@ -47,6 +47,7 @@
 // a phase with a fault: its times are not the plan's).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -205,9 +206,10 @@ class Executor {
   // device still cannot be waited for.
   void settle();
   void upload_weights(std::size_t s, const driver::Stream& stream);
-  void save_frozen(std::vector<float>& saved);
+  void save_frozen(std::vector<char>& saved);
   bool needs_staging(bool gradients_on_gpu) const;
-  void restore_frozen(const std::vector<float>& saved);
+  void restore_frozen(const std::vector<char>& saved);
+  std::array<std::pair<char*, unsigned>, 3> state_parts(std::size_t i) const;
   std::uint64_t capped(std::uint64_t headroom) const;
   Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu) const;
   allocator::DeviceMemoryResource& memory();

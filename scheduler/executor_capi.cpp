@@ -103,6 +103,10 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     StateOptions so;
     so.grad_dtype = dtype_of(o.grad_dtype, "grad_dtype");
     so.param_dtype = dtype_of(o.param_dtype, "param_dtype");
+    so.state_dtype = dtype_of(o.state_dtype, "state_dtype");
+    require(so.state_dtype != Dtype::kFloat16,
+            "tide_optimizer_create: state_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16 (the "
+            "moments' dtype)");
     ExecutorOptions eo;
     eo.device = o.device;
     if (o.use_rates) eo.rates = rates_from_c(o.rates);

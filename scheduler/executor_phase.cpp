@@ -2,6 +2,7 @@
 // happens on each kind of fault; this file is the coordinating thread's side of it.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -127,6 +128,7 @@ struct Executor::Phase {
   const bool low = state.low_precision_params();
   const unsigned gs = state.grad_bytes();
   const unsigned ps = state.param_bytes();
+  const unsigned sb = state.state_bytes();  // per parameter: fp32 master and both moments
 
   std::shared_ptr<Wakeup> wakeup = std::make_shared<Wakeup>();
   std::unique_ptr<CpuWorker> worker;
@@ -168,7 +170,7 @@ std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
   sub.param_copy = state.weight_copy(s);
   sub.count = state.params(s);
   sub.grad_dtype = state.options().grad_dtype;
-  sub.state_dtype = kernels::Dtype::kFloat32;
+  sub.state_dtype = state.options().state_dtype;
   sub.copy_dtype = low ? state.options().param_dtype : kernels::Dtype::kBFloat16;
   kernels::CpuAdamOptions options{.threads = x.options_.cpu_threads};
   if (x.options_.cpu_isa) {
@@ -216,7 +218,7 @@ void Executor::Phase::settle_copy_in(const GpuTask& t) {
     const std::size_t s = t.subgroup;
     try {
       float* fresh = state.take_spare(s);
-      std::copy(state.param(s), state.param(s) + 3 * state.params(s), fresh);
+      std::memcpy(fresh, state.param(s), state.slot_bytes(s));
       x.quarantined_slots_.emplace_back(s, state.commit(s, fresh));
     } catch (...) {
       // No memory for it: updated where it is (only the stand-in still runs queued work).
@@ -254,7 +256,7 @@ void Executor::Phase::set_up_gpu() {
   staging = x.needs_staging(gradients_on_gpu);
   auto bytes_of = [&](std::size_t s) {
     const std::uint64_t n = state.params(s);
-    std::uint64_t b = 12 * n;
+    std::uint64_t b = sb * n;
     if (!gradients_on_gpu) b += n * gs;
     if (staging) b += n * ps;
     return b;
@@ -309,13 +311,13 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
     // The buffers have no room for it (prepare() routes every planned GPU subgroup's gradient).
     throw std::logic_error("tide: executor: a GPU subgroup's kept gradient is missing");
   }
-  t.grad = t.grad_copied ? base + 12 * largest : kept;
+  t.grad = t.grad_copied ? base + sb * largest : kept;
   if (!low) {
     t.weights = base;  // fp32: the updated master weights themselves
   } else if (!staging) {
     t.weights = t.grad;  // over the gradient the kernel has just read
   } else {
-    t.weights = base + 12 * largest + (gradients_on_gpu ? 0 : largest * gs);
+    t.weights = base + sb * largest + (gradients_on_gpu ? 0 : largest * gs);
   }
   t.events = events.size();
   for (int k = 0; k < kStages; ++k) events.emplace_back(driver::Event::Timing::kEnabled);
@@ -332,7 +334,7 @@ void Executor::Phase::copy_state_in(const GpuTask& t) {
   if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
   ev[kH2dStart].record(*x.h2d_);
   driver::copy_to_device_async(buffer[t.buffer].get(), state.param(t.subgroup),
-                               12 * state.params(t.subgroup), *x.h2d_);
+                               state.slot_bytes(t.subgroup), *x.h2d_);
   ev[kStateIn].record(*x.h2d_);
 }
 
@@ -367,20 +369,20 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   kernels::AdamGpuSubgroup sub;
   sub.grad = t.grad;
   sub.param = base;
-  sub.exp_avg = base + 4 * n;
-  sub.exp_avg_sq = base + 8 * n;
+  sub.exp_avg = base + 4 * n;  // the host slot's layout (scheduler/optimizer_state.h)
+  sub.exp_avg_sq = base + (4 + state.moment_bytes()) * n;
   sub.param_copy = low ? t.weights : 0;
   sub.count = n;
   kernels::AdamGpuDtypes dtypes;
   dtypes.grad = state.options().grad_dtype;
-  dtypes.state = kernels::Dtype::kFloat32;
+  dtypes.state = state.options().state_dtype;
   dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
   x.adam_->step({&sub, 1}, dtypes, hyper, counters.get() + 8 * t.position, *x.compute_);
   ev[kUpdateEnd].record(*x.compute_);
 
   x.d2h_->wait(ev[kUpdateEnd]);
   ev[kD2hStart].record(*x.d2h_);
-  driver::copy_to_host_async(t.slot, base, 12 * n, *x.d2h_);
+  driver::copy_to_host_async(t.slot, base, sb * n, *x.d2h_);
   driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
                              *x.d2h_);
   ev[kD2hEnd].record(*x.d2h_);
@@ -721,7 +723,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   report.timings.assign(state_.size(), SubgroupTiming{});
   report.devices.assign(state_.size(), Device::cpu);
   report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
-  std::vector<float> frozen_state;
+  std::vector<char> frozen_state;
   save_frozen(frozen_state);
   ready_ = false;
   prepared_.reset();

@@ -23,7 +23,7 @@ std::size_t published_k(const Rates& rates, const Footprint& footprint, std::uin
   const double s = static_cast<double>(params);
   const double round_trip =
       model.h2d_time(s, false) + model.update_time(s) + model.d2h_time(s, false);
-  const double cpu = s / rates.cpu_update;
+  const double cpu = s / model.rates().cpu_update;
   // (K − 1)·cpu ≥ round_trip
   return 1 + static_cast<std::size_t>(std::ceil(round_trip / cpu));
 }

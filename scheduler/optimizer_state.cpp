@@ -28,6 +28,9 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
   require(!specs_.empty(), "no subgroups");
   require(known(options_.grad_dtype), "unknown gradient dtype");
   require(known(options_.param_dtype), "unknown parameter dtype");
+  require(options_.state_dtype == kernels::Dtype::kFloat32 ||
+              options_.state_dtype == kernels::Dtype::kBFloat16,
+          "the moments' dtype must be float32 or bfloat16");
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     SubgroupSpec& s = specs_[i];
     const std::string which = "subgroup " + std::to_string(i);
@@ -54,8 +57,8 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       const std::uint64_t n = specs_[i].params;
       Buffers& b = buffers_[i];
-      b.state = arena_->allocate(12 * n);
-      std::memset(b.state, 0, 12 * n);
+      b.state = arena_->allocate(slot_bytes(i));
+      std::memset(b.state, 0, slot_bytes(i));
       b.grad = arena_->allocate(n * grad_bytes());
       std::memset(b.grad, 0, n * grad_bytes());
       if (low_precision_params()) {
@@ -74,10 +77,10 @@ OptimizerState::~OptimizerState() {
     static_cast<void>(arena_.release());  // its chunks stay registered and mapped
     return;
   }
-  for (const auto& [n, slot] : spares_) arena_->deallocate(slot, 12 * n);
+  for (const auto& [n, slot] : spares_) arena_->deallocate(slot, state_bytes() * n);
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     const std::uint64_t n = specs_[i].params;
-    arena_->deallocate(buffers_[i].state, 12 * n);
+    arena_->deallocate(buffers_[i].state, slot_bytes(i));
     arena_->deallocate(buffers_[i].grad, n * grad_bytes());
     if (buffers_[i].copy) arena_->deallocate(buffers_[i].copy, n * param_bytes());
   }
@@ -101,14 +104,14 @@ float* OptimizerState::take_spare(std::size_t i) {
       return slot;
     }
   }
-  return static_cast<float*>(arena_->allocate(12 * n));
+  return static_cast<float*>(arena_->allocate(slot_bytes(i)));
 }
 
 void OptimizerState::give_spare(std::size_t i, float* slot) {
   try {
     spares_.emplace_back(params(i), slot);
   } catch (const std::bad_alloc&) {
-    arena_->deallocate(slot, 12 * params(i));  // the pool only saves allocations
+    arena_->deallocate(slot, slot_bytes(i));  // the pool only saves allocations
   }
 }
 

@@ -2,10 +2,12 @@
 // moments and its gradient buffer live in pinned host memory (a pinned arena), and its model
 // parameters (bf16, fp16 or fp32) live in device memory, described as slices.
 //
-// Host layout of one subgroup of n parameters: its state slot holds param, exp_avg and exp_avg_sq
-// back to back (12n bytes: one copy each way moves the whole state); then the gradient (n elements
-// of the gradient dtype), and, when the model's parameters are low precision, the host copy of the
-// updated weights that CPU updates upload (n elements of the parameter dtype).
+// Host layout of one subgroup of n parameters: its state slot holds param (fp32), exp_avg and
+// exp_avg_sq (of the state dtype: fp32, or bf16 for half the moments' bytes) back to back (12n
+// bytes with fp32 moments, 8n with bf16: one copy each way moves the whole state); then the
+// gradient (n elements of the gradient dtype), and, when the model's parameters are low
+// precision, the host copy of the updated weights that CPU updates upload (n elements of the
+// parameter dtype).
 //
 // State slots and spares. A GPU update must not copy its result over the state it started from:
 // a copy that fails half way, or a device lost with the copy still queued, would leave a state
@@ -50,6 +52,9 @@ struct SubgroupSpec {
 struct StateOptions {
   kernels::Dtype grad_dtype = kernels::Dtype::kBFloat16;
   kernels::Dtype param_dtype = kernels::Dtype::kBFloat16;  // of the model's parameters
+  // Of the moments (exp_avg, exp_avg_sq): kFloat32, or kBFloat16 (rounded to nearest even after
+  // every update, by every kernel alike). The master weights are fp32 either way.
+  kernels::Dtype state_dtype = kernels::Dtype::kFloat32;
 };
 
 class OptimizerState {
@@ -67,10 +72,16 @@ class OptimizerState {
   std::vector<std::uint64_t> sizes() const;
   const StateOptions& options() const { return options_; }
 
-  // Subgroup i's state slot (see above: valid until the next commit).
+  // Subgroup i's state slot (see above: valid until the next commit); the moments are of
+  // options().state_dtype.
   float* param(std::size_t i) const { return static_cast<float*>(buffers_.at(i).state); }
-  float* exp_avg(std::size_t i) const { return param(i) + params(i); }
-  float* exp_avg_sq(std::size_t i) const { return param(i) + 2 * params(i); }
+  void* exp_avg(std::size_t i) const { return moment(i, 0); }
+  void* exp_avg_sq(std::size_t i) const { return moment(i, 1); }
+  // Bytes of one parameter's state (fp32 master and both moments): 12, or 8 with bf16 moments;
+  // a state slot of subgroup i holds state_bytes() * params(i).
+  unsigned state_bytes() const { return 4 + 2 * moment_bytes(); }
+  unsigned moment_bytes() const { return kernels::dtype_size(options_.state_dtype); }
+  std::uint64_t slot_bytes(std::size_t i) const { return state_bytes() * params(i); }
   void* grad(std::size_t i) const { return buffers_.at(i).grad; }
   // Null when the model's parameters are fp32 (param() itself is uploaded).
   void* weight_copy(std::size_t i) const { return buffers_.at(i).copy; }
@@ -98,6 +109,10 @@ class OptimizerState {
   void abandon() { abandoned_ = true; }
 
  private:
+  void* moment(std::size_t i, unsigned which) const {
+    return static_cast<char*>(buffers_.at(i).state) + (4 + which * moment_bytes()) * params(i);
+  }
+
   struct Buffers {
     void* state = nullptr;
     void* grad = nullptr;

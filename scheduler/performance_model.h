@@ -8,7 +8,10 @@
 // direction also runs (full duplex), r_g GPU update. Bytes per parameter (Footprint): a copied in
 // per GPU subgroup parameter (fp32 p, m, v = 12, plus the gradient when it comes from host
 // memory), b copied out (12), w uploaded per CPU subgroup parameter (its low-precision weights,
-// 2 for bf16, which the CPU computes and the model's parameters on the GPU need).
+// 2 for bf16, which the CPU computes and the model's parameters on the GPU need). With bf16
+// moments the state is 8 bytes (a = b = 8), and r_c, r_cc and r_g, measured with fp32 state, are
+// scaled by the bytes each update moves (Footprint::update_rate_scale: 28/20 with bf16 gradients
+// and weights).
 //
 // The host→GPU link carries both the GPU subgroups' copy-ins and the CPU subgroups' weight
 // uploads. The uploads are small and steady (each CPU subgroup's weights as soon as it is
@@ -64,7 +67,8 @@ namespace tide::scheduler {
 
 // What a GPU subgroup moves and holds, per parameter.
 struct Footprint {
-  std::uint32_t state_bytes_per_param = 12;    // fp32 p, m, v: copied in and out, one buffer
+  // fp32 p, m, v: 12; fp32 p with bf16 m, v: 8. Copied in and out, one buffer.
+  std::uint32_t state_bytes_per_param = 12;
   std::uint32_t gradient_bytes_per_param = 2;  // bf16 gradient
   // The low-precision weights a CPU subgroup uploads to the model's parameters on the GPU after
   // its update (bf16: 2; 0 for none). GPU subgroups write theirs on the GPU.
@@ -77,6 +81,17 @@ struct Footprint {
     return state_bytes_per_param + (gradients_on_gpu ? 0u : gradient_bytes_per_param);
   }
   std::uint64_t d2h_bytes_per_param() const { return state_bytes_per_param; }
+  // The update rates (CPU and GPU) are measured with fp32 state (kCalibratedStateBytes). Both
+  // updates are memory-bound: per parameter they read and write the state and read the gradient
+  // and write the low-precision weights, at a rate in bytes/s that does not depend on the state
+  // format. A format that moves fewer bytes updates proportionally more parameters per second:
+  // the model multiplies the update rates by this factor (1 for fp32 state; 28/20 = 1.4 for bf16
+  // moments with bf16 gradients and weights).
+  static constexpr std::uint32_t kCalibratedStateBytes = 12;
+  double update_rate_scale() const {
+    const double others = static_cast<double>(gradient_bytes_per_param) + weight_bytes_per_param;
+    return (2.0 * kCalibratedStateBytes + others) / (2.0 * state_bytes_per_param + others);
+  }
   std::uint64_t upload_bytes_per_param() const { return weight_bytes_per_param; }
   // One buffer holds what is copied in.
   std::uint64_t buffer_bytes(std::uint64_t params) const { return params * h2d_bytes_per_param(); }
@@ -106,7 +121,8 @@ struct UploadFlow {
 class PerformanceModel {
  public:
   // Throws std::invalid_argument for rates that are not finite and > 0, or a footprint that
-  // copies nothing.
+  // copies nothing. `rates` are for fp32 state; the model's own (rates()) have the update
+  // rates scaled to the footprint's state format (Footprint::update_rate_scale).
   PerformanceModel(const Rates& rates, const Footprint& footprint);
 
   const Rates& rates() const { return rates_; }

@@ -47,6 +47,9 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
   const bool duplex = plan.buffers >= 2 && g >= 2;
   const double h2d_bytes = static_cast<double>(footprint.h2d_bytes_per_param());
   const double d2h_bytes = static_cast<double>(footprint.d2h_bytes_per_param());
+  // The update rates are kept for fp32 state (the model scales them to the footprint's): an
+  // update of `params` parameters in this format counts as params / scale of fp32 state.
+  const double fp32_equivalent = 1.0 / footprint.update_rate_scale();
   // The CPU subgroups' weight uploads share the host→GPU link with the copy-ins (the model's
   // flow, scheduler/performance_model.h): a copy-in that ran while they did moved its own bytes
   // and the flow's share of the link, which is what its link's rate is measured on.
@@ -61,9 +64,9 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
       // runs after; one that straddles the end of the GPU side measures neither.
       const double gpu_end = plan.predicted.gpu_side_s;
       if (g > 0 && sub.end_s <= gpu_end) {
-        used += observe(RateKind::cpu_update_contended, params, t.cpu_update_s);
+        used += observe(RateKind::cpu_update_contended, params * fp32_equivalent, t.cpu_update_s);
       } else if (g == 0 || sub.start_s >= gpu_end) {
-        used += observe(RateKind::cpu_update, params, t.cpu_update_s);
+        used += observe(RateKind::cpu_update, params * fp32_equivalent, t.cpu_update_s);
       }
       continue;
     }
@@ -80,7 +83,7 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
     used +=
         observe(h2d_kind, params * h2d_bytes + PerformanceModel::upload_share(flow, link) * shared,
                 t.h2d_s);
-    used += observe(RateKind::gpu_update, params, t.gpu_update_s);
+    used += observe(RateKind::gpu_update, params * fp32_equivalent, t.gpu_update_s);
     used += observe(duplex && !last ? RateKind::d2h_duplex : RateKind::d2h, params * d2h_bytes,
                     t.d2h_s);
   }

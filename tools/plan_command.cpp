@@ -41,7 +41,11 @@ workload:
   --gradients gpu|host     where GPU subgroups' gradients are: kept on the GPU (default; memory)
                            or in pinned host memory (copied in with the state)
   --gradient-bytes N       bytes per gradient element (default 2, bf16)
-  --state-bytes N          optimizer state bytes per parameter (default 12: fp32 p, m, v)
+  --state-dtype float32|bfloat16
+                           the moments' dtype: float32 (default; 12 state bytes per parameter:
+                           fp32 p, m, v) or bfloat16 (8: fp32 p, bf16 m, v); the update rates,
+                           measured with fp32 state, scale with the bytes an update moves
+  --state-bytes N          optimizer state bytes per parameter, instead of --state-dtype's
   --max-buffers N          at most N GPU buffers in flight (default: as many as fit and help)
 
 rates (per rank): built-in defaults, then the calibration file, then TIDE_RATE_* variables, then
@@ -223,10 +227,12 @@ struct Iteration {
 
 int plan_command(int argc, char** argv) {
   std::vector<std::string_view> with_value = {
-      "--params",           "--ranks",       "--subgroup-params", "--free-memory",
-      "--gpu-memory",       "--gradients",   "--gradient-bytes",  "--state-bytes",
-      "--max-buffers",      "--calibration", "--max-k",           "--forward-seconds",
-      "--backward-seconds", "--layers",      "--gradient-offload"};
+      "--params",           "--ranks",       "--subgroup-params",
+      "--free-memory",      "--gpu-memory",  "--gradients",
+      "--gradient-bytes",   "--state-bytes", "--max-buffers",
+      "--calibration",      "--max-k",       "--forward-seconds",
+      "--backward-seconds", "--layers",      "--gradient-offload",
+      "--state-dtype"};
   for (const RateInfo& info : rate_infos()) with_value.push_back(info.flag);
   const Arguments args(argc, argv, with_value, {"--json", "--help", "-h"});
   if (args.has("--help") || args.has("-h")) {
@@ -281,6 +287,10 @@ int plan_command(int argc, char** argv) {
   if (auto v = args.get("--gradient-bytes")) {
     workload.footprint.gradient_bytes_per_param =
         static_cast<std::uint32_t>(config::parse_int("--gradient-bytes", *v, 0, 64));
+  }
+  if (auto v = args.get("--state-dtype")) {
+    workload.footprint.state_bytes_per_param =
+        config::parse_choice("--state-dtype", *v, {"float32", "bfloat16"}) == 0 ? 12 : 8;
   }
   if (auto v = args.get("--state-bytes")) {
     workload.footprint.state_bytes_per_param =
@@ -403,9 +413,16 @@ int plan_command(int argc, char** argv) {
               setting.gpu_memory ? " (of " : "",
               setting.gpu_memory ? format_gb(static_cast<double>(setting.gpu_memory)).c_str() : "",
               setting.gpu_memory ? ")" : "");
-  std::printf("per parameter    %u state bytes each way; %u gradient bytes %s\n\n",
+  std::printf("per parameter    %u state bytes each way; %u gradient bytes %s\n",
               workload.footprint.state_bytes_per_param, workload.footprint.gradient_bytes_per_param,
               workload.footprint.gradients_on_gpu ? "kept on the GPU" : "copied in from host");
+  if (const double scale = workload.footprint.update_rate_scale(); scale != 1.0) {
+    std::printf(
+        "update rates     x%.3g for this state format (the bytes an update moves, against "
+        "fp32 state's)\n",
+        scale);
+  }
+  std::printf("\n");
   print_rates(resolved);
   std::printf("\n%s", plan_table(best).c_str());
   if (iteration) std::printf("%s", iteration->line().c_str());

@@ -395,7 +395,9 @@ TIDE_API tide_status tide_rates_resolve(const char* calibration_path, tide_rates
 /* What a GPU subgroup moves and holds per parameter (tide_plan_footprint_default: 12 state bytes,
  * 2 gradient bytes, gradients kept on the GPU). */
 typedef struct tide_plan_footprint {
-  uint32_t state_bytes_per_param;    /* fp32 p, m, v: copied in and out */
+  uint32_t state_bytes_per_param;    /* copied in and out: 12 for fp32 p, m, v; 8 with bf16
+                                        moments (the update rates, given for fp32 state, are
+                                        then scaled by the bytes an update moves) */
   uint32_t gradient_bytes_per_param; /* e.g. 2 for bf16 */
   int gradients_on_gpu;              /* 1: kept on the GPU (memory); 0: copied in from host */
 } tide_plan_footprint;
@@ -481,7 +483,10 @@ typedef struct tide_optimizer_options {
   tide_rates rates;
   int32_t cpu_threads; /* threads for the CPU subgroups' updates; 0: the pool's all (the pool
                           has TIDE_CPU_THREADS, default: the CPUs this process may run on) */
-  int32_t reserved;
+  int32_t state_dtype; /* tide_dtype of the moments (exp_avg, exp_avg_sq): TIDE_FLOAT32 (default)
+                          or TIDE_BFLOAT16 (rounded to nearest even at every update; a GPU
+                          subgroup then copies 8 instead of 12 bytes per parameter each way).
+                          The master weights are fp32 either way. */
 } tide_optimizer_options;
 
 TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options);
@@ -499,10 +504,10 @@ TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer);
  * (param, exp_avg, exp_avg_sq) to other buffers: these pointers are valid until the next
  * tide_optimizer_step; the gradient buffer never moves. */
 typedef struct tide_subgroup_buffers {
-  float* param;      /* fp32 master weights */
-  float* exp_avg;    /* fp32 */
-  float* exp_avg_sq; /* fp32 */
-  void* grad;        /* grad_dtype: where offloaded gradients land */
+  float* param;     /* fp32 master weights */
+  void* exp_avg;    /* the options' state_dtype: fp32, or bf16 (uint16_t bit patterns) */
+  void* exp_avg_sq; /* the same */
+  void* grad;       /* grad_dtype: where offloaded gradients land */
   uint64_t count;
 } tide_subgroup_buffers;
 

@@ -57,10 +57,10 @@ def step_with(params, opt, steps):
         opt.step()
 
 
-def stepped(dtype=torch.float32, placement="gpu", steps=1):
+def stepped(dtype=torch.float32, placement="gpu", steps=1, **options):
     """Parameters and tide's optimizer after `steps` steps."""
     params = make_params(dtype)
-    opt = tide_opt(params, placement)
+    opt = tide_opt(params, placement, **options)
     step_with(params, opt, range(1, steps + 1))
     return params, opt
 
@@ -342,10 +342,17 @@ def test_a_value_the_state_cannot_take_fails_the_step_before_anything_changed():
 
 # ---- checkpoints ----
 
-def test_state_dict_round_trips_unchanged_and_loads_into_held_tensors():
-    params, opt = stepped(torch.bfloat16, placement=2, steps=2)
+# bf16 moments: opt.state's tensors are fp32 copies, held ones refreshed; the state dict's upcast
+# moments round-trip exactly.
+STATE_DTYPES = pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16],
+                                       ids=["fp32-moments", "bf16-moments"])
+
+
+@STATE_DTYPES
+def test_state_dict_round_trips_unchanged_and_loads_into_held_tensors(state_dtype):
+    params, opt = stepped(torch.bfloat16, placement=2, steps=2, state_dtype=state_dtype)
     saved = copy.deepcopy(opt.state_dict())
-    other = tide_opt(make_params(torch.bfloat16), placement="cpu")
+    other = tide_opt(make_params(torch.bfloat16), placement="cpu", state_dtype=state_dtype)
     for p, q in zip(other.param_groups[0]["params"], params):
         with torch.no_grad():
             p.copy_(q)
@@ -367,11 +374,12 @@ def test_state_dict_round_trips_unchanged_and_loads_into_held_tensors():
     assert torch.equal(held, saved["state"][WHOLE]["exp_avg"])
 
 
-def test_trainer_like_resume_from_a_file(tmp_path):
+@STATE_DTYPES
+def test_trainer_like_resume_from_a_file(tmp_path, state_dtype):
     """Save model and optimizer, build both again, load, go on: bit for bit the run that never
     stopped, and opt.state reads what was saved."""
-    straight_params, _ = stepped(placement=2, steps=6)
-    params, opt = stepped(placement=2, steps=3)
+    straight_params, _ = stepped(placement=2, steps=6, state_dtype=state_dtype)
+    params, opt = stepped(placement=2, steps=3, state_dtype=state_dtype)
     torch.save({"model": [p.detach() for p in params], "optimizer": opt.state_dict()},
                tmp_path / "checkpoint.pt")
     checkpoint = torch.load(tmp_path / "checkpoint.pt")
@@ -379,7 +387,7 @@ def test_trainer_like_resume_from_a_file(tmp_path):
     with torch.no_grad():
         for p, saved in zip(resumed_params, checkpoint["model"]):
             p.copy_(saved)
-    resumed = tide_opt(resumed_params, placement=2)
+    resumed = tide_opt(resumed_params, placement=2, state_dtype=state_dtype)
     resumed.load_state_dict(checkpoint["optimizer"])
     for k, p in enumerate(resumed_params):
         assert torch.equal(resumed.state[p]["exp_avg"],

@@ -87,10 +87,10 @@ class Standin:
             self.arm(kind, 0)
 
 
-def make(dtype, placement):
+def make(dtype, placement, state_dtype=torch.float32):
     model = Net(dtype)
     opt = tt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, subgroup_size=SUBGROUP,
-                   placement=placement)
+                   placement=placement, state_dtype=state_dtype)
     return model, opt
 
 
@@ -129,10 +129,10 @@ def standin():
     s.disarm()
 
 
-def fault_free(dtype, placement, standin):
+def fault_free(dtype, placement, standin, state_dtype):
     """Snapshots before the step under test, after it and after the next, and what one such
     step counts of copies, allocations and driver calls."""
-    model, opt = make(dtype, placement)
+    model, opt = make(dtype, placement, state_dtype)
     backward(model, opt, 1)
     opt.step()
     backward(model, opt, 2)
@@ -166,9 +166,9 @@ def torch_reference(dtype):
     return [m.detach().clone() for m in masters]
 
 
-def run_with_fault(dtype, placement, standin, kind, n, expected):
+def run_with_fault(dtype, placement, standin, kind, n, expected, state_dtype):
     before, after, final = expected
-    model, opt = make(dtype, placement)
+    model, opt = make(dtype, placement, state_dtype)
     backward(model, opt, 1)
     opt.step()
     backward(model, opt, 2)
@@ -211,8 +211,19 @@ def run_with_fault(dtype, placement, standin, kind, n, expected):
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_a_step_completes_exactly_or_not_at_all_whatever_fails(standin, placement, dtype):
+    completes_exactly_or_not_at_all(standin, placement, dtype, torch.float32)
+
+
+# bf16 moments (state_dtype): the state dict shows them upcast to fp32, exactly, so the same
+# bit-for-bit comparisons hold; the placements that copy state to and from the "GPU".
+@pytest.mark.parametrize("placement", ["gpu", 2])
+def test_with_bf16_moments_a_step_completes_exactly_or_not_at_all(standin, placement):
+    completes_exactly_or_not_at_all(standin, placement, torch.bfloat16, torch.bfloat16)
+
+
+def completes_exactly_or_not_at_all(standin, placement, dtype, state_dtype):
     expected_before, expected_after, expected_final, (copies, allocations, calls) = fault_free(
-        dtype, placement, standin)
+        dtype, placement, standin, state_dtype)
     expected = (expected_before, expected_after, expected_final)
     assert copies > 0 and calls > 0
     reference = torch_reference(dtype)
@@ -221,7 +232,8 @@ def test_a_step_completes_exactly_or_not_at_all_whatever_fails(standin, placemen
                  + [("device_lost", n) for n in range(1, calls + 2)])
     outcomes = {"raised": 0, "completed": 0}
     for kind, n in positions:
-        raised, model = run_with_fault(dtype, placement, standin, kind, n, expected)
+        raised, model = run_with_fault(dtype, placement, standin, kind, n, expected,
+                                       state_dtype)
         outcomes["raised" if raised else "completed"] += 1
     # Both outcomes occur: a device lost at the step's first call cannot complete it.
     assert outcomes["raised"] > 0 and outcomes["completed"] > 0, outcomes

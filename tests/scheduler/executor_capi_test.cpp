@@ -11,14 +11,19 @@
 namespace tide::scheduler::testing {
 namespace {
 
-TEST(ExecutorCapi, AStepThroughTheCAbiMatchesTheReference) {
+// `state_dtype`: the moments' (TIDE_FLOAT32 or TIDE_BFLOAT16).
+void step_through_the_c_abi(std::int32_t state_dtype) {
   driver::PrimaryContext context;
   const std::vector<std::uint64_t> sizes = {3000, 5000, 4096, 100};
-  Model model(sizes);  // for its device buffers, gradients and initial values
+  // For its device buffers, gradients and initial values.
+  Model model(sizes, 0, 3, true, static_cast<Dtype>(state_dtype));
   Reference ref(*model.state);
+  const std::uint64_t mb = model.state->moment_bytes();
 
   tide_optimizer_options options;
   ASSERT_EQ(tide_optimizer_options_default(&options), TIDE_OK);
+  EXPECT_EQ(options.state_dtype, TIDE_FLOAT32);
+  options.state_dtype = state_dtype;
   options.use_rates = 1;
   const Rates r = test_rates();
   options.rates = tide_rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
@@ -37,8 +42,8 @@ TEST(ExecutorCapi, AStepThroughTheCAbiMatchesTheReference) {
     ASSERT_EQ(tide_optimizer_buffers(opt, i, &b), TIDE_OK);
     ASSERT_EQ(b.count, sizes[i]);
     std::memcpy(b.param, model.state->param(i), sizes[i] * 4);
-    std::memcpy(b.exp_avg, model.state->exp_avg(i), sizes[i] * 4);
-    std::memcpy(b.exp_avg_sq, model.state->exp_avg_sq(i), sizes[i] * 4);
+    std::memcpy(b.exp_avg, model.state->exp_avg(i), sizes[i] * mb);
+    std::memcpy(b.exp_avg_sq, model.state->exp_avg_sq(i), sizes[i] * mb);
   }
   auto grads = model.make_gradients(1);
   void* side = nullptr;
@@ -73,7 +78,8 @@ TEST(ExecutorCapi, AStepThroughTheCAbiMatchesTheReference) {
     tide_subgroup_buffers b;
     ASSERT_EQ(tide_optimizer_buffers(opt, i, &b), TIDE_OK);
     EXPECT_EQ(0, std::memcmp(b.param, ref.p[i].data(), sizes[i] * 4));
-    EXPECT_EQ(0, std::memcmp(b.exp_avg_sq, ref.v[i].data(), sizes[i] * 4));
+    EXPECT_EQ(0, std::memcmp(b.exp_avg, ref.m[i].data(), sizes[i] * mb));
+    EXPECT_EQ(0, std::memcmp(b.exp_avg_sq, ref.v[i].data(), sizes[i] * mb));
     EXPECT_EQ(model.device_params(i), ref.copy[i]);
   }
   std::vector<uint8_t> device(sizes.size());
@@ -91,6 +97,11 @@ TEST(ExecutorCapi, AStepThroughTheCAbiMatchesTheReference) {
   EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
 }
 
+TEST(ExecutorCapi, AStepThroughTheCAbiMatchesTheReference) { step_through_the_c_abi(TIDE_FLOAT32); }
+TEST(ExecutorCapi, AStepWithBf16MomentsThroughTheCAbiMatchesTheReference) {
+  step_through_the_c_abi(TIDE_BFLOAT16);
+}
+
 TEST(ExecutorCapi, RejectsBadArguments) {
   driver::PrimaryContext context;
   driver::DeviceBuffer params(4096);
@@ -106,8 +117,19 @@ TEST(ExecutorCapi, RejectsBadArguments) {
   EXPECT_NE(std::string(tide::capi::last_error_text()).find("subgroup 3"), std::string::npos);
   tide_optimizer_options options;
   tide_optimizer_options_default(&options);
-  options.grad_dtype = 9;
   tide_param_slice whole{0, 0, 1000, params.get()};
+  options.state_dtype = TIDE_FLOAT16;  // the moments are fp32 or bf16
+  EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("state_dtype"), std::string::npos)
+      << tide::capi::last_error_text();
+  options.state_dtype = 7;
+  EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("state_dtype"), std::string::npos)
+      << tide::capi::last_error_text();
+  options.state_dtype = TIDE_FLOAT32;
+  options.grad_dtype = 9;
   EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
             TIDE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tide::capi::last_error_text()).find("grad_dtype"), std::string::npos);

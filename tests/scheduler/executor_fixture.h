@@ -38,11 +38,25 @@ inline float value_at(std::uint64_t seed, std::uint64_t i, float scale) {
   return scale * (static_cast<float>(x % 20001) / 10000.0f - 1.0f);
 }
 
+// Element e of a moment buffer of `dtype` (fp32, or bf16 bit patterns), as a float.
+inline float moment_at(const void* m, Dtype dtype, std::uint64_t e) {
+  if (dtype == Dtype::kFloat32) return static_cast<const float*>(m)[e];
+  return kernels::bf16_to_float(static_cast<const std::uint16_t*>(m)[e]);
+}
+inline void set_moment(void* m, Dtype dtype, std::uint64_t e, float value) {
+  if (dtype == Dtype::kFloat32) {
+    static_cast<float*>(m)[e] = value;
+  } else {
+    static_cast<std::uint16_t*>(m)[e] = kernels::float_to_bf16(value);
+  }
+}
+
 // A model of `sizes` subgroups; subgroup i is split into `slices_of(i)` parameter tensors.
 struct Model {
-  // `init` false: zero state (timing tests, where the values do not matter).
+  // `init` false: zero state (timing tests, where the values do not matter). `state_dtype`: the
+  // moments' dtype.
   Model(std::vector<std::uint64_t> sizes, std::size_t split_every = 0, std::size_t pieces = 3,
-        bool init = true)
+        bool init = true, Dtype state_dtype = Dtype::kFloat32)
       : sizes_(std::move(sizes)) {
     std::vector<SubgroupSpec> specs(sizes_.size());
     for (std::size_t i = 0; i < sizes_.size(); ++i) {
@@ -56,12 +70,14 @@ struct Model {
         specs[i].slices.push_back(ParamSlice{begin, end - begin, params[i].get() + 2 * begin});
       }
     }
-    state = std::make_unique<OptimizerState>(std::move(specs), StateOptions{});
+    StateOptions options;
+    options.state_dtype = state_dtype;
+    state = std::make_unique<OptimizerState>(std::move(specs), options);
     for (std::size_t i = 0; init && i < sizes_.size(); ++i) {
       for (std::uint64_t e = 0; e < sizes_[i]; ++e) {
         state->param(i)[e] = value_at(i, e, 1.0f);
-        state->exp_avg(i)[e] = value_at(i + 100, e, 0.01f);
-        state->exp_avg_sq(i)[e] = std::abs(value_at(i + 200, e, 0.001f));
+        set_moment(state->exp_avg(i), state_dtype, e, value_at(i + 100, e, 0.01f));
+        set_moment(state->exp_avg_sq(i), state_dtype, e, std::abs(value_at(i + 200, e, 0.001f)));
       }
     }
   }
@@ -101,14 +117,17 @@ struct Model {
   std::unique_ptr<OptimizerState> state;
 };
 
-// The reference: the CPU kernel run directly, subgroup by subgroup, on host copies.
+// The reference: the CPU kernel run directly, subgroup by subgroup, on host copies (the moments
+// as raw bytes of the state's dtype).
 struct Reference {
-  explicit Reference(const OptimizerState& s) {
+  explicit Reference(const OptimizerState& s) : state_dtype(s.options().state_dtype) {
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::uint64_t n = s.params(i);
+      const auto* mb = static_cast<const char*>(s.exp_avg(i));
+      const auto* vb = static_cast<const char*>(s.exp_avg_sq(i));
       p.emplace_back(s.param(i), s.param(i) + n);
-      m.emplace_back(s.exp_avg(i), s.exp_avg(i) + n);
-      v.emplace_back(s.exp_avg_sq(i), s.exp_avg_sq(i) + n);
+      m.emplace_back(mb, mb + n * s.moment_bytes());
+      v.emplace_back(vb, vb + n * s.moment_bytes());
       copy.emplace_back(n);
     }
   }
@@ -124,11 +143,14 @@ struct Reference {
       sub.param_copy = copy[i].data();
       sub.count = p[i].size();
       sub.grad_dtype = Dtype::kBFloat16;
+      sub.state_dtype = state_dtype;
       nonfinite += kernels::cpu_adam_step(sub, hyper).nonfinite;
     }
     return nonfinite;
   }
-  std::vector<std::vector<float>> p, m, v;
+  Dtype state_dtype;
+  std::vector<std::vector<float>> p;
+  std::vector<std::vector<char>> m, v;
   std::vector<std::vector<std::uint16_t>> copy;
 };
 
@@ -136,8 +158,9 @@ inline void expect_matches(const Model& model, const Reference& ref) {
   for (std::size_t i = 0; i < ref.p.size(); ++i) {
     const std::uint64_t n = ref.p[i].size();
     ASSERT_EQ(0, std::memcmp(model.state->param(i), ref.p[i].data(), n * 4)) << "param " << i;
-    ASSERT_EQ(0, std::memcmp(model.state->exp_avg(i), ref.m[i].data(), n * 4)) << "exp_avg " << i;
-    ASSERT_EQ(0, std::memcmp(model.state->exp_avg_sq(i), ref.v[i].data(), n * 4))
+    ASSERT_EQ(0, std::memcmp(model.state->exp_avg(i), ref.m[i].data(), ref.m[i].size()))
+        << "exp_avg " << i;
+    ASSERT_EQ(0, std::memcmp(model.state->exp_avg_sq(i), ref.v[i].data(), ref.v[i].size()))
         << "exp_avg_sq " << i;
     ASSERT_EQ(model.device_params(i), ref.copy[i]) << "device weights " << i;
   }

@@ -12,9 +12,10 @@ namespace {
 
 constexpr std::uint64_t kHeadroom = std::uint64_t{1} << 30;
 
-void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare) {
+void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare,
+               Dtype state_dtype = Dtype::kFloat32) {
   driver::PrimaryContext context;
-  Model model({3000, 4096, 777, 10000, 1, 2048, 5000}, /*split_every=*/2);
+  Model model({3000, 4096, 777, 10000, 1, 2048, 5000}, /*split_every=*/2, 3, true, state_dtype);
   Reference ref(*model.state);
   ExecutorOptions options;
   options.rates = test_rates();
@@ -58,6 +59,61 @@ TEST(ExecutorNumerics, PlannedWithGradientsKeptOnGpu) {
   run_steps(Policy::automatic_policy(), true, true);
 }
 TEST(ExecutorNumerics, AllGpuWithGradientsKeptOnGpu) { run_steps(Policy::all_gpu(), true, true); }
+
+// bf16 moments (8 state bytes per parameter in the slots, the GPU buffers and both copies): the
+// GPU subgroups (the kernel's own source on the stand-in) and the CPU path give the bits of the
+// CPU kernel run directly, rounding the moments to nearest even at every step alike.
+TEST(ExecutorNumerics, Bf16MomentsAllCpu) {
+  run_steps(Policy::all_cpu(), false, false, Dtype::kBFloat16);
+}
+TEST(ExecutorNumerics, Bf16MomentsAllGpu) {
+  run_steps(Policy::all_gpu(), false, false, Dtype::kBFloat16);
+}
+TEST(ExecutorNumerics, Bf16MomentsInterleavedK2) {
+  run_steps(Policy::every(2), false, false, Dtype::kBFloat16);
+}
+TEST(ExecutorNumerics, Bf16MomentsPlannedWithGradientsKeptOnGpu) {
+  run_steps(Policy::automatic_policy(), true, true, Dtype::kBFloat16);
+}
+
+// The state slot is 8 bytes per parameter with bf16 moments, and the plan's GPU buffers and
+// copies are sized by it.
+TEST(ExecutorNumerics, Bf16MomentsHalveTheMomentsBytes) {
+  driver::PrimaryContext context;
+  Model fp32({4096, 4096}, 0, 3, false);
+  Model bf16({4096, 4096}, 0, 3, false, Dtype::kBFloat16);
+  EXPECT_EQ(fp32.state->state_bytes(), 12u);
+  EXPECT_EQ(bf16.state->state_bytes(), 8u);
+  EXPECT_EQ(bf16.state->slot_bytes(1), 8u * 4096);
+  EXPECT_EQ(
+      static_cast<char*>(bf16.state->exp_avg(0)) - reinterpret_cast<char*>(bf16.state->param(0)),
+      4 * 4096);
+  EXPECT_EQ(
+      static_cast<char*>(bf16.state->exp_avg_sq(0)) - reinterpret_cast<char*>(bf16.state->param(0)),
+      6 * 4096);
+  ExecutorOptions options;
+  options.rates = test_rates();
+  Executor a(*fp32.state, options);
+  Executor b(*bf16.state, options);
+  EXPECT_EQ(a.footprint(false).state_bytes_per_param, 12u);
+  EXPECT_EQ(b.footprint(false).state_bytes_per_param, 8u);
+  const Plan pa = a.plan_for(Policy::all_gpu(), kHeadroom);
+  const Plan pb = b.plan_for(Policy::all_gpu(), kHeadroom);
+  EXPECT_EQ(pa.buffer_bytes, 4096u * (12 + 2));  // state and the gradient copied in
+  EXPECT_EQ(pb.buffer_bytes, 4096u * (8 + 2));
+  EXPECT_LT(pb.predicted.phase_s, pa.predicted.phase_s);
+}
+
+TEST(ExecutorNumerics, StateDtypeMustBeFp32OrBf16) {
+  driver::PrimaryContext context;
+  std::vector<SubgroupSpec> specs(1);
+  specs[0].params = 4;
+  driver::DeviceBuffer params(8);
+  specs[0].slices.push_back(ParamSlice{0, 4, params.get()});
+  StateOptions options;
+  options.state_dtype = Dtype::kFloat16;
+  EXPECT_THROW(OptimizerState(specs, options), std::invalid_argument);
+}
 
 TEST(ExecutorNumerics, PlannerUsesTheGpuWithTheseRates) {
   driver::PrimaryContext context;

@@ -25,7 +25,8 @@ using Faults = allocator::testing::DeviceStandin;
 
 // A model whose bf16 parameters are host memory (HMM); gradients are produced in device memory.
 struct HostModel {
-  explicit HostModel(const std::vector<std::uint64_t>& sizes) : sizes_(sizes) {
+  explicit HostModel(const std::vector<std::uint64_t>& sizes, Dtype state_dtype = Dtype::kFloat32)
+      : sizes_(sizes) {
     std::vector<SubgroupSpec> specs(sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       const std::uint64_t n = sizes[i];
@@ -40,12 +41,14 @@ struct HostModel {
             begin, end - begin, reinterpret_cast<CUdeviceptr>(params[i].data() + begin)});
       }
     }
-    state = std::make_unique<OptimizerState>(std::move(specs), StateOptions{});
+    StateOptions options;
+    options.state_dtype = state_dtype;
+    state = std::make_unique<OptimizerState>(std::move(specs), options);
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       for (std::uint64_t e = 0; e < sizes[i]; ++e) {
         state->param(i)[e] = value_at(i, e, 1.0f);
-        state->exp_avg(i)[e] = value_at(i + 100, e, 0.01f);
-        state->exp_avg_sq(i)[e] = std::abs(value_at(i + 200, e, 0.001f));
+        set_moment(state->exp_avg(i), state_dtype, e, value_at(i + 100, e, 0.01f));
+        set_moment(state->exp_avg_sq(i), state_dtype, e, std::abs(value_at(i + 200, e, 0.001f)));
         params[i][e] = kernels::float_to_bf16(state->param(i)[e]);
       }
     }
@@ -75,16 +78,17 @@ struct HostModel {
   std::unique_ptr<OptimizerState> state;
 };
 
-// Everything a step may change: state and model parameters, bit for bit.
+// Everything a step may change: state (its slot's bytes: master weights, then the moments of
+// the state dtype) and model parameters, bit for bit.
 struct Snapshot {
-  std::vector<std::vector<float>> state;
+  std::vector<std::vector<char>> state;
   std::vector<std::vector<std::uint16_t>> params;
 
   static Snapshot of(const HostModel& model, bool with_params = true) {
     Snapshot s;
     for (std::size_t i = 0; i < model.sizes_.size(); ++i) {
-      const float* p = model.state->param(i);
-      s.state.emplace_back(p, p + 3 * model.sizes_[i]);
+      const auto* p = reinterpret_cast<const char*>(model.state->param(i));
+      s.state.emplace_back(p, p + model.state->slot_bytes(i));
       if (with_params) s.params.push_back(model.params[i]);
     }
     return s;
@@ -92,7 +96,8 @@ struct Snapshot {
   static Snapshot of(const Reference& ref) {
     Snapshot s;
     for (std::size_t i = 0; i < ref.p.size(); ++i) {
-      std::vector<float> all = ref.p[i];
+      const auto* p = reinterpret_cast<const char*>(ref.p[i].data());
+      std::vector<char> all(p, p + 4 * ref.p[i].size());
       all.insert(all.end(), ref.m[i].begin(), ref.m[i].end());
       all.insert(all.end(), ref.v[i].begin(), ref.v[i].end());
       s.state.push_back(std::move(all));
@@ -135,9 +140,10 @@ struct StepFaultTest : ::testing::Test {
 
 // Counts what one fault-free phase of `policy` does, from `field` of the stand-in's counters.
 template <typename Field>
-std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Field field) {
+std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Field field,
+                                Dtype state_dtype = Dtype::kFloat32) {
   driver::PrimaryContext context;
-  HostModel model(kSizes);
+  HostModel model(kSizes, state_dtype);
   Executor executor(*model.state, options_for_test());
   model.make_gradients(1);
   model.offload_all(executor);
@@ -150,10 +156,10 @@ std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Fiel
 // One step with the fault armed by `arm` right before it; checks the outcome, then a second
 // step without fault.
 void step_with_fault(const Faults& faults, const Policy& policy, const std::function<void()>& arm,
-                     const std::string& what) {
+                     const std::string& what, Dtype state_dtype = Dtype::kFloat32) {
   SCOPED_TRACE(policy_name(policy) + ", " + what);
   driver::PrimaryContext context;
-  HostModel model(kSizes);
+  HostModel model(kSizes, state_dtype);
   Reference ref = reference_of(model);
   Executor executor(*model.state, options_for_test());
   auto grads = model.make_gradients(1);
@@ -223,6 +229,35 @@ TEST_F(StepFaultTest, EveryCopyOfAPhaseFailingInTurnStillCompletesTheStep) {
   }
 }
 
+// The same with bf16 moments (8 state bytes per parameter in the slots, buffers and copies),
+// under the placements that copy: all on the GPU, and one in two.
+TEST_F(StepFaultTest, EveryCopyFailingInTurnWithBf16MomentsStillCompletesTheStep) {
+  for (const Policy& policy : {Policy::all_gpu(), Policy::every(2)}) {
+    const std::uint64_t copies = events_in_a_phase(
+        faults, policy,
+        [](const tide_standin_stats& s) { return s.copies_h2d + s.copies_d2h + s.copies_d2d; },
+        Dtype::kBFloat16);
+    ASSERT_GT(copies, 0u);
+    for (std::uint64_t n = 1; n <= copies + 1; ++n) {
+      step_with_fault(
+          faults, policy, [&] { faults.fail_copy(n); }, "bf16 moments, copy " + std::to_string(n),
+          Dtype::kBFloat16);
+    }
+  }
+}
+
+TEST_F(StepFaultTest, DeviceLostAtEachCallWithBf16MomentsEndsInOneOfTheTwoStates) {
+  const Policy policy = Policy::every(2);
+  const std::uint64_t calls = events_in_a_phase(
+      faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; }, Dtype::kBFloat16);
+  ASSERT_GT(calls, 0u);
+  for (std::uint64_t n = 1; n <= calls + 1; ++n) {
+    step_with_fault(
+        faults, policy, [&] { faults.device_lost(n); },
+        "bf16 moments, device lost at call " + std::to_string(n), Dtype::kBFloat16);
+  }
+}
+
 TEST_F(StepFaultTest, EveryDeviceAllocationOfAPhaseFailingInTurnStillCompletesTheStep) {
   for (const Policy& policy : kPolicies) {
     const std::uint64_t allocations = events_in_a_phase(
@@ -269,9 +304,10 @@ TEST_F(StepFaultTest, AFailedGpuCopyIsRolledForwardOnTheCpu) {
 
 // The commit point's spares are a small pool: as many as GPU subgroups were in flight, per
 // subgroup size, not a second copy of the state; the state itself moves between them.
-TEST_F(StepFaultTest, SpareSlotsAreAsManyAsBuffersNotASecondState) {
+void spares_are_few(Dtype state_dtype) {
+  SCOPED_TRACE(state_dtype == Dtype::kFloat32 ? "fp32 moments" : "bf16 moments");
   driver::PrimaryContext context;
-  HostModel model(std::vector<std::uint64_t>(8, 4096));
+  HostModel model(std::vector<std::uint64_t>(8, 4096), state_dtype);
   Reference ref = reference_of(model);
   ExecutorOptions options = options_for_test();
   options.planner.max_buffers = 2;
@@ -292,12 +328,19 @@ TEST_F(StepFaultTest, SpareSlotsAreAsManyAsBuffersNotASecondState) {
   }
 }
 
+TEST_F(StepFaultTest, SpareSlotsAreAsManyAsBuffersNotASecondState) {
+  for (const Dtype state_dtype : {Dtype::kFloat32, Dtype::kBFloat16}) {
+    spares_are_few(state_dtype);
+  }
+}
+
 // Frozen slices (parameters without a gradient) keep their state and weights, bit for bit.
-TEST_F(StepFaultTest, FrozenSlicesAreLeftExactlyAsTheyWere) {
+void frozen_slices_are_kept(Dtype state_dtype) {
   for (const Policy& policy : kPolicies) {
-    SCOPED_TRACE(policy_name(policy));
+    SCOPED_TRACE(policy_name(policy) +
+                 (state_dtype == Dtype::kFloat32 ? ", fp32 moments" : ", bf16 moments"));
     driver::PrimaryContext context;
-    HostModel model(kSizes);
+    HostModel model(kSizes, state_dtype);
     Reference ref = reference_of(model);
     Executor executor(*model.state, options_for_test());
     const Snapshot before = Snapshot::of(model);
@@ -313,8 +356,12 @@ TEST_F(StepFaultTest, FrozenSlicesAreLeftExactlyAsTheyWere) {
     for (std::uint64_t e = 0; e < kSizes[0]; ++e) {
       const bool is_frozen = e >= frozen.offset && e < frozen.offset + frozen.count;
       const Snapshot& expect = is_frozen ? before : stepped;
-      for (std::uint64_t part = 0; part < 3; ++part) {
-        ASSERT_EQ(now.state[0][part * kSizes[0] + e], expect.state[0][part * kSizes[0] + e]);
+      // Element e's bytes of the master weights and of each moment.
+      const std::uint64_t n = kSizes[0], mb = model.state->moment_bytes();
+      for (const auto& [at, size] :
+           {std::pair{4 * e, std::uint64_t{4}}, std::pair{4 * n + mb * e, mb},
+            std::pair{4 * n + mb * n + mb * e, mb}}) {
+        ASSERT_EQ(0, std::memcmp(now.state[0].data() + at, expect.state[0].data() + at, size)) << e;
       }
       ASSERT_EQ(now.params[0][e], expect.params[0][e]) << e;
     }
@@ -322,6 +369,12 @@ TEST_F(StepFaultTest, FrozenSlicesAreLeftExactlyAsTheyWere) {
     EXPECT_EQ(now.params[3], before.params[3]);
     EXPECT_EQ(now.state[1], stepped.state[1]);
     EXPECT_EQ(now.params[2], stepped.params[2]);
+  }
+}
+
+TEST_F(StepFaultTest, FrozenSlicesAreLeftExactlyAsTheyWere) {
+  for (const Dtype state_dtype : {Dtype::kFloat32, Dtype::kBFloat16}) {
+    frozen_slices_are_kept(state_dtype);
   }
 }
 

@@ -40,6 +40,26 @@ TEST(PerformanceModel, OneSubgroupIsCopyInUpdateCopyOut) {
   EXPECT_DOUBLE_EQ(model.gpu_side(one, 4), 2.25);
 }
 
+// bf16 moments: 8 state bytes per parameter on the links, and the update rates (given for fp32
+// state) scaled by the bytes an update moves: 2·12 + 2 + 2 = 28 against 2·8 + 2 + 2 = 20.
+TEST(PerformanceModel, Bf16MomentsMoveFewerBytesAndUpdateFaster) {
+  Footprint f = state_only();
+  f.weight_bytes_per_param = 2;
+  EXPECT_DOUBLE_EQ(f.update_rate_scale(), 1.0);
+  f.state_bytes_per_param = 8;
+  EXPECT_DOUBLE_EQ(f.update_rate_scale(), 28.0 / 20.0);
+  const PerformanceModel model(round_rates(), f);
+  EXPECT_DOUBLE_EQ(model.rates().cpu_update, 1.4e9);
+  EXPECT_DOUBLE_EQ(model.rates().cpu_update_contended, 0.7e9);
+  EXPECT_DOUBLE_EQ(model.rates().gpu_update, 5.6e9);
+  EXPECT_DOUBLE_EQ(model.rates().h2d, 12e9);  // bytes/s: the bytes per parameter change instead
+  // 1.4e9 parameters in 1 s on the CPU (their uploads take 2·1.4e9 / 12e9 s of the link).
+  EXPECT_DOUBLE_EQ(model.all_cpu(1.4e9), 1.0);
+  // A subgroup of 1.2e9: 0.8 s in and out (8 bytes at 12 GB/s), its update at 5.6e9/s.
+  const std::vector<std::uint64_t> one = {1'200'000'000};
+  EXPECT_NEAR(model.gpu_side(one, 1), 0.8 + 1.2e9 / 5.6e9 + 0.8, 1e-12);
+}
+
 TEST(PerformanceModel, OneBufferSerialisesEverything) {
   const PerformanceModel model(round_rates(), state_only());
   const std::vector<std::uint64_t> three(3, 1'000'000'000);

@@ -174,5 +174,23 @@ TEST(Refine, WholePhasesBringTheModelToTheMachine) {
                std::invalid_argument);
 }
 
+// The update rates are kept for fp32 state: CPU updates measured with bf16 moments at the model's
+// scaled rate (28/20 bytes moved) leave them where they are, instead of scaling them twice.
+TEST(Refine, UpdatesWithBf16MomentsAreCreditedAsFp32State) {
+  Workload w;
+  w.subgroup_params.assign(4, 100'000'000);
+  w.headroom_bytes = 0;  // all on the CPU
+  w.footprint.state_bytes_per_param = 8;
+  const Rates start = builtin_rates();
+  RateRefiner refiner(start);
+  const Plan p = plan(w, start);
+  ASSERT_TRUE(p.gpu_order.empty());
+  const double scaled = start.cpu_update * 28.0 / 20.0;
+  std::vector<SubgroupTiming> timings(p.subgroups.size());
+  for (SubgroupTiming& t : timings) t.cpu_update_s = 1e8 / scaled;
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(refiner.observe_phase(p, w.footprint, timings), 4u);
+  EXPECT_NEAR(refiner.rates().cpu_update / start.cpu_update, 1.0, 1e-9);
+}
+
 }  // namespace
 }  // namespace tide::scheduler

@@ -68,6 +68,24 @@ def placement_in_force(option: str | int | None) -> str | int:
     return int(text.lstrip("kK"))
 
 
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def state_dtype(option: torch.dtype | None) -> torch.dtype:
+    """The moments' dtype: the argument, else TIDE_STATE_DTYPE, else torch.float32."""
+    if option is not None:
+        if option not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16, got "
+                             f"{option!r}")
+        return option
+    text = os.environ.get("TIDE_STATE_DTYPE")
+    if not text:
+        return torch.float32
+    if text not in STATE_DTYPES:
+        raise ValueError(f"TIDE_STATE_DTYPE={text!r}: expected float32 or bfloat16")
+    return STATE_DTYPES[text]
+
+
 def threads(option: int | None) -> int:
     if option is None:
         return 0

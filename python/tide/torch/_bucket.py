@@ -26,11 +26,14 @@ class Bucket:
     """The parameters of one param group with one dtype on one device, and their executor."""
 
     def __init__(self, group_index: int, params: list[torch.Tensor], subgroup_size: int, *,
-                 device: int, cpu_threads: int, gradients_on_gpu: bool):
+                 device: int, cpu_threads: int, gradients_on_gpu: bool,
+                 state_dtype: torch.dtype = torch.float32):
         self.group_index = group_index
         self.params = params
         self.dtype = params[0].dtype
         self.tide_dtype = TIDE_DTYPES[self.dtype]
+        # The moments' dtype in pinned memory (fp32 or bf16); the master weights are fp32.
+        self.state_dtype = state_dtype
         self.element_size = params[0].element_size()
         self.sizes, self.pieces = _layout.split([p.numel() for p in params], subgroup_size)
         slices = [(piece.subgroup, piece.sub_offset, piece.count,
@@ -38,7 +41,8 @@ class Bucket:
                   for p, mine in zip(params, self.pieces) for piece in mine]
         self.executor = _executor.Executor(self.sizes, slices, device=device, dtype=self.tide_dtype,
                                            cpu_threads=cpu_threads,
-                                           gradients_on_gpu=gradients_on_gpu)
+                                           gradients_on_gpu=gradients_on_gpu,
+                                           state_dtype=TIDE_DTYPES[state_dtype])
         # What tide's slices describe: the memory the parameters had when the optimizer was made.
         self.layouts = [layout_of(p) for p in params]
         self.versions = [p._version for p in params]
@@ -62,7 +66,7 @@ class Bucket:
     @property
     def views(self) -> list[dict[str, torch.Tensor]]:
         """CPU tensors over each subgroup's pinned buffers (no copy): "param" (the fp32 master
-        weights), "exp_avg", "exp_avg_sq", "grad". A step may move a subgroup's state to another
+        weights), "exp_avg", "exp_avg_sq" (of state_dtype), "grad". A step may move a subgroup's state to another
         buffer (executor.h): after one, those of the subgroups that moved are made again. Each
         keeps its buffer allocated while it, or a tensor on its storage, lives
         (Executor.memory)."""
@@ -91,9 +95,10 @@ class Bucket:
             raw = self.executor.memory(address, b.count * element_size)
             return torch.frombuffer(raw, dtype=dtype, count=b.count)
 
+        moment_size = torch.empty(0, dtype=self.state_dtype).element_size()
         return {"param": view(b.param, torch.float32, 4),
-                "exp_avg": view(b.exp_avg, torch.float32, 4),
-                "exp_avg_sq": view(b.exp_avg_sq, torch.float32, 4),
+                "exp_avg": view(b.exp_avg, self.state_dtype, moment_size),
+                "exp_avg_sq": view(b.exp_avg_sq, self.state_dtype, moment_size),
                 "grad": view(b.grad, self.dtype, self.element_size)}
 
     def pinned(self, key: str, piece: _layout.Piece) -> torch.Tensor:
@@ -109,7 +114,7 @@ class Bucket:
 
     def gather(self, i: int, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """Parameter i's `key` state (fp32, on the CPU, shaped like the parameter): a copy, into
-        `out` when given (contiguous, as many elements)."""
+        `out` when given (contiguous, as many elements). bf16 moments are upcast (exactly)."""
         if out is None:
             out = torch.empty(self.params[i].shape, dtype=torch.float32)
         flat = out.view(-1)
@@ -118,6 +123,8 @@ class Bucket:
         return out
 
     def scatter(self, i: int, key: str, value: torch.Tensor) -> None:
+        """Parameter i's `key` state from `value` (any float dtype, as many elements): into bf16
+        moments it is rounded to nearest even, once (torch's cast, as the kernels round)."""
         flat = value.detach().reshape(-1)
         if flat.numel() != self.params[i].numel():
             raise ValueError(f"state {key!r} has {flat.numel()} elements, the parameter "

@@ -20,10 +20,12 @@ STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"})
 
 
 def checked_entries(state_dict: Any, param_groups: list[dict[str, Any]],
-                    holds: Callable[[torch.Tensor], bool]) -> list[tuple[torch.Tensor, int, dict]]:
+                    holds: Callable[[torch.Tensor], bool],
+                    state_dtype_of: Callable[[torch.Tensor], torch.dtype] = lambda p: torch.float32
+                    ) -> list[tuple[torch.Tensor, int, dict]]:
     """(parameter, step, saved entry) for every parameter the optimizer holds (`holds`), once
-    the whole state dict has been checked against its param groups. Raises ValueError naming
-    what does not fit."""
+    the whole state dict has been checked against its param groups (and against the dtype its
+    moments are kept in, `state_dtype_of`). Raises ValueError naming what does not fit."""
     if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
         raise ValueError("tide: not an optimizer state dict (it needs 'state' and "
                          "'param_groups')")
@@ -59,12 +61,14 @@ def checked_entries(state_dict: Any, param_groups: list[dict[str, Any]],
                 continue  # no elements
             name = f"parameter {k} of param group {g} (shape {tuple(p.shape)})"
             entry = saved_state.get(saved_id, {})
-            entries.append((p, checked_entry(entry, p, name), entry))
+            entries.append((p, checked_entry(entry, p, name, state_dtype_of(p)), entry))
     return entries
 
 
-def checked_entry(entry: Any, p: torch.Tensor, name: str) -> int:
-    """The step of one parameter's saved state, once the entry has been checked."""
+def checked_entry(entry: Any, p: torch.Tensor, name: str,
+                  state_dtype: torch.dtype = torch.float32) -> int:
+    """The step of one parameter's saved state, once the entry has been checked; moments kept in
+    `state_dtype` must stay finite in it (an fp32 value above bf16's largest rounds to inf)."""
     if not isinstance(entry, dict):
         raise ValueError(f"tide: the saved state of {name} is not a dict")
     unknown = sorted(set(entry) - STATE_KEYS)
@@ -98,6 +102,10 @@ def checked_entry(entry: Any, p: torch.Tensor, name: str) -> int:
             raise ValueError(f"tide: the saved {key} of {name} has non-finite values")
         if key == "exp_avg_sq" and bool((value < 0).any()):
             raise ValueError(f"tide: the saved exp_avg_sq of {name} has negative values")
+        if (key != "master_param" and state_dtype != torch.float32
+                and not bool(torch.isfinite(value.to(state_dtype)).all())):
+            raise ValueError(f"tide: the saved {key} of {name} has values too large for the "
+                             f"optimizer's state_dtype {state_dtype}")
     return int(step)
 
 

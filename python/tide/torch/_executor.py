@@ -39,7 +39,7 @@ class Options(c.Structure):
     _fields_ = [("device", c.c_int32), ("grad_dtype", c.c_int32), ("param_dtype", c.c_int32),
                 ("gradients_on_gpu", c.c_int32), ("max_buffers", c.c_uint64),
                 ("use_rates", c.c_int32), ("refine", c.c_int32), ("rates", Rates),
-                ("cpu_threads", c.c_int32), ("reserved", c.c_int32)]
+                ("cpu_threads", c.c_int32), ("state_dtype", c.c_int32)]
 
 
 class SubgroupBuffers(c.Structure):
@@ -174,7 +174,8 @@ class Executor:
     `slices` (subgroup, offset, count, device pointer)."""
 
     def __init__(self, subgroup_params: list[int], slices: list[tuple[int, int, int, int]], *,
-                 device: int, dtype: int, cpu_threads: int = 0, gradients_on_gpu: bool = False):
+                 device: int, dtype: int, cpu_threads: int = 0, gradients_on_gpu: bool = False,
+                 state_dtype: int = 0):
         lib = _cdll()
         options = Options()
         _lib.check(lib.tide_optimizer_options_default(c.byref(options)))
@@ -183,6 +184,7 @@ class Executor:
         options.param_dtype = dtype
         options.cpu_threads = cpu_threads
         options.gradients_on_gpu = int(gradients_on_gpu)
+        options.state_dtype = state_dtype
         sizes = (c.c_uint64 * len(subgroup_params))(*subgroup_params)
         placed = (ParamSlice * len(slices))(*[ParamSlice(*s) for s in slices])
         handle = c.c_void_p()

@@ -12,7 +12,9 @@ low-precision parameter:
   executor.h); the same tensor objects are re-pointed there (Tensor.set_) after every step and
   load, so a tensor held across steps stays the live state. Tensors *derived* from them (t[0],
   t.view(-1)) stay on the buffer they were made on, which the next GPU step may reuse.
-- A parameter across subgroups cannot be one view of one buffer. Its tensors are copies, made
+- A parameter across subgroups cannot be one view of one buffer, and bf16 moments
+  (state_dtype=torch.bfloat16) cannot be fp32 views at all. Such tensors are copies (fp32, the
+  bf16 moments upcast exactly), made
   when read through the entry (`entry["exp_avg"]`, get, items, values, copy, repr, pickling),
   written back into the state before the next step (or state_dict) when their version counter
   says they were written. After a step, a copy still referenced outside the entry is refreshed in
@@ -72,9 +74,14 @@ class ParamState(dict):
         super().__init__(step=torch.tensor(step, dtype=torch.float32))
         self._bucket = bucket
         self._index = index
-        self._split = len(bucket.pieces[index]) > 1  # across subgroups: copies, not views
         keys = ["exp_avg", "exp_avg_sq"] + (["master_param"] if bucket.dtype != torch.float32
                                             else [])
+        # Copies, not views: every key of a parameter across subgroups, and moments kept in
+        # another dtype than the fp32 that torch shows (state_dtype).
+        split = len(bucket.pieces[index]) > 1
+        self._copied = {key for key in keys
+                        if split or (key != "master_param"
+                                     and bucket.state_dtype != torch.float32)}
         self._tensors = {key: torch.empty(0) for key in keys}
         self._stale: set[str] = set()  # copies that do not hold the state as it is now
         self._versions: dict[str, int] = {}  # of each copy when it last matched the state
@@ -143,7 +150,8 @@ class ParamState(dict):
         base = self._bucket.views[piece.subgroup][_PINNED[key]]
         tensor = self._tensors[key]
         shape = self._bucket.params[self._index].shape
-        if tensor.data_ptr() != base.data_ptr() + 4 * piece.sub_offset or tensor.shape != shape:
+        offset = base.element_size() * piece.sub_offset
+        if tensor.data_ptr() != base.data_ptr() + offset or tensor.shape != shape:
             strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
             tensor.set_(base.untyped_storage(), piece.sub_offset, shape, strides)
 
@@ -153,7 +161,7 @@ class ParamState(dict):
         for key in self._tensors:
             dict.__setitem__(self, key, self._tensors[key])
         for key in self._tensors:  # no local name may hold a tensor here: it would count
-            if not self._split:
+            if key not in self._copied:
                 self._point(key)
             elif _references(self._tensors, key) > _UNHELD:
                 self._copy_in(key)  # the program holds it: it shows the new state
@@ -191,13 +199,13 @@ class ParamState(dict):
             value = dict.get(self, key)
             if value is not mine:
                 if value is not None:
-                    if self._split:
+                    if key in self._copied:
                         self._bucket.scatter(self._index, _PINNED[key], value.float().cpu())
                         self._stale.add(key)
                     else:
                         mine.copy_(value)
                 dict.__setitem__(self, key, mine)
-            elif (self._split and key not in self._stale
+            elif (key in self._copied and key not in self._stale
                   and mine._version != self._versions[key]):
                 self._bucket.scatter(self._index, _PINNED[key], mine)
                 self._versions[key] = mine._version
@@ -272,7 +280,8 @@ class StateEntries:
                 elif ours is not None or current:
                     entry = {} if current is None else current
                     try:
-                        step = _checkpoint.checked_entry(entry, p, _name(bucket, i))
+                        step = _checkpoint.checked_entry(entry, p, _name(bucket, i),
+                                                         bucket.state_dtype)
                     except ValueError as error:
                         raise ValueError(f"{error} (opt.state[p], as the program replaced "
                                          "it)") from None

@@ -71,7 +71,12 @@ class AdamW(torch.optim.Optimizer):
       gradients_on_gpu:  plan at zero_grad() so that GPU subgroups keep their gradients on the GPU;
       keep_buffers:      keep the update phase's GPU buffers until the next step instead of
                          freeing them when step() returns (saves their allocation, but the
-                         headroom is what the update phase may use, not the forward pass).
+                         headroom is what the update phase may use, not the forward pass);
+      state_dtype:       the moments' dtype in pinned memory, torch.float32 or torch.bfloat16
+                         (half their bytes, rounded to nearest even at every update; the master
+                         weights stay fp32); default TIDE_STATE_DTYPE, else torch.float32. The
+                         argument wins over the variable. opt.state and state_dict() still
+                         show fp32 moments (upcast, exactly).
     """
 
     _decoupled = True
@@ -87,7 +92,7 @@ class AdamW(torch.optim.Optimizer):
                  differentiable: bool = False, fused: bool | None = None,
                  subgroup_size: int | None = None, placement: str | int | None = None,
                  threads: int | None = None, gradients_on_gpu: bool = False,
-                 keep_buffers: bool = False):
+                 keep_buffers: bool = False, state_dtype: torch.dtype | None = None):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable),
@@ -103,6 +108,7 @@ class AdamW(torch.optim.Optimizer):
         self._policy = _arguments.placement(placement)
         self._placement_option = placement
         self._threads = _arguments.threads(threads)
+        self._state_dtype = _arguments.state_dtype(state_dtype)
         self._gradients_on_gpu = bool(gradients_on_gpu)
         self._keep_buffers = bool(keep_buffers)
         self._cpu = _runtime.cpu_mode()
@@ -158,7 +164,8 @@ class AdamW(torch.optim.Optimizer):
             by_key.setdefault((p.dtype, self._device_index(p)), []).append(p)
         for (_, device), params in by_key.items():
             bucket = Bucket(group_index, params, self._subgroup_size, device=device,
-                            cpu_threads=self._threads, gradients_on_gpu=self._gradients_on_gpu)
+                            cpu_threads=self._threads, gradients_on_gpu=self._gradients_on_gpu,
+                            state_dtype=self._state_dtype)
             self._buckets.append(bucket)
             for i, p in enumerate(params):
                 self._where[id(p)] = (bucket, i)
@@ -378,7 +385,8 @@ class AdamW(torch.optim.Optimizer):
         shapes, another optimizer's, non-finite values, a negative step or second moment)
         raises ValueError naming the parameter, and the optimizer is left as it was."""
         entries = _checkpoint.checked_entries(state_dict, self.param_groups,
-                                              lambda p: id(p) in self._where)
+                                              lambda p: id(p) in self._where,
+                                              lambda p: self._where[id(p)][0].state_dtype)
         groups_only = {"state": {}, "param_groups": state_dict["param_groups"]}
         live = self.state
         super().load_state_dict(groups_only)  # takes the groups' hyperparameters
