@@ -76,6 +76,7 @@
 #include <vector>
 
 #include "allocator/device/device_registry.h"
+#include "bench/simulated_gpu.h"
 #include "driver/context.h"
 #include "driver/memory.h"
 #include "driver/stream.h"
@@ -107,24 +108,11 @@ constexpr int kLayers = 25;
 constexpr double kCapacity = 16, kParamBytes = 2, kHeld = 1.2, kActivations = 6, kFree = 9.6;
 constexpr double kMargin = 0.02;  // TIDE_HEADROOM_MARGIN's default
 
-double g_gpu_rate = 5e10;
-
-void sleeping_adam(const tide_standin_grid*, void** params) {
-  const auto* p = static_cast<const kernels::AdamKernelParams*>(params[0]);
-  std::uint64_t n = 0;
-  for (std::uint32_t i = 0; i < p->subgroup_count; ++i) n += p->subgroups[i].count;
-  std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(n) / g_gpu_rate));
-}
+using bench::sleeping_adam;
 
 template <typename F>
 F standin_fn(void* handle, const char* name) {
-  auto* f = reinterpret_cast<F>(dlsym(handle, name));
-  if (f == nullptr) {
-    std::fprintf(stderr, "bench_iteration: needs the stand-in driver (TIDE_CUDA_DRIVER); no %s\n",
-                 name);
-    std::exit(2);
-  }
-  return f;
+  return bench::standin_fn<F>(handle, name, "bench_iteration");
 }
 
 int (*g_busy)(void*, double, const char*) = nullptr;
@@ -340,12 +328,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   setenv("TIDE_CPU_THREADS", "1", 1);  // before the CPU pool exists
-  const char* path = std::getenv("TIDE_CUDA_DRIVER");
-  void* handle = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
-  if (handle == nullptr) {
-    std::fprintf(stderr, "bench_iteration: set TIDE_CUDA_DRIVER to the stand-in driver\n");
-    return 2;
-  }
+  void* handle = bench::open_standin("bench_iteration");
   g_set_bandwidth = standin_fn<int (*)(double, double)>(handle, "tide_standin_set_bandwidth");
   g_busy = standin_fn<int (*)(void*, double, const char*)>(handle, "tide_standin_busy");
   auto set_capacity = standin_fn<int (*)(int, std::uint64_t)>(handle, "tide_standin_set_capacity");
@@ -375,7 +358,7 @@ int main(int argc, char** argv) {
   w.link = std::min(kPubLink * sigma, memcpy_per_s / 3);
   w.blocking_published_link =
       w.link * (2 * kPubParams / kPubLink) / kPubBlockingGradient;  // its 3.35 s, scaled
-  g_gpu_rate = kPubGpuRate * sigma;
+  bench::simulated_gpu_rate = kPubGpuRate * sigma;
   g_set_bandwidth(w.link / 1e9, w.link / 1e9);
   for (int l = 0; l < kLayers; ++l) {
     w.layers.push_back({kPubForward * tau / kLayers, kPubBackward * tau / kLayers,
@@ -387,7 +370,8 @@ int main(int argc, char** argv) {
                "Adam %.3g params/s; %.3g params in %zu subgroups: time x tau %.3f (forward %.3f s, "
                "backward %.3f s of GPU compute)\n",
                cpu_per_s, memcpy_per_s / 1e9, sigma, w.link / 1e9, kPubLink * sigma / 1e9,
-               g_gpu_rate, P, kSubgroups, tau, kPubForward * tau, kPubBackward * tau);
+               bench::simulated_gpu_rate, P, kSubgroups, tau, kPubForward * tau,
+               kPubBackward * tau);
 
   CachingAllocator& allocator = allocator::device::device_allocator(0);
   Trainer trainer(w, allocator);

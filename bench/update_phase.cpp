@@ -64,6 +64,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/simulated_gpu.h"
 #include "driver/context.h"
 #include "driver/memory.h"
 #include "kernels/adam_kernel.h"
@@ -78,24 +79,11 @@ namespace {
 using namespace tide;
 using namespace tide::scheduler;
 
-double g_gpu_rate = 5e10;
-
-void sleeping_adam(const tide_standin_grid*, void** params) {
-  const auto* p = static_cast<const kernels::AdamKernelParams*>(params[0]);
-  std::uint64_t n = 0;
-  for (std::uint32_t i = 0; i < p->subgroup_count; ++i) n += p->subgroups[i].count;
-  std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(n) / g_gpu_rate));
-}
+using bench::sleeping_adam;
 
 template <typename F>
 F standin_fn(void* handle, const char* name) {
-  auto* f = reinterpret_cast<F>(dlsym(handle, name));
-  if (f == nullptr) {
-    std::fprintf(stderr,
-                 "bench_update_phase: needs the stand-in driver (TIDE_CUDA_DRIVER); no %s\n", name);
-    std::exit(2);
-  }
-  return f;
+  return bench::standin_fn<F>(handle, name, "bench_update_phase");
 }
 
 // The ideal overlap of the placement a phase ran: its CPU side (the CPU worker's busy time in
@@ -199,12 +187,7 @@ int main(int argc, char** argv) {
     }
   }
   setenv("TIDE_CPU_THREADS", "1", 1);  // before the CPU pool exists
-  const char* path = std::getenv("TIDE_CUDA_DRIVER");
-  void* handle = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
-  if (handle == nullptr) {
-    std::fprintf(stderr, "bench_update_phase: set TIDE_CUDA_DRIVER to the stand-in driver\n");
-    return 2;
-  }
+  void* handle = bench::open_standin("bench_update_phase");
   auto set_bandwidth = standin_fn<int (*)(double, double)>(handle, "tide_standin_set_bandwidth");
   auto register_kernel = standin_fn<int (*)(const char*, tide_standin_kernel, size_t)>(
       handle, "tide_standin_register_kernel");
