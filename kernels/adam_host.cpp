@@ -18,8 +18,15 @@ std::vector<KernelRange> adam_ranges(const HostGrid& grid, const void* params) {
     const AdamKernelSubgroup& s = p.subgroups[r];
     out.push_back({s.grad, s.count * dtype_size(p.grad_dtype), false});
     out.push_back({s.param, s.count * 4, true});
-    out.push_back({s.exp_avg, s.count * dtype_size(p.state_dtype), true});
-    out.push_back({s.exp_avg_sq, s.count * dtype_size(p.state_dtype), true});
+    if (p.state_format == StateFormat::kBlockQ8) {
+      out.push_back({s.exp_avg, s.count, true});
+      out.push_back({s.exp_avg_sq, s.count, true});
+      out.push_back({s.exp_avg_scale, quant_blocks(s.count) * 4, true});
+      out.push_back({s.exp_avg_sq_scale, quant_blocks(s.count) * 4, true});
+    } else {
+      out.push_back({s.exp_avg, s.count * dtype_size(p.state_dtype), true});
+      out.push_back({s.exp_avg_sq, s.count * dtype_size(p.state_dtype), true});
+    }
     if (p.has_copy) out.push_back({s.param_copy, s.count * 2, true});
   }
   return out;

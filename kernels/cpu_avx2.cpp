@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu_quant8.h"
 #include "kernels/cpu_simd.h"
 #include "kernels/cpu_variant.h"
 
@@ -114,6 +115,11 @@ struct AdamRange {
   [[gnu::flatten]] static std::uint64_t run(const AdamCoefficients& c, const AdamSubgroup& s,
                                             std::size_t begin, std::size_t end) {
     return simd_adam_range<Avx2, G, S, C>(c, s, begin, end);
+  }
+  template <Dtype G, Dtype C>
+  [[gnu::flatten]] static std::uint64_t run_q8(const AdamCoefficients& c, const AdamSubgroup& s,
+                                               std::size_t begin, std::size_t end) {
+    return adam_q8_scalar_range<G, C>(c, s, begin, end);
   }
 };
 
