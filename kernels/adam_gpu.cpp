@@ -28,7 +28,10 @@ constexpr std::uint64_t kMaxBlocksPerLaunch = 4096;
 
 }  // namespace
 
-AdamGpu::AdamGpu() : module_(fatbin_image()), kernel_(module_.function(kAdamKernel)) {}
+AdamGpu::AdamGpu()
+    : module_(fatbin_image()),
+      kernel_(module_.function(kAdamKernel)),
+      kernel_q8_(module_.function(kAdamQ8Kernel)) {}
 
 driver::LaunchShape AdamGpu::shape(std::uint64_t max_count, unsigned rows) {
   const std::uint64_t per_block = std::uint64_t{kAdamBlockThreads} * kAdamVectorElements;
@@ -100,7 +103,7 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
     }
     p.subgroup_count = rows;
     p.nonfinite = nonfinite + first * sizeof(std::uint64_t);
-    driver::launch(kernel_, shape(max_count, rows), stream, p);
+    driver::launch(quantized ? kernel_q8_ : kernel_, shape(max_count, rows), stream, p);
   }
 }
 

@@ -67,6 +67,7 @@ class AdamGpu {
  private:
   driver::Module module_;
   CUfunction kernel_ = nullptr;
+  CUfunction kernel_q8_ = nullptr;  // 8-bit moments
 };
 
 }  // namespace tide::kernels

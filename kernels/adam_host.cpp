@@ -1,5 +1,5 @@
 // kernels/cuda/adam.cu compiled for the host (kernels/host/cuda.h): the stand-in driver runs this,
-// the kernel's own source, for a launch of tide_adam_step.
+// the kernel's own source, for a launch of tide_adam_step or tide_adam_step_q8.
 #include "kernels/host/cuda.h"
 // Second: the kernel source sees the host definitions of CUDA's keywords and intrinsics.
 #include "kernels/cuda/adam.cu"
@@ -36,5 +36,8 @@ std::vector<KernelRange> adam_ranges(const HostGrid& grid, const void* params) {
 
 extern const HostKernelEntry kAdamHostKernel{kAdamKernel, &host::kernel_thread<&tide_adam_step>,
                                              sizeof(AdamKernelParams), &adam_ranges};
+extern const HostKernelEntry kAdamQ8HostKernel{kAdamQ8Kernel,
+                                               &host::kernel_thread<&tide_adam_step_q8>,
+                                               sizeof(AdamKernelParams), &adam_ranges};
 
 }  // namespace tide::kernels

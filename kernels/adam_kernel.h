@@ -39,8 +39,9 @@ struct AdamKernelParams {
   Dtype state_dtype;  // kFloat32 or kBFloat16
   Dtype copy_dtype;   // kBFloat16 or kFloat16
   std::uint8_t has_copy;
-  // kBlockQ8: exp_avg and exp_avg_sq are 8-bit codes (kernels/quant8.h), each quantization block
-  // stepped by one warp (blockDim.x must be a multiple of 32); state_dtype is ignored.
+  // kBlockQ8 (launch kAdamQ8Kernel): exp_avg and exp_avg_sq are 8-bit codes (kernels/quant8.h),
+  // each quantization block stepped by one warp (blockDim.x must be a multiple of 32);
+  // state_dtype is ignored.
   StateFormat state_format;
   AdamKernelSubgroup subgroups[kMaxAdamKernelSubgroups];
 };
@@ -49,6 +50,8 @@ struct AdamKernelParams {
 static_assert(sizeof(AdamKernelParams) <= 4096);
 
 inline constexpr const char* kAdamKernel = "tide_adam_step";
+// The same parameters with state_format kBlockQ8 (a kernel of its own: kernels/cuda/adam.cu).
+inline constexpr const char* kAdamQ8Kernel = "tide_adam_step_q8";
 
 // Threads per block and elements per thread and step of the kernel's vector path (16-byte
 // loads of 16-bit values, two of fp32).

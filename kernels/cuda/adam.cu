@@ -294,7 +294,6 @@ __device__ void with_copy(const AdamKernelParams& p, const AdamKernelSubgroup& s
 template <Dtype G>
 __device__ void with_state(const AdamKernelParams& p, const AdamKernelSubgroup& s,
                            unsigned long long* nonfinite) {
-  if (p.state_format == StateFormat::kBlockQ8) return with_q8_copy<G>(p, s, nonfinite);
   if (p.state_dtype == Dtype::kBFloat16) return with_copy<G, Dtype::kBFloat16>(p, s, nonfinite);
   return with_copy<G, Dtype::kFloat32>(p, s, nonfinite);
 }
@@ -317,5 +316,24 @@ extern "C" __global__ void __launch_bounds__(tide::kernels::kAdamBlockThreads)
       return with_state<Dtype::kFloat16>(p, s, nonfinite);
     default:
       return with_state<Dtype::kFloat32>(p, s, nonfinite);
+  }
+}
+
+// 8-bit moments (p.state_format kBlockQ8): a kernel of its own, so that its registers (the warp
+// holds a quantization block's new moments until its absmax is known) do not lower the occupancy
+// of tide_adam_step.
+extern "C" __global__ void __launch_bounds__(tide::kernels::kAdamBlockThreads)
+    tide_adam_step_q8(const __grid_constant__ tide::kernels::AdamKernelParams p) {
+  using namespace tide::kernels;
+  if (blockIdx.y >= p.subgroup_count) return;
+  const AdamKernelSubgroup& s = p.subgroups[blockIdx.y];
+  auto* nonfinite = reinterpret_cast<unsigned long long*>(p.nonfinite) + blockIdx.y;
+  switch (p.grad_dtype) {
+    case Dtype::kBFloat16:
+      return with_q8_copy<Dtype::kBFloat16>(p, s, nonfinite);
+    case Dtype::kFloat16:
+      return with_q8_copy<Dtype::kFloat16>(p, s, nonfinite);
+    default:
+      return with_q8_copy<Dtype::kFloat32>(p, s, nonfinite);
   }
 }

@@ -173,15 +173,16 @@ void WarpRunner::complete_collectives() {
 
 // On the calling lane's fiber.
 unsigned WarpRunner::reduce(WarpOp op, unsigned mask, unsigned value) {
-  const std::string name = collective_name(op);
+  // No object that owns memory may live here across the suspension below: a fault elsewhere in the
+  // warp drops this fiber without unwinding it.
   if ((mask >> current_ & 1u) == 0) {
-    fault((name + "(" + hex(mask) + ") from lane " + std::to_string(current_) +
-           ", which the mask leaves out")
+    fault((std::string(collective_name(op)) + "(" + hex(mask) + ") from lane " +
+           std::to_string(current_) + ", which the mask leaves out")
               .c_str());
   }
   if (lanes_in_warp_ < kWarpSize && (mask >> lanes_in_warp_) != 0) {
-    fault((name + "(" + hex(mask) + ") in a warp of " + std::to_string(lanes_in_warp_) +
-           " threads names lanes it does not have")
+    fault((std::string(collective_name(op)) + "(" + hex(mask) + ") in a warp of " +
+           std::to_string(lanes_in_warp_) + " threads names lanes it does not have")
               .c_str());
   }
   Lane& lane = lanes_[current_];

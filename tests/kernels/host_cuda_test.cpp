@@ -367,7 +367,7 @@ TEST(HostCudaTest, TidesRoundingEqualsTheDevicesIntrinsicsForNumbers) {
 // --- The registry --------------------------------------------------------------------------------
 
 TEST(HostCudaTest, TidesKernelsAreRegisteredByName) {
-  for (const char* name : {"tide_adam_step", "tide_cast_f32_to_half"}) {
+  for (const char* name : {"tide_adam_step", "tide_adam_step_q8", "tide_cast_f32_to_half"}) {
     const HostKernelEntry* entry = find_host_kernel(name);
     ASSERT_NE(entry, nullptr) << name;
     EXPECT_EQ(entry->name, name);
