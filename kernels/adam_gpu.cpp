@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "driver/cuda_api.h"
 #include "driver/error.h"
@@ -27,7 +28,10 @@ constexpr std::uint64_t kMaxBlocksPerLaunch = 4096;
 
 }  // namespace
 
-AdamGpu::AdamGpu() : module_(fatbin_image()), kernel_(module_.function(kAdamKernel)) {}
+AdamGpu::AdamGpu()
+    : module_(fatbin_image()),
+      kernel_(module_.function(kAdamKernel)),
+      kernel_q8_(module_.function(kAdamQ8Kernel)) {}
 
 driver::LaunchShape AdamGpu::shape(std::uint64_t max_count, unsigned rows) {
   const std::uint64_t per_block = std::uint64_t{kAdamBlockThreads} * kAdamVectorElements;
@@ -46,7 +50,9 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
   require(dtypes.grad == Dtype::kFloat32 || dtypes.grad == Dtype::kBFloat16 ||
               dtypes.grad == Dtype::kFloat16,
           "unknown gradient dtype");
-  require(dtypes.state == Dtype::kFloat32 || dtypes.state == Dtype::kBFloat16,
+  const bool quantized = dtypes.state_format == StateFormat::kBlockQ8;
+  require(quantized || dtypes.state_format == StateFormat::kDtype, "unknown moment format");
+  require(quantized || dtypes.state == Dtype::kFloat32 || dtypes.state == Dtype::kBFloat16,
           "moments must be fp32 or bf16");
   require(!dtypes.copy || *dtypes.copy == Dtype::kBFloat16 || *dtypes.copy == Dtype::kFloat16,
           "the weight copy must be bf16 or fp16");
@@ -57,8 +63,23 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
     if (s.count == 0) continue;
     require_aligned(s.grad, dtype_size(dtypes.grad), "grad", i);
     require_aligned(s.param, 4, "param", i);
-    require_aligned(s.exp_avg, dtype_size(dtypes.state), "exp_avg", i);
-    require_aligned(s.exp_avg_sq, dtype_size(dtypes.state), "exp_avg_sq", i);
+    if (quantized) {
+      // A block never straddles subgroups (kernels/quant8.h).
+      for (const auto& [codes, name] :
+           {std::pair{s.exp_avg, "exp_avg"}, std::pair{s.exp_avg_sq, "exp_avg_sq"}}) {
+        require(codes != 0 && codes % kQuantBlock == 0,
+                std::string("8-bit ") + name + " codes of subgroup " + std::to_string(i) +
+                    " are null or do not start at a " + std::to_string(kQuantBlock) +
+                    "-byte boundary: a subgroup of quantized moments must start at a multiple "
+                    "of " +
+                    std::to_string(kQuantBlock) + " elements (one quantization block)");
+      }
+      require_aligned(s.exp_avg_scale, 4, "exp_avg_scale", i);
+      require_aligned(s.exp_avg_sq_scale, 4, "exp_avg_sq_scale", i);
+    } else {
+      require_aligned(s.exp_avg, dtype_size(dtypes.state), "exp_avg", i);
+      require_aligned(s.exp_avg_sq, dtype_size(dtypes.state), "exp_avg_sq", i);
+    }
     if (dtypes.copy) require_aligned(s.param_copy, 2, "param_copy", i);
   }
 
@@ -68,6 +89,7 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
   p.state_dtype = dtypes.state;
   p.has_copy = dtypes.copy ? 1 : 0;
   p.copy_dtype = dtypes.copy.value_or(Dtype::kBFloat16);
+  p.state_format = dtypes.state_format;
   TIDE_CU(cuMemsetD8Async, nonfinite, 0, subgroups.size() * sizeof(std::uint64_t), stream.get());
   for (std::size_t first = 0; first < subgroups.size(); first += kMaxAdamKernelSubgroups) {
     const auto rows = static_cast<unsigned>(
@@ -75,12 +97,13 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
     std::uint64_t max_count = 0;
     for (unsigned r = 0; r < rows; ++r) {
       const AdamGpuSubgroup& s = subgroups[first + r];
-      p.subgroups[r] = {s.grad, s.param, s.exp_avg, s.exp_avg_sq, s.param_copy, s.count};
+      p.subgroups[r] = {s.grad,       s.param, s.exp_avg,       s.exp_avg_sq,
+                        s.param_copy, s.count, s.exp_avg_scale, s.exp_avg_sq_scale};
       max_count = std::max(max_count, s.count);
     }
     p.subgroup_count = rows;
     p.nonfinite = nonfinite + first * sizeof(std::uint64_t);
-    driver::launch(kernel_, shape(max_count, rows), stream, p);
+    driver::launch(quantized ? kernel_q8_ : kernel_, shape(max_count, rows), stream, p);
   }
 }
 

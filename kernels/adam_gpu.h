@@ -31,13 +31,18 @@ struct AdamGpuSubgroup {
   CUdeviceptr exp_avg_sq = 0;
   CUdeviceptr param_copy = 0;  // required when the launch has a copy dtype, else ignored
   std::uint64_t count = 0;
+  // 8-bit moments (state_format kBlockQ8, kernels/quant8.h): exp_avg and exp_avg_sq are `count`
+  // codes each at a kQuantBlock-byte boundary, these quant_blocks(count) fp32 scales each.
+  CUdeviceptr exp_avg_scale = 0;
+  CUdeviceptr exp_avg_sq_scale = 0;
 };
 
 // The dtypes every subgroup of one launch shares.
 struct AdamGpuDtypes {
   Dtype grad = Dtype::kBFloat16;
   Dtype state = Dtype::kFloat32;
-  std::optional<Dtype> copy = Dtype::kBFloat16;  // nullopt: no low-precision copy
+  std::optional<Dtype> copy = Dtype::kBFloat16;    // nullopt: no low-precision copy
+  StateFormat state_format = StateFormat::kDtype;  // kBlockQ8: `state` is ignored
 };
 
 class AdamGpu {
@@ -62,6 +67,7 @@ class AdamGpu {
  private:
   driver::Module module_;
   CUfunction kernel_ = nullptr;
+  CUfunction kernel_q8_ = nullptr;  // 8-bit moments
 };
 
 }  // namespace tide::kernels

@@ -1,5 +1,5 @@
 // kernels/cuda/adam.cu compiled for the host (kernels/host/cuda.h): the stand-in driver runs this,
-// the kernel's own source, for a launch of tide_adam_step.
+// the kernel's own source, for a launch of tide_adam_step or tide_adam_step_q8.
 #include "kernels/host/cuda.h"
 // Second: the kernel source sees the host definitions of CUDA's keywords and intrinsics.
 #include "kernels/cuda/adam.cu"
@@ -18,8 +18,15 @@ std::vector<KernelRange> adam_ranges(const HostGrid& grid, const void* params) {
     const AdamKernelSubgroup& s = p.subgroups[r];
     out.push_back({s.grad, s.count * dtype_size(p.grad_dtype), false});
     out.push_back({s.param, s.count * 4, true});
-    out.push_back({s.exp_avg, s.count * dtype_size(p.state_dtype), true});
-    out.push_back({s.exp_avg_sq, s.count * dtype_size(p.state_dtype), true});
+    if (p.state_format == StateFormat::kBlockQ8) {
+      out.push_back({s.exp_avg, s.count, true});
+      out.push_back({s.exp_avg_sq, s.count, true});
+      out.push_back({s.exp_avg_scale, quant_blocks(s.count) * 4, true});
+      out.push_back({s.exp_avg_sq_scale, quant_blocks(s.count) * 4, true});
+    } else {
+      out.push_back({s.exp_avg, s.count * dtype_size(p.state_dtype), true});
+      out.push_back({s.exp_avg_sq, s.count * dtype_size(p.state_dtype), true});
+    }
     if (p.has_copy) out.push_back({s.param_copy, s.count * 2, true});
   }
   return out;
@@ -29,5 +36,8 @@ std::vector<KernelRange> adam_ranges(const HostGrid& grid, const void* params) {
 
 extern const HostKernelEntry kAdamHostKernel{kAdamKernel, &host::kernel_thread<&tide_adam_step>,
                                              sizeof(AdamKernelParams), &adam_ranges};
+extern const HostKernelEntry kAdamQ8HostKernel{kAdamQ8Kernel,
+                                               &host::kernel_thread<&tide_adam_step_q8>,
+                                               sizeof(AdamKernelParams), &adam_ranges};
 
 }  // namespace tide::kernels

@@ -11,6 +11,7 @@
 
 #include "kernels/adam_math.h"
 #include "kernels/dtype.h"
+#include "kernels/quant8.h"
 
 namespace tide::kernels {
 
@@ -22,6 +23,8 @@ struct AdamKernelSubgroup {
   std::uint64_t exp_avg_sq;  // state_dtype
   std::uint64_t param_copy;  // copy_dtype; unused when has_copy is 0
   std::uint64_t count;
+  std::uint64_t exp_avg_scale;     // float[quant_blocks(count)]; with state_format kBlockQ8 only
+  std::uint64_t exp_avg_sq_scale;  // float[quant_blocks(count)]; with state_format kBlockQ8 only
 };
 
 inline constexpr unsigned kMaxAdamKernelSubgroups = 32;
@@ -36,10 +39,19 @@ struct AdamKernelParams {
   Dtype state_dtype;  // kFloat32 or kBFloat16
   Dtype copy_dtype;   // kBFloat16 or kFloat16
   std::uint8_t has_copy;
+  // kBlockQ8 (launch kAdamQ8Kernel): exp_avg and exp_avg_sq are 8-bit codes (kernels/quant8.h),
+  // each quantization block stepped by one warp (blockDim.x must be a multiple of 32);
+  // state_dtype is ignored.
+  StateFormat state_format;
   AdamKernelSubgroup subgroups[kMaxAdamKernelSubgroups];
 };
 
+// CUDA's kernel parameter limit before 12.1 (and on the stand-in's launch path).
+static_assert(sizeof(AdamKernelParams) <= 4096);
+
 inline constexpr const char* kAdamKernel = "tide_adam_step";
+// The same parameters with state_format kBlockQ8 (a kernel of its own: kernels/cuda/adam.cu).
+inline constexpr const char* kAdamQ8Kernel = "tide_adam_step_q8";
 
 // Threads per block and elements per thread and step of the kernel's vector path (16-byte
 // loads of 16-bit values, two of fp32).

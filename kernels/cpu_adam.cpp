@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/cpu_variant.h"
 #include "kernels/thread_pool.h"
@@ -18,6 +19,8 @@ namespace {
 // buffer: wake-up and hand-out costs vanish next to that, and chunk edges fall on cache lines
 // of any 64-byte-aligned buffer, so two threads never write the same line.
 constexpr std::size_t kChunk = std::size_t{1} << 18;
+// Quantized moments: a chunk is whole quantization blocks, so one thread owns each block.
+static_assert(kChunk % kQuantBlock == 0);
 
 bool is_dtype(Dtype d) {
   return d == Dtype::kFloat32 || d == Dtype::kBFloat16 || d == Dtype::kFloat16;
@@ -70,7 +73,10 @@ std::uint64_t count_nonfinite_with(const CpuKernels& k, const void* grad, Dtype 
 
 void validate(const AdamSubgroup& s) {
   require(is_dtype(s.grad_dtype), "unknown gradient dtype");
-  require(s.state_dtype == Dtype::kFloat32 || s.state_dtype == Dtype::kBFloat16,
+  require(s.state_format == StateFormat::kDtype || s.state_format == StateFormat::kBlockQ8,
+          "unknown moment format");
+  const bool quantized = s.state_format == StateFormat::kBlockQ8;
+  require(quantized || s.state_dtype == Dtype::kFloat32 || s.state_dtype == Dtype::kBFloat16,
           "moments must be fp32 or bf16");
   require(s.param_copy == nullptr || s.copy_dtype == Dtype::kBFloat16 ||
               s.copy_dtype == Dtype::kFloat16,
@@ -81,8 +87,25 @@ void validate(const AdamSubgroup& s) {
       "null subgroup buffer (grad, param, exp_avg and exp_avg_sq are required)");
   require_aligned(s.grad, dtype_size(s.grad_dtype), "grad");
   require_aligned(s.param, 4, "param");
-  require_aligned(s.exp_avg, dtype_size(s.state_dtype), "exp_avg");
-  require_aligned(s.exp_avg_sq, dtype_size(s.state_dtype), "exp_avg_sq");
+  if (quantized) {
+    require(s.exp_avg_scale != nullptr && s.exp_avg_sq_scale != nullptr,
+            "null scale buffer (8-bit moments need exp_avg_scale and exp_avg_sq_scale)");
+    // A block never straddles subgroups (kernels/quant8.h): a subgroup at an offset of its
+    // tensor that is not a multiple of the block shows as codes off the block boundary.
+    for (const auto& [codes, name] :
+         {std::pair{s.exp_avg, "exp_avg"}, std::pair{s.exp_avg_sq, "exp_avg_sq"}}) {
+      require(reinterpret_cast<std::uintptr_t>(codes) % kQuantBlock == 0,
+              std::string("8-bit ") + name + " codes do not start at a " +
+                  std::to_string(kQuantBlock) +
+                  "-byte boundary: a subgroup of quantized moments must start at a multiple of " +
+                  std::to_string(kQuantBlock) + " elements (one quantization block) of its tensor");
+    }
+    require_aligned(s.exp_avg_scale, 4, "exp_avg_scale");
+    require_aligned(s.exp_avg_sq_scale, 4, "exp_avg_sq_scale");
+  } else {
+    require_aligned(s.exp_avg, dtype_size(s.state_dtype), "exp_avg");
+    require_aligned(s.exp_avg_sq, dtype_size(s.state_dtype), "exp_avg_sq");
+  }
   if (s.param_copy != nullptr) require_aligned(s.param_copy, 2, "param_copy");
 }
 

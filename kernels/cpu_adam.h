@@ -8,7 +8,11 @@
 //
 // Non-finite values: an element whose gradient is not finite (or whose update overflows) keeps
 // its old weight, moments and copy; nothing non-finite that the gradient brings is ever written,
-// so there is nothing to roll back. The result counts such elements. A loss scaler that must skip
+// so there is nothing to roll back. The result counts such elements. With 8-bit moments
+// (kernels/quant8.h) a rejected element keeps its weight bit for bit and its moments' values
+// (the dequantized ones), which are requantized with their block: under the block's new scale
+// their codes may move by rounding. A block whose stored scale is not finite (corrupt state) has
+// every element rejected, and keeps its codes and scales as they were. A loss scaler that must skip
 // the whole step when any gradient is non-finite checks the gradients first
 // (cpu_count_nonfinite, cheap: it reads the gradients only, e.g. as each subgroup's gradients
 // arrive) or sets CpuAdamOptions::skip_subgroup_on_nonfinite.
@@ -21,11 +25,15 @@
 
 #include "kernels/adam_math.h"
 #include "kernels/dtype.h"
+#include "kernels/quant8.h"
 
 namespace tide::kernels {
 
 // One flat subgroup in host memory: `count` elements of each buffer, any alignment of the
-// element type's own (4 bytes for fp32, 2 for bf16/fp16).
+// element type's own (4 bytes for fp32, 2 for bf16/fp16). With state_format kBlockQ8 the moments
+// are 8-bit codes (kernels/quant8.h): exp_avg and exp_avg_sq hold `count` bytes each and start at
+// a kQuantBlock-byte boundary, exp_avg_scale and exp_avg_sq_scale quant_blocks(count) fp32
+// scales each; state_dtype is then ignored.
 struct AdamSubgroup {
   const void* grad = nullptr;  // Dtype grad_dtype: kFloat32, kBFloat16 or kFloat16
   float* param = nullptr;      // fp32 master weights, updated in place
@@ -37,6 +45,9 @@ struct AdamSubgroup {
   Dtype grad_dtype = Dtype::kFloat32;
   Dtype state_dtype = Dtype::kFloat32;
   Dtype copy_dtype = Dtype::kBFloat16;
+  StateFormat state_format = StateFormat::kDtype;
+  float* exp_avg_scale = nullptr;     // kBlockQ8: the first moment's block scales
+  float* exp_avg_sq_scale = nullptr;  // kBlockQ8: the second moment's block scales
 };
 
 // Instruction sets of the CPU implementation.

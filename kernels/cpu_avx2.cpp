@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu_quant8.h"
 #include "kernels/cpu_simd.h"
 #include "kernels/cpu_variant.h"
 
@@ -93,6 +94,70 @@ struct Avx2 : SimdShape<F8, Avx2Math, /*kMasked=*/false> {
     _mm_stream_si128(q, D == Dtype::kBFloat16 ? to_bf16(x) : to_fp16(x));
   }
 
+  // 8-bit moments (kernels/cpu_simd.h): the code maps by 32-bit gathers from L1.
+  template <bool kSigned, bool kTail>
+  static __m256 q8_values(const std::uint8_t* codes, std::size_t i, Lanes /*k*/, __m256 scale) {
+    static_assert(!kTail);
+    const __m256i c =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i)));
+    if constexpr (kSigned) {
+      const __m256i magnitude = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
+      const __m256 x = _mm256_mul_ps(_mm256_i32gather_ps(kQ8SignedMagnitudes, magnitude, 4), scale);
+      // Bit 7 of the code is the sign: negation, as the scalar code's.
+      const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+      return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(x), sign));
+    } else {
+      return _mm256_mul_ps(_mm256_i32gather_ps(kQ8UnsignedValues, c, 4), scale);
+    }
+  }
+
+  template <bool kSigned, bool kTail>
+  static void q8_store(void* codes, std::size_t i, Lanes /*k*/, __m256 x, __m256 pre, __m256 inv,
+                       const Q8SearchTable& table) {
+    static_assert(!kTail);
+    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(x, pre), inv);
+    // |y| for exp_avg; for exp_avg_sq, y clamped at +0 (the scalar rule gives every y <= 0 code 0;
+    // maxps returns its second operand for two zeros, so −0 becomes +0).
+    const __m256 a = kSigned ? _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(y),
+                                                                    _mm256_set1_epi32(0x7fffffff)))
+                             : _mm256_max_ps(y, _mm256_setzero_ps());
+    __m256i key = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), kQ8BucketShift),
+                                   _mm256_set1_epi32(kQ8FirstBucketKey));
+    key = _mm256_min_epi32(_mm256_max_epi32(key, _mm256_setzero_si256()),
+                           _mm256_set1_epi32(kQ8Buckets - 1));
+    const __m256i base =
+        _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(table.base), key, 1),
+                         _mm256_set1_epi32(0xff));
+    const __m256 next = _mm256_i32gather_ps(table.midpoint, base, 4);
+    // The compare's all-ones lanes are −1: subtracting adds 1 where y is above the midpoint.
+    __m256i code = _mm256_sub_epi32(base, _mm256_castps_si256(_mm256_cmp_ps(a, next, _CMP_GT_OQ)));
+    if constexpr (kSigned) {
+      const __m256i negative = _mm256_andnot_si256(
+          _mm256_cmpeq_epi32(code, _mm256_setzero_si256()),
+          _mm256_castps_si256(_mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ)));
+      code = _mm256_or_si256(code, _mm256_and_si256(negative, _mm256_set1_epi32(0x80)));
+    }
+    // The low byte of each 32-bit lane: four per 128-bit half, then the halves side by side.
+    const __m256i picked = _mm256_shuffle_epi8(
+        code, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8,
+                               12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m128i bytes =
+        _mm_unpacklo_epi32(_mm256_castsi256_si128(picked), _mm256_extracti128_si256(picked, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(static_cast<std::uint8_t*>(codes) + i), bytes);
+  }
+
+  static __m256 max_abs(__m256 a, Lanes /*k*/, __m256 x) {
+    const __m256 magnitude = _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7fffffff)));
+    return _mm256_max_ps(a, magnitude);
+  }
+  static float hmax(__m256 a) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+  }
+
   // x − x is 0 for a finite x and NaN otherwise: one ordered compare tests all three at once.
   static unsigned keep_finite(F8 p1, F8 m1, F8 v1, Lanes /*k*/, __m256& p, __m256& m, __m256& v) {
     const __m256 z =
@@ -114,6 +179,11 @@ struct AdamRange {
   [[gnu::flatten]] static std::uint64_t run(const AdamCoefficients& c, const AdamSubgroup& s,
                                             std::size_t begin, std::size_t end) {
     return simd_adam_range<Avx2, G, S, C>(c, s, begin, end);
+  }
+  template <Dtype G, Dtype C>
+  [[gnu::flatten]] static std::uint64_t run_q8(const AdamCoefficients& c, const AdamSubgroup& s,
+                                               std::size_t begin, std::size_t end) {
+    return simd_adam_q8_range<Avx2, G, C>(c, s, begin, end);
   }
 };
 

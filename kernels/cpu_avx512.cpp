@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu_quant8.h"
 #include "kernels/cpu_simd.h"
 #include "kernels/cpu_variant.h"
 
@@ -109,6 +110,61 @@ struct Avx512 : SimdShape<F16, Avx512Math, /*kMasked=*/true, __mmask16, 0xffff> 
     _mm256_stream_si256(q, D == Dtype::kBFloat16 ? to_bf16(x) : to_fp16(x));
   }
 
+  // 8-bit moments (kernels/cpu_simd.h): the code maps by 32-bit gathers from L1.
+  template <bool kSigned, bool kTail>
+  static __m512 q8_values(const std::uint8_t* codes, std::size_t i, Lanes k, __m512 scale) {
+    const __m128i bytes = kTail ? _mm_maskz_loadu_epi8(k, codes + i)
+                                : _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    const __m512i c = _mm512_cvtepu8_epi32(bytes);
+    if constexpr (kSigned) {
+      const __m512i magnitude = _mm512_and_si512(c, _mm512_set1_epi32(0x7f));
+      const __m512 x = _mm512_mul_ps(_mm512_i32gather_ps(magnitude, kQ8SignedMagnitudes, 4), scale);
+      // Bit 7 of the code is the sign: negation, as the scalar code's.
+      const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
+      return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), sign));
+    } else {
+      return _mm512_mul_ps(_mm512_i32gather_ps(c, kQ8UnsignedValues, 4), scale);
+    }
+  }
+
+  template <bool kSigned, bool kTail>
+  static void q8_store(void* codes, std::size_t i, Lanes k, __m512 x, __m512 pre, __m512 inv,
+                       const Q8SearchTable& table) {
+    const __m512 y = _mm512_mul_ps(_mm512_mul_ps(x, pre), inv);
+    // |y| for exp_avg; for exp_avg_sq, y clamped at +0 (the scalar rule gives every y <= 0 code 0).
+    const __m512 a = kSigned ? _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(y),
+                                                                    _mm512_set1_epi32(0x7fffffff)))
+                             : _mm512_max_ps(y, _mm512_setzero_ps());
+    __m512i key = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(a), kQ8BucketShift),
+                                   _mm512_set1_epi32(kQ8FirstBucketKey));
+    key = _mm512_min_epi32(_mm512_max_epi32(key, _mm512_setzero_si512()),
+                           _mm512_set1_epi32(kQ8Buckets - 1));
+    const __m512i base =
+        _mm512_and_si512(_mm512_i32gather_epi32(key, table.base, 1), _mm512_set1_epi32(0xff));
+    const __m512 next = _mm512_i32gather_ps(base, table.midpoint, 4);
+    const __mmask16 above = _mm512_cmp_ps_mask(a, next, _CMP_GT_OQ);
+    __m512i code = _mm512_mask_add_epi32(base, above, base, _mm512_set1_epi32(1));
+    if constexpr (kSigned) {
+      const __mmask16 negative = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ) &
+                                 _mm512_test_epi32_mask(code, code);
+      code = _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x80));
+    }
+    const __m128i bytes = _mm512_cvtepi32_epi8(code);
+    auto* p = static_cast<std::uint8_t*>(codes) + i;
+    if constexpr (kTail) {
+      _mm_mask_storeu_epi8(p, k, bytes);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bytes);
+    }
+  }
+
+  static __m512 max_abs(__m512 a, Lanes k, __m512 x) {
+    const __m512 magnitude = _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+    return _mm512_mask_max_ps(a, k, a, magnitude);
+  }
+  static float hmax(__m512 a) { return _mm512_reduce_max_ps(a); }
+
   static unsigned keep_finite(F16 p1, F16 m1, F16 v1, Lanes k, __m512& p, __m512& m, __m512& v) {
     constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // fpclass: QNaN, +inf, -inf, SNaN
     const auto bad = static_cast<__mmask16>((_mm512_fpclass_ps_mask(p1.x, kNonFinite) |
@@ -129,6 +185,11 @@ struct AdamRange {
   [[gnu::flatten]] static std::uint64_t run(const AdamCoefficients& c, const AdamSubgroup& s,
                                             std::size_t begin, std::size_t end) {
     return simd_adam_range<Avx512, G, S, C>(c, s, begin, end);
+  }
+  template <Dtype G, Dtype C>
+  [[gnu::flatten]] static std::uint64_t run_q8(const AdamCoefficients& c, const AdamSubgroup& s,
+                                               std::size_t begin, std::size_t end) {
+    return simd_adam_q8_range<Avx512, G, C>(c, s, begin, end);
   }
 };
 

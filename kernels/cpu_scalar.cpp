@@ -1,6 +1,7 @@
 // The scalar variant of the CPU implementation: runs on any x86-64 (and any other) CPU.
 #include <cstdint>
 
+#include "kernels/cpu_quant8.h"
 #include "kernels/cpu_variant.h"
 
 namespace tide::kernels {
@@ -11,6 +12,11 @@ struct AdamRange {
   static std::uint64_t run(const AdamCoefficients& c, const AdamSubgroup& s, std::size_t begin,
                            std::size_t end) {
     return adam_scalar_range<G, S, C>(c, s, begin, end);
+  }
+  template <Dtype G, Dtype C>
+  static std::uint64_t run_q8(const AdamCoefficients& c, const AdamSubgroup& s, std::size_t begin,
+                              std::size_t end) {
+    return adam_q8_scalar_range<G, C>(c, s, begin, end);
   }
 };
 

@@ -27,6 +27,7 @@
 
 #include "kernels/adam_math.h"
 #include "kernels/cpu_adam.h"
+#include "kernels/cpu_quant8.h"
 #include "kernels/cpu_variant.h"
 #include "kernels/dtype.h"
 
@@ -152,6 +153,83 @@ std::uint64_t simd_adam_range(const AdamCoefficients& c, const AdamSubgroup& sub
   // Streaming stores are weakly ordered: fence them before the caller hands the copy on.
   if constexpr (C != kNoCopy) V::fence();
   return rejected + simd_adam_part<V, G, S, C>(c, t, s, i, end);
+}
+
+// 8-bit moments (kernels/cpu_quant8.h), one quantization block at a time: a vector pass that
+// dequantizes, updates and keeps the new moments in `block` with their running absmax, then one
+// that requantizes. V provides, beyond the above:
+//   q8_values<kSigned, kTail>(codes, i, k, scale)    the dequantized moments at element i
+//   q8_store<kSigned, kTail>(codes, i, k, x, pre, inv, table)  x's codes stored at element i
+//   max_abs(a, k, x)                                 lane-wise max of a and |x| (lanes of k)
+//   hmax(a)                                          the maximum of a's lanes
+// Without masked tails, a block's last elements take the scalar loop (the same bits).
+template <typename V, Dtype G, Dtype C>
+std::uint64_t simd_adam_q8_range(const AdamCoefficients& c, const AdamSubgroup& subgroup,
+                                 std::size_t begin, std::size_t end) {
+  using Reg = typename V::Reg;
+  using Wide = typename V::Wide;
+  constexpr std::size_t kW = V::kWidth;
+  const AdamSubgroup s = subgroup;
+  const AdamTerms<Wide> t = simd_broadcast<V>(c);
+  const auto* cm = static_cast<std::uint8_t*>(s.exp_avg);
+  const auto* cv = static_cast<std::uint8_t*>(s.exp_avg_sq);
+  std::uint64_t rejected = 0;
+  Q8Block block;
+  for (std::size_t first = begin; first < end; first += kQuantBlock) {
+    const std::size_t last = std::min(end, first + kQuantBlock);
+    const Reg scale_m = V::splat(s.exp_avg_scale[first / kQuantBlock]).x;
+    const Reg scale_v = V::splat(s.exp_avg_sq_scale[first / kQuantBlock]).x;
+    Reg absmax_m = V::splat(0.0f).x, absmax_v = absmax_m;
+    auto update = [&]<bool kTail>(std::size_t i, typename V::Lanes k) {
+      const Reg g = V::template load<G, kTail>(s.grad, i, k);
+      Reg p = V::template load<Dtype::kFloat32, kTail>(s.param, i, k);
+      Reg m = V::template q8_values<true, kTail>(cm, i, k, scale_m);
+      Reg v = V::template q8_values<false, kTail>(cv, i, k, scale_v);
+      Wide p1{p}, m1{m}, v1{v};
+      adam_update<typename V::Math>(t, Wide{g}, p1, m1, v1);
+      rejected += V::keep_finite(p1, m1, v1, k, p, m, v);
+      V::template store<Dtype::kFloat32, kTail>(s.param, i, k, p);
+      if constexpr (C != kNoCopy) V::template store<C, kTail>(s.param_copy, i, k, p);
+      V::template store<Dtype::kFloat32, kTail>(block.m, i - first, k, m);
+      V::template store<Dtype::kFloat32, kTail>(block.v, i - first, k, v);
+      absmax_m = V::max_abs(absmax_m, k, m);
+      absmax_v = V::max_abs(absmax_v, k, v);
+    };
+    std::size_t i = first;
+    for (; i + kW <= last; i += kW) update.template operator()<false>(i, V::kAll);
+    block.absmax_m = block.absmax_v = 0.0f;
+    if (i < last) {
+      if constexpr (V::kMaskedTails) {
+        update.template operator()<true>(i, V::first_lanes(last - i));
+      } else {
+        rejected += q8_update_scalar<G, C>(c, s, first, i, last, block);
+      }
+    }
+    block.absmax_m = std::max(block.absmax_m, V::hmax(absmax_m));
+    block.absmax_v = std::max(block.absmax_v, V::hmax(absmax_v));
+    if (!q8_scales_finite(s, first)) continue;
+    const Q8Normalizer nm = q8_normalizer<HostMath>(block.absmax_m);
+    const Q8Normalizer nv = q8_normalizer<HostMath>(block.absmax_v);
+    const Reg pre_m = V::splat(nm.pre).x, inv_m = V::splat(nm.inv).x;
+    const Reg pre_v = V::splat(nv.pre).x, inv_v = V::splat(nv.inv).x;
+    auto quantize = [&]<bool kTail>(std::size_t j, typename V::Lanes k) {
+      const Reg m = V::template load<Dtype::kFloat32, kTail>(block.m, j - first, k);
+      const Reg v = V::template load<Dtype::kFloat32, kTail>(block.v, j - first, k);
+      V::template q8_store<true, kTail>(s.exp_avg, j, k, m, pre_m, inv_m, kQ8SearchExpAvg);
+      V::template q8_store<false, kTail>(s.exp_avg_sq, j, k, v, pre_v, inv_v, kQ8SearchExpAvgSq);
+    };
+    std::size_t j = first;
+    for (; j + kW <= last; j += kW) quantize.template operator()<false>(j, V::kAll);
+    if (j < last) {
+      if constexpr (V::kMaskedTails) {
+        quantize.template operator()<true>(j, V::first_lanes(last - j));
+      } else {
+        q8_quantize_scalar(s, first, j, last, block);
+      }
+    }
+    q8_store_scales(s, first, block);
+  }
+  return rejected;
 }
 
 // fp32 to the 16-bit dtype D, element by element.

@@ -68,11 +68,17 @@ decltype(auto) dispatch_dtypes(const AdamSubgroup& s, Fn&& fn) {
   return with_state(std::integral_constant<Dtype, Dtype::kFloat32>{});
 }
 
-// The table's adam entry for a variant whose loop over [begin, end) is Range::run<G, S, C>: the
-// subgroup's dtypes picked once, outside the loop.
+// The table's adam entry for a variant whose loop over [begin, end) is Range::run<G, S, C>, and
+// Range::run_q8<G, C> for 8-bit moments (kernels/cpu_quant8.h; begin a multiple of kQuantBlock):
+// the subgroup's dtypes picked once, outside the loop.
 template <typename Range>
 std::uint64_t adam_for_dtypes(const AdamCoefficients& t, const AdamSubgroup& s, std::size_t begin,
                               std::size_t end) {
+  if (s.state_format == StateFormat::kBlockQ8) {
+    return dispatch_dtypes(s, [&](auto g, auto, auto c) {
+      return Range::template run_q8<decltype(g)::value, decltype(c)::value>(t, s, begin, end);
+    });
+  }
   return dispatch_dtypes(s, [&](auto g, auto st, auto c) {
     return Range::template run<decltype(g)::value, decltype(st)::value, decltype(c)::value>(
         t, s, begin, end);

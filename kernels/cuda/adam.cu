@@ -5,7 +5,8 @@
 // Each thread steps 8 elements at a time with 16-byte loads and stores, once every buffer of
 // the subgroup is at a common 8-element boundary; the elements before it (the head), after the
 // last full step (the tail), and whole subgroups whose buffers are not mutually aligned go one
-// element at a time.
+// element at a time. With 8-bit moments (kernels/quant8.h) each warp steps whole quantization
+// blocks instead (adam_q8_subgroup).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "kernels/adam_kernel.h"
 #include "kernels/adam_math.h"
 #include "kernels/dtype.h"
+#include "kernels/quant8.h"
 
 namespace tide::kernels {
 namespace {
@@ -147,6 +149,138 @@ __device__ void adam_subgroup(const AdamCoefficients& t, const AdamKernelSubgrou
   if ((threadIdx.x & 31u) == 0 && warp_total != 0) atomicAdd(nonfinite, warp_total);
 }
 
+// 8-bit moments (kernels/quant8.h): one warp per quantization block, 8 elements per lane, so the
+// block's new moments stay in registers while the warp reduces their absmax. Lanes whose
+// elements lie past the subgroup's end (a partial last block) take part in the reduction with 0.
+template <Dtype G, Dtype C>
+__device__ void adam_q8_subgroup(const AdamCoefficients& t, const AdamKernelSubgroup& s,
+                                 unsigned long long* nonfinite) {
+  constexpr unsigned kV = kAdamVectorElements;
+  static_assert(kQuantBlock == 32 * kV, "a warp's lanes cover one quantization block");
+  const std::uint64_t n = s.count;
+  const unsigned lane = threadIdx.x & 31u;
+  const std::uint64_t warp =
+      (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32u;
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32u;
+  const std::uint64_t blocks = quant_blocks(n);
+  // Vector loads need 16-byte alignment of every element buffer at element 8·k (the codes are at
+  // a kQuantBlock-byte boundary, which the launcher checks).
+  bool vector = s.grad % 16 == 0 && s.param % 16 == 0;
+  if constexpr (C != Dtype::kFloat32) vector = vector && s.param_copy % 16 == 0;
+  auto* codes_m = reinterpret_cast<std::uint8_t*>(s.exp_avg);
+  auto* codes_v = reinterpret_cast<std::uint8_t*>(s.exp_avg_sq);
+  auto* scales_m = reinterpret_cast<float*>(s.exp_avg_scale);
+  auto* scales_v = reinterpret_cast<float*>(s.exp_avg_sq_scale);
+  unsigned rejected = 0;
+
+  for (std::uint64_t b = warp; b < blocks; b += warps) {
+    const std::uint64_t i = b * kQuantBlock + lane * kV;
+    const unsigned k = i >= n ? 0u : (n - i >= kV ? kV : static_cast<unsigned>(n - i));
+    const float scale_m = scales_m[b];
+    const float scale_v = scales_v[b];
+    float g[kV], p[kV], m[kV], v[kV];
+    std::uint8_t cm[kV], cv[kV];
+    if (k == kV && vector) {
+      load8<G>(reinterpret_cast<const void*>(s.grad), i, g);
+      load8<Dtype::kFloat32>(reinterpret_cast<const void*>(s.param), i, p);
+      const uint2 wm = *reinterpret_cast<const uint2*>(codes_m + i);
+      const uint2 wv = *reinterpret_cast<const uint2*>(codes_v + i);
+#pragma unroll
+      for (unsigned e = 0; e < 4; ++e) {
+        cm[e] = static_cast<std::uint8_t>(wm.x >> (8 * e));
+        cm[e + 4] = static_cast<std::uint8_t>(wm.y >> (8 * e));
+        cv[e] = static_cast<std::uint8_t>(wv.x >> (8 * e));
+        cv[e + 4] = static_cast<std::uint8_t>(wv.y >> (8 * e));
+      }
+    } else {
+      // Unrolled, with a predicate: registers, never a local-memory array indexed at run time.
+#pragma unroll
+      for (unsigned e = 0; e < kV; ++e) {
+        if (e >= k) continue;
+        g[e] = load_one<G>(reinterpret_cast<const void*>(s.grad), i + e);
+        p[e] = reinterpret_cast<const float*>(s.param)[i + e];
+        cm[e] = codes_m[i + e];
+        cv[e] = codes_v[i + e];
+      }
+    }
+    float absmax_m = 0.0f, absmax_v = 0.0f;
+#pragma unroll
+    for (unsigned e = 0; e < kV; ++e) {
+      if (e >= k) continue;
+      m[e] = q8_exp_avg_value<DeviceMath>(cm[e], scale_m);
+      v[e] = q8_exp_avg_sq_value<DeviceMath>(cv[e], scale_v);
+      rejected += adam_element<DeviceMath>(t, g[e], p[e], m[e], v[e]) ? 0u : 1u;
+      const float am = m[e] < 0.0f ? -m[e] : m[e];
+      const float av = v[e] < 0.0f ? -v[e] : v[e];
+      absmax_m = am > absmax_m ? am : absmax_m;
+      absmax_v = av > absmax_v ? av : absmax_v;
+    }
+    if (k == kV && vector) {
+      store8<Dtype::kFloat32>(reinterpret_cast<void*>(s.param), i, p);
+      if constexpr (C != Dtype::kFloat32) store8<C>(reinterpret_cast<void*>(s.param_copy), i, p);
+    } else {
+#pragma unroll
+      for (unsigned e = 0; e < kV; ++e) {
+        if (e >= k) continue;
+        reinterpret_cast<float*>(s.param)[i + e] = p[e];
+        if constexpr (C != Dtype::kFloat32) {
+          reinterpret_cast<u16*>(s.param_copy)[i + e] = DtypeTraits<C>::from_float(p[e]);
+        }
+      }
+    }
+    // Non-negative floats order as their bit patterns: the warp's max of the bits is the absmax.
+    absmax_m = bits_float(__reduce_max_sync(0xffffffffu, float_bits(absmax_m)));
+    absmax_v = bits_float(__reduce_max_sync(0xffffffffu, float_bits(absmax_v)));
+    // A corrupt block (a scale that is not finite) rejected every element: codes and scales stay.
+    if (!(isfinite(scale_m) && isfinite(scale_v))) continue;
+    const Q8Normalizer nm = q8_normalizer<DeviceMath>(absmax_m);
+    const Q8Normalizer nv = q8_normalizer<DeviceMath>(absmax_v);
+#pragma unroll
+    for (unsigned e = 0; e < kV; ++e) {
+      if (e >= k) continue;
+      cm[e] = q8_exp_avg_code<DeviceMath>(m[e], nm);
+      cv[e] = q8_exp_avg_sq_code<DeviceMath>(v[e], nv);
+    }
+    if (k == kV) {
+      unsigned w[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (unsigned e = 0; e < 4; ++e) {
+        w[0] |= static_cast<unsigned>(cm[e]) << (8 * e);
+        w[1] |= static_cast<unsigned>(cm[e + 4]) << (8 * e);
+        w[2] |= static_cast<unsigned>(cv[e]) << (8 * e);
+        w[3] |= static_cast<unsigned>(cv[e + 4]) << (8 * e);
+      }
+      *reinterpret_cast<uint2*>(codes_m + i) = make_uint2(w[0], w[1]);
+      *reinterpret_cast<uint2*>(codes_v + i) = make_uint2(w[2], w[3]);
+    } else {
+#pragma unroll
+      for (unsigned e = 0; e < kV; ++e) {
+        if (e >= k) continue;
+        codes_m[i + e] = cm[e];
+        codes_v[i + e] = cv[e];
+      }
+    }
+    // Every lane read the scales before the reductions above.
+    if (lane == 0) {
+      scales_m[b] = absmax_m;
+      scales_v[b] = absmax_v;
+    }
+  }
+
+  const unsigned warp_total = __reduce_add_sync(0xffffffffu, rejected);
+  if (lane == 0 && warp_total != 0) atomicAdd(nonfinite, warp_total);
+}
+
+template <Dtype G>
+__device__ void with_q8_copy(const AdamKernelParams& p, const AdamKernelSubgroup& s,
+                             unsigned long long* nonfinite) {
+  if (!p.has_copy) return adam_q8_subgroup<G, Dtype::kFloat32>(p.terms, s, nonfinite);
+  if (p.copy_dtype == Dtype::kFloat16) {
+    return adam_q8_subgroup<G, Dtype::kFloat16>(p.terms, s, nonfinite);
+  }
+  return adam_q8_subgroup<G, Dtype::kBFloat16>(p.terms, s, nonfinite);
+}
+
 template <Dtype G, Dtype S>
 __device__ void with_copy(const AdamKernelParams& p, const AdamKernelSubgroup& s,
                           unsigned long long* nonfinite) {
@@ -182,5 +316,24 @@ extern "C" __global__ void __launch_bounds__(tide::kernels::kAdamBlockThreads)
       return with_state<Dtype::kFloat16>(p, s, nonfinite);
     default:
       return with_state<Dtype::kFloat32>(p, s, nonfinite);
+  }
+}
+
+// 8-bit moments (p.state_format kBlockQ8): a kernel of its own, so that its registers (the warp
+// holds a quantization block's new moments until its absmax is known) do not lower the occupancy
+// of tide_adam_step.
+extern "C" __global__ void __launch_bounds__(tide::kernels::kAdamBlockThreads)
+    tide_adam_step_q8(const __grid_constant__ tide::kernels::AdamKernelParams p) {
+  using namespace tide::kernels;
+  if (blockIdx.y >= p.subgroup_count) return;
+  const AdamKernelSubgroup& s = p.subgroups[blockIdx.y];
+  auto* nonfinite = reinterpret_cast<unsigned long long*>(p.nonfinite) + blockIdx.y;
+  switch (p.grad_dtype) {
+    case Dtype::kBFloat16:
+      return with_q8_copy<Dtype::kBFloat16>(p, s, nonfinite);
+    case Dtype::kFloat16:
+      return with_q8_copy<Dtype::kFloat16>(p, s, nonfinite);
+    default:
+      return with_q8_copy<Dtype::kFloat32>(p, s, nonfinite);
   }
 }

@@ -4,7 +4,7 @@
 //
 // Everything here computes what the device computes, bit for bit: the _rn intrinsics are the
 // IEEE-754 operations rounded once (the host kernels are built with -ffp-contract=off), fp16
-// conversions are in kernels/host/include/cuda_fp16.h, and the warp collective is a real one (the
+// conversions are in kernels/host/include/cuda_fp16.h, and the warp collectives are real ones (the
 // threads of a warp run as fibers and meet in it). Where the device would fault or leave the
 // result undefined, this is stricter: a 16-byte vector access at an address that is not a multiple
 // of 16, an atomic at a misaligned address, or a warp collective that not every named thread
@@ -68,8 +68,10 @@ inline constinit thread_local Builtins builtins{};
 // Throws KernelFault (kernels/host/grid.h): the launch fails, naming the thread.
 [[noreturn]] void fault(const char* what);
 
-// The warp collective of the calling kernel thread (kernels/host/grid.cpp).
-unsigned warp_reduce_add(unsigned mask, unsigned value);
+// The warp collectives of the calling kernel thread (kernels/host/grid.cpp): the threads a mask
+// names must all reach the same one.
+enum class WarpOp : unsigned char { kAdd, kMax };
+unsigned warp_reduce(WarpOp op, unsigned mask, unsigned value);
 
 inline void require_aligned(const void* address, std::uintptr_t bytes, const char* what) {
   if (reinterpret_cast<std::uintptr_t>(address) % bytes != 0) fault(what);
@@ -114,6 +116,27 @@ TIDE_CUDA_HOST_VECTOR16(float4, float)
 TIDE_CUDA_HOST_VECTOR16(uint4, unsigned)
 #undef TIDE_CUDA_HOST_VECTOR16
 
+// The 8-byte vector: one 8-byte access on the device, which faults unless the address is a
+// multiple of 8.
+struct alignas(8) uint2 {
+  unsigned x, y;
+  uint2() = default;
+  constexpr uint2(unsigned vx, unsigned vy) : x(vx), y(vy) {}
+  uint2(const uint2& other) {
+    ::tide::kernels::host::require_aligned(
+        &other, 8, "an 8-byte load (uint2) from an address that is not a multiple of 8");
+    std::memcpy(static_cast<void*>(this), &other, sizeof(uint2));
+  }
+  uint2& operator=(const uint2& other) {
+    ::tide::kernels::host::require_aligned(
+        this, 8, "an 8-byte store (uint2) to an address that is not a multiple of 8");
+    std::memcpy(static_cast<void*>(this), &other, sizeof(uint2));
+    return *this;
+  }
+};
+static_assert(sizeof(uint2) == 8);
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2(x, y); }
+
 inline float4 make_float4(float x, float y, float z, float w) { return float4(x, y, z, w); }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
   return uint4(x, y, z, w);
@@ -132,11 +155,15 @@ using std::isfinite;
 // The sum over the threads named in `mask`, which must all call it with the same mask; every one
 // of them gets the sum. Two's complement: the int form wraps as the device's does.
 inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
-  return ::tide::kernels::host::warp_reduce_add(mask, value);
+  return ::tide::kernels::host::warp_reduce(::tide::kernels::host::WarpOp::kAdd, mask, value);
 }
 inline int __reduce_add_sync(unsigned mask, int value) {
-  return static_cast<int>(
-      ::tide::kernels::host::warp_reduce_add(mask, static_cast<unsigned>(value)));
+  return static_cast<int>(::tide::kernels::host::warp_reduce(::tide::kernels::host::WarpOp::kAdd,
+                                                             mask, static_cast<unsigned>(value)));
+}
+// The maximum over the threads named in `mask` (unsigned only: the int form orders differently).
+inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
+  return ::tide::kernels::host::warp_reduce(::tide::kernels::host::WarpOp::kMax, mask, value);
 }
 
 // Atomics return the old value, as on the device; the address must be aligned to the size.

@@ -21,11 +21,16 @@ constexpr std::size_t kStackBytes = std::size_t{256} * 1024;
 
 enum class LaneState : unsigned char { kRunnable, kWaiting, kExited };
 
+const char* collective_name(WarpOp op) {
+  return op == WarpOp::kMax ? "__reduce_max_sync" : "__reduce_add_sync";
+}
+
 // One thread of the warp that is running.
 struct Lane {
   LaneState state = LaneState::kExited;
   uint3 thread_idx{};
   // The collective it waits in, and what it gets from it.
+  WarpOp op = WarpOp::kAdd;
   unsigned mask = 0;
   unsigned value = 0;
   unsigned result = 0;
@@ -46,7 +51,7 @@ std::string triple(uint3 v) {
 class WarpRunner {
  public:
   void run(const HostGrid& grid, KernelThread thread, const void* params);
-  unsigned reduce_add(unsigned mask, unsigned value);
+  unsigned reduce(WarpOp op, unsigned mask, unsigned value);
 
  private:
   static void lane_task(void* arg);
@@ -140,24 +145,26 @@ void WarpRunner::complete_collectives() {
   for (unsigned l = 0; l < lanes_in_warp_; ++l) {
     if (lanes_[l].state != LaneState::kWaiting || done[l]) continue;
     const unsigned mask = lanes_[l].mask;
-    unsigned sum = 0;
+    const WarpOp op = lanes_[l].op;
+    const std::string name = collective_name(op);
+    unsigned result = 0;
     for (unsigned j = 0; j < lanes_in_warp_; ++j) {
       if ((mask >> j & 1u) == 0) continue;
       const Lane& other = lanes_[j];
       if (other.state == LaneState::kExited) {
-        fail(where(l) + ": __reduce_add_sync(" + hex(mask) + ") names thread " +
+        fail(where(l) + ": " + name + "(" + hex(mask) + ") names thread " +
              triple(other.thread_idx) + ", which exited without reaching it");
       }
-      if (done[j] || other.mask != mask) {
-        fail(where(l) + ": __reduce_add_sync(" + hex(mask) + ") names thread " +
-             triple(other.thread_idx) + ", which waits in __reduce_add_sync(" + hex(other.mask) +
-             ")");
+      if (done[j] || other.mask != mask || other.op != op) {
+        fail(where(l) + ": " + name + "(" + hex(mask) + ") names thread " +
+             triple(other.thread_idx) + ", which waits in " + collective_name(other.op) + "(" +
+             hex(other.mask) + ")");
       }
-      sum += other.value;
+      result = op == WarpOp::kMax ? std::max(result, other.value) : result + other.value;
     }
     for (unsigned j = 0; j < lanes_in_warp_; ++j) {
       if ((mask >> j & 1u) == 0) continue;
-      lanes_[j].result = sum;
+      lanes_[j].result = result;
       lanes_[j].state = LaneState::kRunnable;
       done[j] = true;
     }
@@ -165,19 +172,22 @@ void WarpRunner::complete_collectives() {
 }
 
 // On the calling lane's fiber.
-unsigned WarpRunner::reduce_add(unsigned mask, unsigned value) {
+unsigned WarpRunner::reduce(WarpOp op, unsigned mask, unsigned value) {
+  // No object that owns memory may live here across the suspension below: a fault elsewhere in the
+  // warp drops this fiber without unwinding it.
   if ((mask >> current_ & 1u) == 0) {
-    fault(("__reduce_add_sync(" + hex(mask) + ") from lane " + std::to_string(current_) +
-           ", which the mask leaves out")
+    fault((std::string(collective_name(op)) + "(" + hex(mask) + ") from lane " +
+           std::to_string(current_) + ", which the mask leaves out")
               .c_str());
   }
   if (lanes_in_warp_ < kWarpSize && (mask >> lanes_in_warp_) != 0) {
-    fault(("__reduce_add_sync(" + hex(mask) + ") in a warp of " + std::to_string(lanes_in_warp_) +
-           " threads names lanes it does not have")
+    fault((std::string(collective_name(op)) + "(" + hex(mask) + ") in a warp of " +
+           std::to_string(lanes_in_warp_) + " threads names lanes it does not have")
               .c_str());
   }
   Lane& lane = lanes_[current_];
   lane.state = LaneState::kWaiting;
+  lane.op = op;
   lane.mask = mask;
   lane.value = value;
   const unsigned self = current_;
@@ -201,9 +211,11 @@ void WarpRunner::fail(const std::string& message) {
 
 void fault(const char* what) { throw KernelFault(what); }
 
-unsigned warp_reduce_add(unsigned mask, unsigned value) {
-  if (t_active == nullptr) fault("__reduce_add_sync outside a kernel launch");
-  return t_active->reduce_add(mask, value);
+unsigned warp_reduce(WarpOp op, unsigned mask, unsigned value) {
+  if (t_active == nullptr) {
+    fault((std::string(collective_name(op)) + " outside a kernel launch").c_str());
+  }
+  return t_active->reduce(op, mask, value);
 }
 
 void run_grid(const HostGrid& grid, KernelThread thread, const void* params) {

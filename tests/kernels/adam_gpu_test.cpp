@@ -7,6 +7,8 @@
 // TIDE_REAL_GPU) against the real driver, and exits 77 (skipped) when no GPU driver loads.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -169,6 +171,127 @@ TEST_F(AdamGpuTest, RejectsBadArguments) {
   bad.step = 0;
   EXPECT_THROW(adam.step({&s, 1}, dtypes, bad, counts.get(), stream), std::invalid_argument);
   EXPECT_THROW(adam.step({&s, 1}, dtypes, AdamHyper{}, 0, stream), std::invalid_argument);
+  stream.synchronize();
+}
+
+// 8-bit moments (kernels/quant8.h) through the launcher: the CPU path's bytes, bit for bit, for
+// lengths within, at and across quantization blocks, several subgroups in one launch.
+TEST_F(AdamGpuTest, EightBitMomentsMatchTheCpuPathBitForBit) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const AdamGpu adam;
+  driver::Stream stream;
+  const AdamHyper h = random_hyper(rng);
+  SCOPED_TRACE(describe(h));
+  const std::size_t lengths[] = {0, 1, 255, 256, 257, 3000, 30001};
+  // Per subgroup: grad (bf16), param, copy (bf16), two code buffers and two scale buffers, each
+  // at a 256-byte boundary of one device allocation (the weights 4 bytes past one, so the kernel
+  // also meets buffers off its vector boundary).
+  struct Layout8 {
+    std::size_t n, offset[7], bytes[7];
+  };
+  std::vector<Layout8> layouts;
+  std::vector<unsigned char> host;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t n : lengths) {
+    Layout8 l{n, {}, {}};
+    const std::size_t sizes[7] = {2, 4, 2, 1, 1, 0, 0};
+    for (int k = 0; k < 7; ++k) {
+      l.bytes[k] = k < 5 ? n * sizes[k] : quant_blocks(n) * 4;
+      l.offset[k] = (host.size() + 255) / 256 * 256 + (k == 1 && n % 2 == 1 ? 4 : 0);
+      host.resize(l.offset[k] + l.bytes[k] + 1);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t g = float_to_bf16(normal(rng));
+      const float p = normal(rng);
+      std::memcpy(&host[l.offset[0] + 2 * i], &g, 2);
+      std::memcpy(&host[l.offset[1] + 4 * i], &p, 4);
+      host[l.offset[3] + i] = static_cast<unsigned char>(rng());
+      host[l.offset[4] + i] = static_cast<unsigned char>(rng());
+    }
+    for (std::size_t b = 0; b < quant_blocks(n); ++b) {
+      const float sm = 0.1f * (1.0f + std::abs(normal(rng))),
+                  sv = 1e-3f * static_cast<float>(1 + b % 3);
+      std::memcpy(&host[l.offset[5] + 4 * b], &sm, 4);
+      std::memcpy(&host[l.offset[6] + 4 * b], &sv, 4);
+    }
+    layouts.push_back(l);
+  }
+  // The CPU path on a host copy (its code buffers at the same 256-byte boundaries: the host
+  // copy is itself 256-byte aligned).
+  auto cpu_storage = std::make_unique<unsigned char[]>(host.size() + 256);
+  unsigned char* cpu =
+      cpu_storage.get() + (256 - reinterpret_cast<std::uintptr_t>(cpu_storage.get()) % 256) % 256;
+  std::memcpy(cpu, host.data(), host.size());
+  std::vector<std::uint64_t> expected;
+  for (const Layout8& l : layouts) {
+    AdamSubgroup s;
+    s.grad = cpu + l.offset[0];
+    s.param = reinterpret_cast<float*>(cpu + l.offset[1]);
+    s.param_copy = cpu + l.offset[2];
+    s.exp_avg = cpu + l.offset[3];
+    s.exp_avg_sq = cpu + l.offset[4];
+    s.exp_avg_scale = reinterpret_cast<float*>(cpu + l.offset[5]);
+    s.exp_avg_sq_scale = reinterpret_cast<float*>(cpu + l.offset[6]);
+    s.count = l.n;
+    s.grad_dtype = Dtype::kBFloat16;
+    s.copy_dtype = Dtype::kBFloat16;
+    s.state_format = StateFormat::kBlockQ8;
+    expected.push_back(cpu_adam_step(s, h).nonfinite);
+  }
+  driver::DeviceBuffer device(host.size());
+  driver::copy_to_device(device.get(), host.data(), host.size());
+  std::vector<AdamGpuSubgroup> views;
+  for (const Layout8& l : layouts) {
+    const CUdeviceptr b = device.get();
+    views.push_back({b + l.offset[0], b + l.offset[1], b + l.offset[3], b + l.offset[4],
+                     b + l.offset[2], l.n, b + l.offset[5], b + l.offset[6]});
+  }
+  driver::DeviceBuffer counts(views.size() * sizeof(std::uint64_t));
+  AdamGpuDtypes dtypes{Dtype::kBFloat16, Dtype::kFloat32, Dtype::kBFloat16};
+  dtypes.state_format = StateFormat::kBlockQ8;
+  adam.step(views, dtypes, h, counts.get(), stream);
+  stream.synchronize();
+  driver::copy_to_host(host.data(), device.get(), host.size());
+  std::vector<std::uint64_t> got(views.size());
+  driver::copy_to_host(got.data(), counts.get(), got.size() * sizeof(std::uint64_t));
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    const Layout8& l = layouts[i];
+    SCOPED_TRACE("subgroup of " + std::to_string(l.n));
+    EXPECT_EQ(got[i], expected[i]);
+    for (int k = 1; k < 7; ++k) {
+      EXPECT_EQ(0, std::memcmp(host.data() + l.offset[k], cpu + l.offset[k], l.bytes[k]))
+          << "buffer " << k << " (1 param, 2 copy, 3-4 codes, 5-6 scales)";
+    }
+  }
+}
+
+TEST_F(AdamGpuTest, RefusesEightBitSubgroupsThatDoNotStartOnABlock) {
+  const AdamGpu adam;
+  driver::Stream stream;
+  driver::DeviceBuffer buffer(1 << 16);
+  driver::DeviceBuffer counts(64);
+  const CUdeviceptr b = (buffer.get() + 255) / 256 * 256;
+  AdamGpuDtypes dtypes;
+  dtypes.state_format = StateFormat::kBlockQ8;
+  AdamGpuSubgroup s{b, b + 4096, b + 8192, b + 12288, b + 16384, 300, b + 20480, b + 24576};
+  EXPECT_NO_THROW(adam.step({&s, 1}, dtypes, AdamHyper{}, counts.get(), stream));
+  AdamGpuSubgroup off = s;
+  off.exp_avg += 100;  // 100 elements into a block
+  try {
+    adam.step({&off, 1}, dtypes, AdamHyper{}, counts.get(), stream);
+    ADD_FAILURE() << "a subgroup off a quantization block was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("exp_avg codes of subgroup 0 are null or do not start "
+                                         "at a 256-byte boundary"),
+              std::string::npos)
+        << e.what();
+  }
+  off = s;
+  off.exp_avg_sq_scale = 0;
+  EXPECT_THROW(adam.step({&off, 1}, dtypes, AdamHyper{}, counts.get(), stream),
+               std::invalid_argument);
   stream.synchronize();
 }
 

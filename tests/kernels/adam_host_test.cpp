@@ -115,7 +115,9 @@ class AdamHostTest : public ::testing::Test {
                         address(s.exp_avg),
                         address(s.exp_avg_sq),
                         layout.copy ? address(s.copy) : 0,
-                        s.count};
+                        s.count,
+                        0,
+                        0};
     }
     const HostKernelEntry* adam = find_host_kernel(kAdamKernel);
     ASSERT_NE(adam, nullptr);

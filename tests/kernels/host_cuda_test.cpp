@@ -141,6 +141,34 @@ TEST(HostCudaTest, AWarpCollectiveSeesEveryThreadOfItsMask) {
   }
 }
 
+// __reduce_max_sync over values that peak at a different lane in each warp, after the threads did
+// different amounts of work.
+__global__ void reduce_max_kernel(ReduceParams p) {
+  unsigned* out = reinterpret_cast<unsigned*>(p.out) + blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  unsigned value = 0;
+  for (unsigned i = 0; i <= lane % 5; ++i) value = (lane * 7 + warp * 11 + blockIdx.x) % 32 + i;
+  *out = __reduce_max_sync(0xffffffffu, value * 1000u + 0x80000000u * (lane == warp + 3));
+}
+
+TEST(HostCudaTest, AMaxCollectiveGivesEveryThreadTheWarpsMaximum) {
+  const unsigned blocks = 2, threads = 96;
+  std::vector<unsigned> out(blocks * threads, 7);
+  launch<&reduce_max_kernel>(dim3(blocks), dim3(threads),
+                             ReduceParams{reinterpret_cast<std::uint64_t>(out.data()), 0});
+  for (unsigned b = 0; b < blocks; ++b) {
+    for (unsigned t = 0; t < threads; ++t) {
+      const unsigned warp = t / 32;
+      unsigned want = 0;
+      for (unsigned lane = 0; lane < 32; ++lane) {
+        const unsigned value = (lane * 7 + warp * 11 + b) % 32 + lane % 5;
+        want = std::max(want, value * 1000u + 0x80000000u * (lane == warp + 3));
+      }
+      ASSERT_EQ(out[b * threads + t], want) << "block " << b << " thread " << t;
+    }
+  }
+}
+
 struct FaultParams {
   std::uint64_t buffer;
   unsigned mode;
@@ -175,6 +203,21 @@ __global__ __attribute__((no_sanitize("alignment"))) void faulty_kernel(FaultPar
     case 6:  // an 8-byte atomic 4 bytes past
       atomicAdd(reinterpret_cast<unsigned long long*>(p.buffer + 4), 1ull);
       return;
+    case 7:  // half the warp in a sum, half in a maximum, over one mask
+      if (lane < 16) {
+        __reduce_add_sync(0xffffffffu, 1u);
+      } else {
+        __reduce_max_sync(0xffffffffu, 1u);
+      }
+      return;
+    case 8: {  // an 8-byte load from an address 4 bytes past a multiple of 8
+      const uint2 v = *reinterpret_cast<const uint2*>(p.buffer + 4);
+      if (v.x == 12345u) __reduce_add_sync(0xffffffffu, 1u);
+      return;
+    }
+    case 9:  // an 8-byte store 2 bytes past
+      *reinterpret_cast<uint2*>(p.buffer + 2) = make_uint2(1, 2);
+      return;
     default:
       return;
   }
@@ -202,6 +245,14 @@ TEST(HostCudaTest, WhatWouldHangOrFaultOnTheDeviceFailsTheLaunch) {
                                "16");
   expect_fault<&faulty_kernel>(dim3(1), dim3(32), FaultParams{b, 6},
                                "an atomic at an address not aligned to its size");
+  expect_fault<&faulty_kernel>(dim3(1), dim3(32), FaultParams{b, 7},
+                               "__reduce_add_sync(0xffffffff) names thread (16, 0, 0), which "
+                               "waits in __reduce_max_sync(0xffffffff)");
+  expect_fault<&faulty_kernel>(dim3(1), dim3(32), FaultParams{b, 8},
+                               "an 8-byte load (uint2) from an address that is not a multiple "
+                               "of 8");
+  expect_fault<&faulty_kernel>(dim3(1), dim3(32), FaultParams{b, 9},
+                               "an 8-byte store (uint2) to an address that is not a multiple of 8");
   EXPECT_THROW(__reduce_add_sync(0xffffffffu, 1u), KernelFault);  // outside a launch
   // The runner is usable after faults (their warps' suspended threads were dropped).
   std::vector<unsigned> out(64 * 2, 0);
@@ -316,7 +367,7 @@ TEST(HostCudaTest, TidesRoundingEqualsTheDevicesIntrinsicsForNumbers) {
 // --- The registry --------------------------------------------------------------------------------
 
 TEST(HostCudaTest, TidesKernelsAreRegisteredByName) {
-  for (const char* name : {"tide_adam_step", "tide_cast_f32_to_half"}) {
+  for (const char* name : {"tide_adam_step", "tide_adam_step_q8", "tide_cast_f32_to_half"}) {
     const HostKernelEntry* entry = find_host_kernel(name);
     ASSERT_NE(entry, nullptr) << name;
     EXPECT_EQ(entry->name, name);
