@@ -188,6 +188,11 @@ std::span<const Knob> knobs() {
        "pinned host arenas: threads that touch a new chunk's pages before it is registered; 0: "
        "min(8, cores) (default 0)",
        &integer<0, 256>},
+      {"TIDE_NODE_PINNED_LIMIT", kLimitAccepts,
+       "pinned host memory the ranks of this node may hold together: each of the LOCAL_WORLD_SIZE "
+       "ranks may pin an equal share, over all its arenas; growing past it is an out-of-memory "
+       "error naming this knob (default: none)",
+       &limit},
       {"TIDE_MEMORY_LIMIT", kLimitAccepts,
        "interposer (tide run --limit): device memory limit per device for the process: "
        "cuMemGetInfo and cuDeviceTotalMem report it, allocations beyond it fail with "

@@ -17,8 +17,10 @@ namespace tide::kernels {
 
 class ThreadPool {
  public:
-  // A pool of `threads` participants: the calling thread of run() and threads − 1 workers.
-  explicit ThreadPool(unsigned threads);
+  // A pool of `threads` participants: the calling thread of run() and threads − 1 workers. The
+  // workers run on `cpus` only when it is not empty (the calling thread is the caller's, left
+  // as it is).
+  explicit ThreadPool(unsigned threads, std::vector<int> cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -53,8 +55,18 @@ class ThreadPool {
 // The CPUs this process may run on (sched_getaffinity), at least 1.
 unsigned affinity_cpu_count();
 
-// The process's pool for the CPU kernels, created on first use with TIDE_CPU_THREADS threads
-// (default: affinity_cpu_count()). Throws config::EnvError for a bad TIDE_CPU_THREADS.
+// The process's pool for the CPU kernels, created on first use. With one local rank (no
+// LOCAL_WORLD_SIZE, or 1): TIDE_CPU_THREADS threads, default affinity_cpu_count(). With several,
+// the rank's share of the node's cores (config::this_core_share()): as many threads as it has
+// cores, the workers pinned to them; an explicit TIDE_CPU_THREADS above the share is an error
+// (ranks would oversubscribe the cores each other's updates run on). Throws config::EnvError for
+// a bad TIDE_CPU_THREADS, LOCAL_RANK or LOCAL_WORLD_SIZE.
 ThreadPool& cpu_pool();
 
+// The pool's size and cores cpu_pool() uses (what it would be created with). Throws as it does.
+struct PoolShape {
+  unsigned threads = 1;
+  std::vector<int> cpus;  // empty: not pinned
+};
+PoolShape cpu_pool_shape();
 }  // namespace tide::kernels

@@ -1,0 +1,46 @@
+// The CPU pool of one of two local ranks (LOCAL_RANK=1, LOCAL_WORLD_SIZE=2, set by ctest): sized
+// to the rank's share of the node's cores and pinned there; a TIDE_CPU_THREADS above the share is
+// an error naming it. One process: the pool is created once.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "config/env.h"
+#include "config/node.h"
+#include "kernels/thread_pool.h"
+
+namespace tide::kernels {
+namespace {
+
+TEST(PoolShareTest, SizedAndPinnedToTheRanksShare) {
+  const config::CoreShare& share = config::this_core_share();
+  const config::Topology topology = config::this_topology();
+  EXPECT_EQ(share, config::core_share(topology, {1, 2}));
+  if (topology.cpu_count() >= 2) {
+    // The other rank's cores are not ours.
+    const config::CoreShare other = config::core_share(topology, {0, 2});
+    for (int c : other.cpus) EXPECT_EQ(std::count(share.cpus.begin(), share.cpus.end(), c), 0);
+  }
+  const auto cores = static_cast<unsigned>(share.cpus.size());
+  ::setenv("TIDE_CPU_THREADS", std::to_string(cores + 1).c_str(), 1);
+  try {
+    cpu_pool_shape();
+    FAIL() << "TIDE_CPU_THREADS above the rank's share was accepted";
+  } catch (const config::EnvError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("TIDE_CPU_THREADS"), std::string::npos) << what;
+    EXPECT_NE(what.find("LOCAL_WORLD_SIZE=2"), std::string::npos) << what;
+  }
+  ::setenv("TIDE_CPU_THREADS", "1", 1);
+  EXPECT_EQ(cpu_pool_shape().threads, 1u);
+  ::unsetenv("TIDE_CPU_THREADS");
+  const PoolShape shape = cpu_pool_shape();
+  EXPECT_EQ(shape.threads, cores);
+  EXPECT_EQ(shape.cpus, share.cpus);
+  EXPECT_EQ(cpu_pool().size(), cores);
+}
+
+}  // namespace
+}  // namespace tide::kernels
