@@ -21,8 +21,11 @@
 // params/s), capped at a quarter of the memcpy rate, both per second of CPU time; the GPU kernel
 // sleeps at 5e10 params/s.
 //
-// usage: bench_node_update [--ranks N (2)] [--params P per rank (3e7)] [--subgroup-params S
-//        (1.5e6)] [--rounds R (3)] [--isa scalar|best (scalar)]
+// Memory: about 18 bytes per parameter per rank (fp32 state, bf16 gradient and weight copy in
+// pinned memory, bf16 parameters in the stand-in's device memory): 2.9 GB at the defaults.
+//
+// usage: bench_node_update [--ranks N (2)] [--params P per rank (8e7)] [--subgroup-params S
+//        (4e6)] [--rounds R (3)] [--isa scalar|best (scalar)]
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,8 +61,8 @@ constexpr double kAdamBytesPerParam = 28;  // fp32 p, m, v read and written, bf1
 
 struct Settings {
   int ranks = 2;
-  double params = 3e7;  // per rank
-  double subgroup = 1.5e6;
+  double params = 8e7;  // per rank
+  double subgroup = 4e6;
   int rounds = 3;
   bool scalar = true;
 };
@@ -85,16 +88,18 @@ double node_membw_gbps() {
   return at == std::string::npos ? 0 : std::atof(line.c_str() + at + 7);
 }
 
-// In a rank: the stand-in's simulated link and GPU kernel, then a context.
+// In a rank: a context, then the stand-in's simulated link and GPU kernel.
 std::unique_ptr<driver::PrimaryContext> open_device(double gbps) {
   void* handle = bench::open_standin(kName);
   auto set_bandwidth =
       bench::standin_fn<int (*)(double, double)>(handle, "tide_standin_set_bandwidth", kName);
   auto register_kernel = bench::standin_fn<int (*)(const char*, tide_standin_kernel, size_t)>(
       handle, "tide_standin_register_kernel", kName);
+  auto context = std::make_unique<driver::PrimaryContext>(0);
+  // After the driver's initialisation, which sets the links from TIDE_STANDIN_*_GBPS.
   if (gbps > 0) set_bandwidth(gbps, gbps);
   register_kernel(kernels::kAdamKernel, &bench::sleeping_adam, sizeof(kernels::AdamKernelParams));
-  return std::make_unique<driver::PrimaryContext>(0);
+  return context;
 }
 
 std::string rates_text(const Rates& r) {
@@ -251,8 +256,8 @@ int main(int argc, char** argv) {
       s.scalar = !std::strcmp(argv[++i], "scalar");
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--ranks N (2)] [--params P per rank (3e7)] [--subgroup-params S "
-                   "(1.5e6)] [--rounds R (3)] [--isa scalar|best (scalar)]\n",
+                   "usage: %s [--ranks N (2)] [--params P per rank (8e7)] [--subgroup-params S "
+                   "(4e6)] [--rounds R (3)] [--isa scalar|best (scalar)]\n",
                    kName);
       return 2;
     }
@@ -306,6 +311,12 @@ int main(int argc, char** argv) {
                "bandwidth %.2f GB/s\n",
                kName, s.ranks, share, topology.cpu_count(), node.cpu_update, alone.cpu_update,
                gbps, membw);
+  for (const RateInfo& info : rate_infos()) {
+    std::fprintf(stderr, "  %-36s %s per rank with all running, %s alone\n",
+                 std::string(info.description).c_str(),
+                 format_rate(info.kind, node.*info.member).c_str(),
+                 format_rate(info.kind, alone.*info.member).c_str());
+  }
 
   std::vector<Case> cases(3);
   for (auto [c, name, aware, cpu, rates] :

@@ -137,7 +137,8 @@ std::span<const Knob> knobs() {
        &library_path},
       {"TIDE_CPU_THREADS", "an integer from 1 to 1024",
        "threads of the CPU optimizer kernels (default: the CPUs this process may run on, "
-       "sched_getaffinity)",
+       "sched_getaffinity; with LOCAL_WORLD_SIZE > 1, the rank's share of the node's cores, and a "
+       "value above that share is an error)",
        &integer<1, 1024>},
       {"TIDE_CPU_ISA", "auto, avx512, avx2 or scalar",
        "instruction set of the CPU optimizer kernels: auto, the widest this CPU runs, or the one "
