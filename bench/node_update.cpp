@@ -205,8 +205,7 @@ void record(Case& c, const std::vector<std::string>& lines) {
 }
 
 // The model at `ranks` ranks per node: the per-rank rates measured at `measured` shared out.
-void emit_model(const Settings& s, int measured, const Rates& node, const Rates& alone,
-                int ranks) {
+void emit_model(const Settings& s, int measured, const Rates& node, const Rates& alone, int ranks) {
   Calibration calibration;
   calibration.machine.ranks_per_host = measured;
   ResolvedRates resolved;
@@ -264,8 +263,7 @@ int main(int argc, char** argv) {
   }
   if (s.ranks < 1 || s.ranks > 64 || s.rounds < 1 || s.rounds > 100 || !(s.subgroup >= 1024) ||
       !(s.params >= s.subgroup) || s.params > 1e10) {
-    std::fprintf(stderr, "%s: out of range (1-64 ranks, 1-100 rounds, subgroups >= 1024)\n",
-                 kName);
+    std::fprintf(stderr, "%s: out of range (1-64 ranks, 1-100 rounds, subgroups >= 1024)\n", kName);
     return 2;
   }
   // Every rank's pool from its share (node-aware) or the machine (unaware), never a fixed size.
@@ -288,8 +286,8 @@ int main(int argc, char** argv) {
   })[0];
   const double cpu_per_s = std::atof(cost.c_str());
   const double memcpy_per_s = std::atof(cost.c_str() + cost.find(' '));
-  const double gbps = std::min(25.0 * cpu_per_s * static_cast<double>(share) / 2.2e9,
-                               memcpy_per_s / 4 / 1e9);
+  const double gbps =
+      std::min(25.0 * cpu_per_s * static_cast<double>(share) / 2.2e9, memcpy_per_s / 4 / 1e9);
 
   MeasureOptions m;
   m.params = std::uint64_t{4} << 20;
@@ -299,18 +297,16 @@ int main(int argc, char** argv) {
     barrier();
     return rates_text(measure_rates(m));
   };
-  const Rates node = slowest(run_ranks(s.ranks, true, [&](int, const RankBarrier& b) {
-    return measure(b);
-  }));
-  const Rates alone = slowest(run_ranks(1, false, [&](int, const RankBarrier& b) {
-    return measure(b);
-  }));
+  const Rates node =
+      slowest(run_ranks(s.ranks, true, [&](int, const RankBarrier& b) { return measure(b); }));
+  const Rates alone =
+      slowest(run_ranks(1, false, [&](int, const RankBarrier& b) { return measure(b); }));
   std::fprintf(stderr,
                "%s: %d ranks, %zu cores each (node-aware) of %zu; CPU update per rank %.3g "
                "params/s with all running, %.3g alone; simulated links %.2f GB/s; node memory "
                "bandwidth %.2f GB/s\n",
-               kName, s.ranks, share, topology.cpu_count(), node.cpu_update, alone.cpu_update,
-               gbps, membw);
+               kName, s.ranks, share, topology.cpu_count(), node.cpu_update, alone.cpu_update, gbps,
+               membw);
   for (const RateInfo& info : rate_infos()) {
     std::fprintf(stderr, "  %-36s %s per rank with all running, %s alone\n",
                  std::string(info.description).c_str(),
@@ -319,10 +315,9 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Case> cases(3);
-  for (auto [c, name, aware, cpu, rates] :
-       {std::tuple{&cases[0], "node_aware", true, false, node},
-        std::tuple{&cases[1], "unaware", false, false, alone},
-        std::tuple{&cases[2], "all_cpu", true, true, node}}) {
+  for (auto [c, name, aware, cpu, rates] : {std::tuple{&cases[0], "node_aware", true, false, node},
+                                            std::tuple{&cases[1], "unaware", false, false, alone},
+                                            std::tuple{&cases[2], "all_cpu", true, true, node}}) {
     c->name = name;
     c->node_aware = aware;
     c->all_cpu = cpu;

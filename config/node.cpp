@@ -101,7 +101,8 @@ std::vector<int> parse_cpu_list(std::string_view text) {
     }
     const std::size_t dash = item.find('-');
     const int first = parse_cpu(item.substr(0, dash), text);
-    const int last = dash == std::string_view::npos ? first : parse_cpu(item.substr(dash + 1), text);
+    const int last =
+        dash == std::string_view::npos ? first : parse_cpu(item.substr(dash + 1), text);
     if (last < first || (!cpus.empty() && first <= cpus.back())) {
       throw std::invalid_argument("not a cpulist (ascending, no repeats): \"" + std::string(text) +
                                   "\"");
@@ -123,7 +124,8 @@ Topology read_topology(const std::filesystem::path& node_dir, const std::vector<
     if (err != std::errc{} || p != name.data() + name.size() || id < 0) continue;
     try {
       std::vector<int> cpus = parse_cpu_list(read_small(it->path() / "cpulist"));
-      std::erase_if(cpus, [&](int c) { return !std::binary_search(allowed.begin(), allowed.end(), c); });
+      std::erase_if(cpus,
+                    [&](int c) { return !std::binary_search(allowed.begin(), allowed.end(), c); });
       if (!cpus.empty()) by_node[id] = std::move(cpus);
     } catch (const std::invalid_argument&) {
       // A node sysfs describes oddly is left out; the CPUs it held go to node 0's fallback below.
@@ -157,7 +159,8 @@ CoreShare core_share(const Topology& topology, LocalRanks ranks,
   if (ranks.size == 1) {
     // Alone, a rank keeps every core, whichever nodes they are on.
     CoreShare all;
-    for (const NumaNode& n : topology.nodes) all.cpus.insert(all.cpus.end(), n.cpus.begin(), n.cpus.end());
+    for (const NumaNode& n : topology.nodes)
+      all.cpus.insert(all.cpus.end(), n.cpus.begin(), n.cpus.end());
     std::sort(all.cpus.begin(), all.cpus.end());
     all.numa_node = nodes == 1 ? topology.nodes[0].id : -1;
     return all;

@@ -59,12 +59,13 @@ struct CoreShare {
   bool operator==(const CoreShare&) const = default;
 };
 
-// The cores of local rank `ranks.rank`. A rank alone gets every core. Ranks go to NUMA nodes by their GPU's node when
-// `gpu_numa_nodes` gives one for every local rank and each names a node of `topology`; otherwise
-// in order, in proportion to the nodes' cores (ranks 0..R/2-1 on the first of two equal nodes).
-// A node's cores are then split evenly, in order, between its ranks (the first ones get one more
-// when they do not divide). More ranks on a node than it has cores: rank j there gets core
-// j mod cores, `shared` set. Deterministic: every rank computes the same split on its own.
+// The cores of local rank `ranks.rank`. A rank alone gets every core. Ranks go to NUMA nodes by
+// their GPU's node when `gpu_numa_nodes` gives one for every local rank and each names a node of
+// `topology`; otherwise in order, in proportion to the nodes' cores (ranks 0..R/2-1 on the first of
+// two equal nodes). A node's cores are then split evenly, in order, between its ranks (the first
+// ones get one more when they do not divide). More ranks on a node than it has cores: rank j there
+// gets core j mod cores, `shared` set. Deterministic: every rank computes the same split on its
+// own.
 CoreShare core_share(const Topology& topology, LocalRanks ranks,
                      std::span<const int> gpu_numa_nodes = {});
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <string>
-#include <utility>
 
 #include "config/env.h"
 #include "config/node.h"
@@ -28,7 +27,7 @@ struct RunningIn {
 
 }  // namespace
 
-ThreadPool::ThreadPool(unsigned threads, std::vector<int> cpus)
+ThreadPool::ThreadPool(unsigned threads, const std::vector<int>& cpus)
     : size_(std::max(threads, 1u)), owner_pid_(::getpid()) {
   workers_.reserve(size_ - 1);
   for (unsigned i = 1; i < size_; ++i) {
@@ -133,8 +132,8 @@ PoolShape cpu_pool_shape() {
     throw config::EnvError(
         "TIDE_CPU_THREADS", std::to_string(*threads),
         "an integer from 1 to " + std::to_string(cores) + ", the cores of local rank " +
-            std::to_string(ranks.rank) + "'s share of the node (LOCAL_WORLD_SIZE=" +
-            std::to_string(ranks.size) + ")");
+            std::to_string(ranks.rank) +
+            "'s share of the node (LOCAL_WORLD_SIZE=" + std::to_string(ranks.size) + ")");
   }
   return {threads ? static_cast<unsigned>(*threads) : cores, share.cpus};
 }
@@ -143,8 +142,8 @@ ThreadPool& cpu_pool() {
   // Never destroyed: joining at exit would wait on threads a forked child does not have, and
   // other static destructors (a driver's stream threads) may still run kernels.
   static ThreadPool* const pool = [] {
-    PoolShape shape = cpu_pool_shape();
-    return new ThreadPool(shape.threads, std::move(shape.cpus));
+    const PoolShape shape = cpu_pool_shape();
+    return new ThreadPool(shape.threads, shape.cpus);
   }();
   return *pool;
 }

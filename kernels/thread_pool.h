@@ -20,7 +20,7 @@ class ThreadPool {
   // A pool of `threads` participants: the calling thread of run() and threads − 1 workers. The
   // workers run on `cpus` only when it is not empty (the calling thread is the caller's, left
   // as it is).
-  explicit ThreadPool(unsigned threads, std::vector<int> cpus = {});
+  explicit ThreadPool(unsigned threads, const std::vector<int>& cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

@@ -114,7 +114,8 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
     reader.fail("", std::string("not valid JSON: ") + e.what());
   }
   reader.object(root, "the top level");
-  reader.only(root, "the top level", {"format", "version", "measured_at", "machine", "rates", "ranks"});
+  reader.only(root, "the top level",
+              {"format", "version", "measured_at", "machine", "rates", "ranks"});
   if (reader.string(root, "", "format", true) != kCalibrationFormat) {
     reader.fail("format", "must be \"" + std::string(kCalibrationFormat) + "\"");
   }
@@ -224,9 +225,9 @@ std::string format_calibration(const Calibration& c) {
         throw CalibrationError("calibration: ranks[" + std::to_string(i) +
                                "]: rates must be finite numbers > 0");
       }
-      out << (i ? ",\n" : "\n") << "    {\"cpu_update_params_per_s\": "
-          << json::number(r.cpu_update) << ", \"memory_bytes_per_s\": " << json::number(r.memory)
-          << "}";
+      out << (i ? ",\n" : "\n")
+          << "    {\"cpu_update_params_per_s\": " << json::number(r.cpu_update)
+          << ", \"memory_bytes_per_s\": " << json::number(r.memory) << "}";
     }
     out << "\n  ]";
   }

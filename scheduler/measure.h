@@ -53,7 +53,6 @@ CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& op
 // cores when LOCAL_WORLD_SIZE is set) and of a memcpy of the subgroup's state, over one pinned
 // subgroup of `params` parameters, best of `repeats`. `ready` is called once the buffers are
 // warm, and the timed runs start when it returns (the ranks' barrier).
-RankRates measure_rank_rates(std::uint64_t params, int repeats,
-                             const std::function<void()>& ready);
+RankRates measure_rank_rates(std::uint64_t params, int repeats, const std::function<void()>& ready);
 
 }  // namespace tide::scheduler

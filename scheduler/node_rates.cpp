@@ -8,8 +8,7 @@
 namespace tide::scheduler {
 
 int measured_ranks_per_host(const ResolvedRates& resolved) {
-  return resolved.calibration ? resolved.calibration->machine.ranks_per_host
-                              : kBuiltinRanksPerHost;
+  return resolved.calibration ? resolved.calibration->machine.ranks_per_host : kBuiltinRanksPerHost;
 }
 
 ResolvedRates share_for_node(ResolvedRates resolved, int ranks_per_node) {

@@ -160,8 +160,8 @@ std::vector<std::string> run_ranks(
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && text.starts_with("ok ");
     if (!ok && failure.empty()) {
       failure = "rank " + std::to_string(i) + ": " +
-                (text.starts_with("error ") ? text.substr(6) : "died (status " +
-                                                                   std::to_string(status) + ")");
+                (text.starts_with("error ") ? text.substr(6)
+                                            : "died (status " + std::to_string(status) + ")");
     }
     out.push_back(ok ? text.substr(3) : std::string());
   }

@@ -155,10 +155,9 @@ int calibrate_command(int argc, char** argv) {
   c.machine = this_machine();
   // The threads one rank updates with: the pool here, or a rank's share when ranks measured.
   c.machine.cpu_threads =
-      concurrent > 1
-          ? static_cast<int>(
-                config::core_share(config::this_topology(), {0, concurrent}).cpus.size())
-          : static_cast<int>(kernels::cpu_pool().size());
+      concurrent > 1 ? static_cast<int>(
+                           config::core_share(config::this_topology(), {0, concurrent}).cpus.size())
+                     : static_cast<int>(kernels::cpu_pool().size());
   c.machine.ranks_per_host = ranks;
   c.machine.gpu_name = driver::device_name(0);
   c.machine.gpu_memory_bytes = driver::memory_info().total_bytes;

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "config/env.h"
+#include "config/node.h"
 #include "io/json_writer.h"
 #include "scheduler/interleave.h"
 #include "scheduler/iteration_model.h"
+#include "scheduler/node_rates.h"
 #include "scheduler/plan_format.h"
 #include "scheduler/planner.h"
-#include "config/node.h"
-#include "scheduler/node_rates.h"
 #include "scheduler/rate_sources.h"
 #include "scheduler/units.h"
 #include "tools/command.h"
@@ -274,13 +274,14 @@ struct NodeFigures {
 
 int plan_command(int argc, char** argv) {
   std::vector<std::string_view> with_value = {
-      "--params",           "--ranks",       "--subgroup-params", "--ranks-per-node",
+      "--params",           "--ranks",       "--subgroup-params",
       "--free-memory",      "--gpu-memory",  "--gradients",
       "--gradient-bytes",   "--state-bytes", "--max-buffers",
       "--calibration",      "--max-k",       "--forward-seconds",
       "--backward-seconds", "--layers",      "--gradient-offload",
       "--state-dtype"};
   for (const RateInfo& info : rate_infos()) with_value.push_back(info.flag);
+  with_value.push_back("--ranks-per-node");
   const Arguments args(argc, argv, with_value, {"--json", "--help", "-h"});
   if (args.has("--help") || args.has("-h")) {
     std::fputs(kUsage, stdout);

@@ -58,12 +58,12 @@ void reserve_pinned(std::uint64_t bytes) {
   for (;;) {
     if (n.rank_limit_bytes != 0 &&
         (bytes > n.rank_limit_bytes || now > n.rank_limit_bytes - bytes)) {
-      throw PinnedLimitError(
-          "tide: pinned memory: growing by " + gib(bytes) + " would pin " + gib(now + bytes) +
-          " in this process, over local rank " + std::to_string(n.local_rank) + "'s share " +
-          gib(n.rank_limit_bytes) + " of TIDE_NODE_PINNED_LIMIT=" + gib(n.node_limit_bytes) +
-          " (LOCAL_WORLD_SIZE=" + std::to_string(n.local_ranks) +
-          "): raise the limit, or keep less optimizer state on this node");
+      throw PinnedLimitError("tide: pinned memory: growing by " + gib(bytes) + " would pin " +
+                             gib(now + bytes) + " in this process, over local rank " +
+                             std::to_string(n.local_rank) + "'s share " + gib(n.rank_limit_bytes) +
+                             " of TIDE_NODE_PINNED_LIMIT=" + gib(n.node_limit_bytes) +
+                             " (LOCAL_WORLD_SIZE=" + std::to_string(n.local_ranks) +
+                             "): raise the limit, or keep less optimizer state on this node");
     }
     if (pinned_now.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed)) break;
   }

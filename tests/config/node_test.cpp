@@ -21,18 +21,21 @@ namespace {
 
 std::vector<int> range(int first, int count) {
   std::vector<int> v;
+  v.reserve(static_cast<std::size_t>(count));
   for (int i = 0; i < count; ++i) v.push_back(first + i);
   return v;
 }
 
 Topology nodes(std::vector<std::vector<int>> cpus) {
   Topology t;
+  t.nodes.reserve(cpus.size());
   for (std::size_t i = 0; i < cpus.size(); ++i) t.nodes.push_back({static_cast<int>(i), cpus[i]});
   return t;
 }
 
-std::vector<CoreShare> split(const Topology& t, int ranks, std::vector<int> gpu_nodes = {}) {
+std::vector<CoreShare> split(const Topology& t, int ranks, const std::vector<int>& gpu_nodes = {}) {
   std::vector<CoreShare> out;
+  out.reserve(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) out.push_back(core_share(t, {r, ranks}, gpu_nodes));
   return out;
 }
@@ -149,8 +152,8 @@ TEST(CpuListTest, ParsesLinuxCpuLists) {
 }
 
 TEST(TopologyTest, ReadsASysfsNodeFolder) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) /
-                   ("tide_node_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::path(::testing::TempDir()) / ("tide_node_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   auto write = [&](const std::string& node, const std::string& text) {
     std::filesystem::create_directories(dir / node);
@@ -183,8 +186,14 @@ class LocalRanksTest : public ::testing::Test {
     ::unsetenv("LOCAL_WORLD_SIZE");
   }
   static void set(const char* rank, const char* size) {
-    if (rank) ::setenv("LOCAL_RANK", rank, 1); else ::unsetenv("LOCAL_RANK");
-    if (size) ::setenv("LOCAL_WORLD_SIZE", size, 1); else ::unsetenv("LOCAL_WORLD_SIZE");
+    if (rank)
+      ::setenv("LOCAL_RANK", rank, 1);
+    else
+      ::unsetenv("LOCAL_RANK");
+    if (size)
+      ::setenv("LOCAL_WORLD_SIZE", size, 1);
+    else
+      ::unsetenv("LOCAL_WORLD_SIZE");
   }
 };
 
@@ -194,7 +203,7 @@ TEST_F(LocalRanksTest, ReadsTorchrunsVariablesStrictly) {
   set("1", "4");
   EXPECT_EQ(local_ranks(), (LocalRanks{1, 4}));
   const std::vector<std::pair<const char*, const char*>> bad = {
-      {"1", nullptr}, {nullptr, "2"}, {"2", "2"}, {"-1", "2"}, {"x", "2"},
+      {"1", nullptr}, {nullptr, "2"}, {"2", "2"},    {"-1", "2"}, {"x", "2"},
       {"0", "0"},     {"0", "2.5"},   {"0", "5000"}, {"1", "1"}};
   for (const auto& [rank, size] : bad) {
     set(rank, size);

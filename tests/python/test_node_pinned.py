@@ -65,3 +65,21 @@ def test_a_bad_value_names_the_knob():
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "TIDE_NODE_PINNED_LIMIT" in result.stderr, result.stderr
+
+
+def test_tide_env_says_where_this_rank_stands(build_dir):
+    tide = build_dir / "bin" / "tide"
+    env = {**os.environ, "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "TIDE_NODE_PINNED_LIMIT": "64MiB"}
+    result = subprocess.run([str(tide), "env"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    node = [l for l in result.stdout.splitlines() if l.startswith("node: ")]
+    assert len(node) == 1, result.stdout
+    assert node[0].startswith("node: local rank 1 of 2"), node[0]
+    assert "32.00 MiB for this rank of the node's 64.00 MiB" in node[0], node[0]
+    env["LOCAL_RANK"] = "2"
+    result = subprocess.run([str(tide), "env"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    assert 'LOCAL_RANK="2" is not valid' in result.stderr, result.stderr

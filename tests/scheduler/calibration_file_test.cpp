@@ -331,7 +331,11 @@ TEST_F(CalibrationFile, PerRankRatesRoundTrip) {
            {R"([{"cpu_update_params_per_s": 1, "memory_bytes_per_s": 1, "x": 1}, {}, {}, {}])",
             "ranks[0]: unknown member \"x\""}}) {
     try {
-      parse_calibration(good + ", \"ranks\": " + ranks + "}", "f");
+      std::string bad = good;
+      bad += ", \"ranks\": ";
+      bad += ranks;
+      bad += "}";
+      parse_calibration(bad, "f");
       ADD_FAILURE() << ranks << " accepted";
     } catch (const CalibrationError& e) {
       EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();

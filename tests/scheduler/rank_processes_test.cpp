@@ -16,8 +16,7 @@ namespace tide::scheduler {
 namespace {
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 TEST(RankProcessesTest, EveryRankRunsWithItsLocalRank) {
@@ -26,7 +25,9 @@ TEST(RankProcessesTest, EveryRankRunsWithItsLocalRank) {
            std::getenv("LOCAL_WORLD_SIZE") + " " + std::to_string(::getpid() != 0);
   });
   ASSERT_EQ(out.size(), 3u);
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(out[static_cast<std::size_t>(r)], std::to_string(r) + " " + std::to_string(r) + " 3 1");
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(out[static_cast<std::size_t>(r)],
+              std::to_string(r) + " " + std::to_string(r) + " 3 1");
   ::setenv("LOCAL_RANK", "0", 1);  // a rank that assumes it is alone sees neither
   const auto alone = run_ranks(1, false, [](int, const RankBarrier&) {
     return std::string(std::getenv("LOCAL_RANK") ? "set" : "unset");
