@@ -8,6 +8,8 @@
 //   unaware     today's behaviour without them: every rank's pool is sized for the whole machine,
 //               and it plans with rates a rank measured alone
 //   all_cpu     node-aware pools, every subgroup on the CPU
+//   share_unpinned  node-aware rates and pool size (TIDE_CPU_THREADS = the share) without the
+//               LOCAL_* variables: the pool's workers are not pinned (what pinning costs or saves)
 // One JSON line per case: each rank's update-phase time, the node's phase (the slowest rank's),
 // the node's aggregate params/s against the node's memory-bandwidth bound (tide_membw's best
 // kernel, over the 28 bytes an fp32-state Adam update with bf16 gradient and weight copy moves per
@@ -26,8 +28,6 @@
 //
 // usage: bench_node_update [--ranks N (2)] [--params P per rank (8e7)] [--subgroup-params S
 //        (4e6)] [--rounds R (3)] [--isa scalar|best (scalar)]
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -35,10 +35,10 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "bench/ideal_phase.h"
+#include "bench/membw_runner.h"
 #include "bench/simulated_gpu.h"
 #include "config/node.h"
 #include "driver/context.h"
@@ -67,25 +67,12 @@ struct Settings {
   bool scalar = true;
 };
 
-// tide_membw's best bandwidth over every core (next to this program), GB/s; 0 if it cannot run.
+// tide_membw's best bandwidth over every core, GB/s; 0 if it cannot run.
 double node_membw_gbps() {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 0;
-  self[n] = '\0';
-  std::string dir(self);
-  dir = dir.substr(0, dir.rfind('/'));
-  const std::string command = dir + "/tide_membw --threads " +
-                              std::to_string(config::this_topology().cpu_count()) +
-                              " --mib 128 --reps 4";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return 0;
   std::string line;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) line += buffer;
-  pclose(pipe);
-  const auto at = line.find("\"gbps\":");
-  return at == std::string::npos ? 0 : std::atof(line.c_str() + at + 7);
+  return bench::run_membw(
+      "--threads " + std::to_string(config::this_topology().cpu_count()) + " --mib 128 --reps 4",
+      line);
 }
 
 // In a rank: a context, then the stand-in's simulated link and GPU kernel.
@@ -132,6 +119,7 @@ struct Case {
   const char* name = "";
   bool node_aware = false;
   bool all_cpu = false;
+  unsigned unpinned_threads = 0;  // > 0: TIDE_CPU_THREADS in a rank without LOCAL_* variables
   Rates rates;
   // The best round: the slowest rank's phase, and each rank's phase in that round.
   double phase = 1e300;
@@ -144,6 +132,9 @@ struct Case {
 // update phases at the same time as the others. Returns, per rank, "seconds seconds predicted gpu".
 std::vector<std::string> run_case(const Settings& s, const Case& c, double gbps) {
   return run_ranks(s.ranks, c.node_aware, [&](int, const RankBarrier& barrier) {
+    if (c.unpinned_threads > 0) {
+      setenv("TIDE_CPU_THREADS", std::to_string(c.unpinned_threads).c_str(), 1);
+    }
     const auto context = open_device(gbps);
     const auto n = static_cast<std::size_t>(std::max(1.0, s.params / s.subgroup));
     const auto size = static_cast<std::uint64_t>(s.subgroup);
@@ -314,15 +305,19 @@ int main(int argc, char** argv) {
                  format_rate(info.kind, alone.*info.member).c_str());
   }
 
-  std::vector<Case> cases(3);
-  for (auto [c, name, aware, cpu, rates] : {std::tuple{&cases[0], "node_aware", true, false, node},
-                                            std::tuple{&cases[1], "unaware", false, false, alone},
-                                            std::tuple{&cases[2], "all_cpu", true, true, node}}) {
-    c->name = name;
-    c->node_aware = aware;
-    c->all_cpu = cpu;
-    c->rates = rates;
-  }
+  auto make_case = [](const char* name, bool aware, bool cpu, unsigned threads, const Rates& r) {
+    Case c;
+    c.name = name;
+    c.node_aware = aware;
+    c.all_cpu = cpu;
+    c.unpinned_threads = threads;
+    c.rates = r;
+    return c;
+  };
+  std::vector<Case> cases = {
+      make_case("node_aware", true, false, 0, node), make_case("unaware", false, false, 0, alone),
+      make_case("all_cpu", true, true, 0, node),
+      make_case("share_unpinned", false, false, static_cast<unsigned>(share), node)};
   for (int round = 0; round < s.rounds; ++round) {
     for (Case& c : cases) record(c, run_case(s, c, gbps));
   }
@@ -344,11 +339,11 @@ int main(int argc, char** argv) {
         "\"over_node_aware\":%.3f,\"membw_gbps\":%.2f,\"membw_bound_params_per_s\":%.4g,"
         "\"of_membw_bound\":%.3f,\"copy_gbps\":%.2f,\"cpu_isa\":\"%s\","
         "\"machine\":\"stand-in, %zu cores, simulated copies and GPU per rank\"}\n",
-        c.name, s.ranks, s.params, s.subgroup, c.node_aware ? share : topology.cpu_count(),
-        ranks.c_str(), c.phase, c.predicted, c.gpu_subgroups, node_params / c.phase, ideal,
-        c.phase / ideal, c.phase / cases[0].phase, membw, bound,
-        bound > 0 ? node_params / c.phase / bound : 0.0, gbps, s.scalar ? "scalar" : "widest",
-        topology.cpu_count());
+        c.name, s.ranks, s.params, s.subgroup,
+        c.node_aware || c.unpinned_threads > 0 ? share : topology.cpu_count(), ranks.c_str(),
+        c.phase, c.predicted, c.gpu_subgroups, node_params / c.phase, ideal, c.phase / ideal,
+        c.phase / cases[0].phase, membw, bound, bound > 0 ? node_params / c.phase / bound : 0.0,
+        gbps, s.scalar ? "scalar" : "widest", topology.cpu_count());
   }
   for (int ranks : {2, 4, 8}) emit_model(s, s.ranks, node, alone, ranks);
   return 0;
