@@ -28,18 +28,11 @@ struct RunningIn {
 }  // namespace
 
 ThreadPool::ThreadPool(unsigned threads, const std::vector<int>& cpus)
-    : size_(std::max(threads, 1u)), owner_pid_(::getpid()) {
+    : size_(std::max(threads, 1u)), cpus_(cpus), owner_pid_(::getpid()) {
   workers_.reserve(size_ - 1);
   for (unsigned i = 1; i < size_; ++i) {
-    workers_.emplace_back([this, i, cpus] {
-      if (!cpus.empty()) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int c : cpus) CPU_SET(c, &set);
-        // Best effort: a CPU taken away since the share was computed leaves the worker where
-        // the kernel puts it, which is slower, never wrong.
-        (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-      }
+    workers_.emplace_back([this, i] {
+      pin_this_thread(cpus_);
       work(i);
     });
   }
@@ -109,6 +102,16 @@ void ThreadPool::work(unsigned index) {
     if (error != nullptr && error_ == nullptr) error_ = error;
     if (--pending_ == 0) done_.notify_one();
   }
+}
+
+void pin_this_thread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  }
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
 unsigned affinity_cpu_count() {

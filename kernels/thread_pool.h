@@ -26,6 +26,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   unsigned size() const { return size_; }
+  // The cores the workers run on; empty: not pinned.
+  const std::vector<int>& cpus() const { return cpus_; }
 
   // Runs task(0), ..., task(n − 1) at the same time, task(0) on the calling thread, and returns
   // when all have returned (rethrowing the first exception one threw). n is clamped to
@@ -38,6 +40,7 @@ class ThreadPool {
   void work(unsigned index);
 
   unsigned size_;
+  std::vector<int> cpus_;
   int owner_pid_;    // the process whose workers these are
   std::mutex turn_;  // one run() at a time
   std::mutex mutex_;
@@ -51,6 +54,10 @@ class ThreadPool {
   bool stop_ = false;
   std::vector<std::thread> workers_;
 };
+
+// Runs the calling thread on `cpus` only; empty: leaves it as it is. Best effort: a CPU taken away
+// since the cores were chosen leaves the thread where the kernel puts it (slower, never wrong).
+void pin_this_thread(const std::vector<int>& cpus);
 
 // The CPUs this process may run on (sched_getaffinity), at least 1.
 unsigned affinity_cpu_count();

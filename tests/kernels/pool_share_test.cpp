@@ -1,15 +1,21 @@
 // The CPU pool of one of two local ranks (LOCAL_RANK=1, LOCAL_WORLD_SIZE=2, set by ctest): sized
 // to the rank's share of the node's cores and pinned there; a TIDE_CPU_THREADS above the share is
-// an error naming it. One process: the pool is created once.
+// an error naming it; the executor's CPU worker thread runs there too. One process: the pool is
+// created once.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "config/env.h"
 #include "config/node.h"
 #include "kernels/thread_pool.h"
+#include "scheduler/cpu_worker.h"
 
 namespace tide::kernels {
 namespace {
@@ -40,6 +46,28 @@ TEST(PoolShareTest, SizedAndPinnedToTheRanksShare) {
   EXPECT_EQ(shape.threads, cores);
   EXPECT_EQ(shape.cpus, share.cpus);
   EXPECT_EQ(cpu_pool().size(), cores);
+  EXPECT_EQ(cpu_pool().cpus(), share.cpus);
+}
+
+// The executor's CPU worker thread runs part 0 of every pool run: it is pinned there too.
+TEST(PoolShareTest, TheExecutorsCpuWorkerRunsOnTheShare) {
+  std::vector<int> seen;
+  {
+    scheduler::CpuWorker worker(
+        [&](std::size_t) {
+          cpu_set_t set;
+          CPU_ZERO(&set);
+          EXPECT_EQ(pthread_getaffinity_np(pthread_self(), sizeof set, &set), 0);
+          for (int c = 0; c < CPU_SETSIZE; ++c) {
+            if (CPU_ISSET(c, &set)) seen.push_back(c);
+          }
+          return std::uint64_t{0};
+        },
+        std::make_shared<scheduler::Wakeup>());
+    worker.add(0);
+    worker.close();
+  }
+  EXPECT_EQ(seen, config::this_core_share().cpus);
 }
 
 }  // namespace
