@@ -8,8 +8,8 @@
 //   unaware     today's behaviour without them: every rank's pool is sized for the whole machine,
 //               and it plans with rates a rank measured alone
 //   all_cpu     node-aware pools, every subgroup on the CPU
-//   share_unpinned  node-aware rates and pool size (TIDE_CPU_THREADS = the share) without the
-//               LOCAL_* variables: the pool's workers are not pinned (what pinning costs or saves)
+//   share_unpinned  node_aware with TIDE_CPU_PIN=0: the share's pool size and rates, the threads
+//               placed by the kernel (what pinning costs or saves)
 // One JSON line per case: each rank's update-phase time, the node's phase (the slowest rank's),
 // the node's aggregate params/s against the node's memory-bandwidth bound (tide_membw's best
 // kernel, over the 28 bytes an fp32-state Adam update with bf16 gradient and weight copy moves per
@@ -119,7 +119,7 @@ struct Case {
   const char* name = "";
   bool node_aware = false;
   bool all_cpu = false;
-  unsigned unpinned_threads = 0;  // > 0: TIDE_CPU_THREADS in a rank without LOCAL_* variables
+  bool pin = true;  // TIDE_CPU_PIN
   Rates rates;
   // The best round: the slowest rank's phase, and each rank's phase in that round.
   double phase = 1e300;
@@ -132,9 +132,7 @@ struct Case {
 // update phases at the same time as the others. Returns, per rank, "seconds seconds predicted gpu".
 std::vector<std::string> run_case(const Settings& s, const Case& c, double gbps) {
   return run_ranks(s.ranks, c.node_aware, [&](int, const RankBarrier& barrier) {
-    if (c.unpinned_threads > 0) {
-      setenv("TIDE_CPU_THREADS", std::to_string(c.unpinned_threads).c_str(), 1);
-    }
+    setenv("TIDE_CPU_PIN", c.pin ? "1" : "0", 1);
     const auto context = open_device(gbps);
     const auto n = static_cast<std::size_t>(std::max(1.0, s.params / s.subgroup));
     const auto size = static_cast<std::uint64_t>(s.subgroup);
@@ -305,19 +303,19 @@ int main(int argc, char** argv) {
                  format_rate(info.kind, alone.*info.member).c_str());
   }
 
-  auto make_case = [](const char* name, bool aware, bool cpu, unsigned threads, const Rates& r) {
+  auto make_case = [](const char* name, bool aware, bool cpu, bool pin, const Rates& r) {
     Case c;
     c.name = name;
     c.node_aware = aware;
     c.all_cpu = cpu;
-    c.unpinned_threads = threads;
+    c.pin = pin;
     c.rates = r;
     return c;
   };
-  std::vector<Case> cases = {
-      make_case("node_aware", true, false, 0, node), make_case("unaware", false, false, 0, alone),
-      make_case("all_cpu", true, true, 0, node),
-      make_case("share_unpinned", false, false, static_cast<unsigned>(share), node)};
+  std::vector<Case> cases = {make_case("node_aware", true, false, true, node),
+                             make_case("unaware", false, false, true, alone),
+                             make_case("all_cpu", true, true, true, node),
+                             make_case("share_unpinned", true, false, false, node)};
   for (int round = 0; round < s.rounds; ++round) {
     for (Case& c : cases) record(c, run_case(s, c, gbps));
   }
@@ -339,11 +337,11 @@ int main(int argc, char** argv) {
         "\"over_node_aware\":%.3f,\"membw_gbps\":%.2f,\"membw_bound_params_per_s\":%.4g,"
         "\"of_membw_bound\":%.3f,\"copy_gbps\":%.2f,\"cpu_isa\":\"%s\","
         "\"machine\":\"stand-in, %zu cores, simulated copies and GPU per rank\"}\n",
-        c.name, s.ranks, s.params, s.subgroup,
-        c.node_aware || c.unpinned_threads > 0 ? share : topology.cpu_count(), ranks.c_str(),
-        c.phase, c.predicted, c.gpu_subgroups, node_params / c.phase, ideal, c.phase / ideal,
-        c.phase / cases[0].phase, membw, bound, bound > 0 ? node_params / c.phase / bound : 0.0,
-        gbps, s.scalar ? "scalar" : "widest", topology.cpu_count());
+        c.name, s.ranks, s.params, s.subgroup, c.node_aware ? share : topology.cpu_count(),
+        ranks.c_str(), c.phase, c.predicted, c.gpu_subgroups, node_params / c.phase, ideal,
+        c.phase / ideal, c.phase / cases[0].phase, membw, bound,
+        bound > 0 ? node_params / c.phase / bound : 0.0, gbps, s.scalar ? "scalar" : "widest",
+        topology.cpu_count());
   }
   for (int ranks : {2, 4, 8}) emit_model(s, s.ranks, node, alone, ranks);
   return 0;

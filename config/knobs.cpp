@@ -140,6 +140,10 @@ std::span<const Knob> knobs() {
        "sched_getaffinity; with LOCAL_WORLD_SIZE > 1, the rank's share of the node's cores, and a "
        "value above that share is an error)",
        &integer<1, 1024>},
+      {"TIDE_CPU_PIN", "a boolean (1/0, true/false, yes/no, on/off)",
+       "with LOCAL_WORLD_SIZE > 1: pin the CPU optimizer kernels' threads to the rank's share of "
+       "the node's cores (default on; off: the share's size, placed by the kernel)",
+       &boolean},
       {"TIDE_CPU_ISA", "auto, avx512, avx2 or scalar",
        "instruction set of the CPU optimizer kernels: auto, the widest this CPU runs, or the one "
        "named, which this CPU must be able to run (default auto)",

@@ -138,7 +138,10 @@ PoolShape cpu_pool_shape() {
             std::to_string(ranks.rank) +
             "'s share of the node (LOCAL_WORLD_SIZE=" + std::to_string(ranks.size) + ")");
   }
-  return {threads ? static_cast<unsigned>(*threads) : cores, share.cpus};
+  // TIDE_CPU_PIN=0: the share's size, but the kernel places the threads (a machine shared with
+  // other work, where a pinned rank cannot move off a core something else keeps busy).
+  const bool pin = config::env_bool("TIDE_CPU_PIN").value_or(true);
+  return {threads ? static_cast<unsigned>(*threads) : cores, pin ? share.cpus : std::vector<int>{}};
 }
 
 ThreadPool& cpu_pool() {

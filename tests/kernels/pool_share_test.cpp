@@ -1,7 +1,7 @@
 // The CPU pool of one of two local ranks (LOCAL_RANK=1, LOCAL_WORLD_SIZE=2, set by ctest): sized
-// to the rank's share of the node's cores and pinned there; a TIDE_CPU_THREADS above the share is
-// an error naming it; the executor's CPU worker thread runs there too. One process: the pool is
-// created once.
+// to the rank's share of the node's cores and pinned there (TIDE_CPU_PIN=0: not pinned); a
+// TIDE_CPU_THREADS above the share is an error naming it; the executor's CPU worker thread runs
+// there too. One process: the pool is created once.
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
@@ -42,6 +42,18 @@ TEST(PoolShareTest, SizedAndPinnedToTheRanksShare) {
   ::setenv("TIDE_CPU_THREADS", "1", 1);
   EXPECT_EQ(cpu_pool_shape().threads, 1u);
   ::unsetenv("TIDE_CPU_THREADS");
+  // TIDE_CPU_PIN=0: the share's size, not pinned; a bad value names the knob.
+  ::setenv("TIDE_CPU_PIN", "0", 1);
+  EXPECT_EQ(cpu_pool_shape().threads, cores);
+  EXPECT_TRUE(cpu_pool_shape().cpus.empty());
+  ::setenv("TIDE_CPU_PIN", "sometimes", 1);
+  try {
+    cpu_pool_shape();
+    ADD_FAILURE() << "TIDE_CPU_PIN=sometimes was accepted";
+  } catch (const config::EnvError& e) {
+    EXPECT_NE(std::string(e.what()).find("TIDE_CPU_PIN"), std::string::npos) << e.what();
+  }
+  ::unsetenv("TIDE_CPU_PIN");
   const PoolShape shape = cpu_pool_shape();
   EXPECT_EQ(shape.threads, cores);
   EXPECT_EQ(shape.cpus, share.cpus);
