@@ -28,10 +28,10 @@ def clean_env():
 
 
 def torchrun(*args):
-    # The console script when the environment has one, else the module it runs.
-    script = pathlib.Path(sys.executable).with_name("torchrun")
-    launcher = [str(script)] if script.is_file() else [sys.executable, "-m", "torch.distributed.run"]
-    return launcher + ["--standalone", "--nproc-per-node", "2", *map(str, args)]
+    # What the torchrun console script runs, with this interpreter: a copied virtual environment's
+    # script may name another one in its #! line.
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            *map(str, args)]
 
 
 def ranks_of(directory):
