@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/membw_runner.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/dtype.h"
 #include "kernels/quant8.h"
@@ -65,20 +66,7 @@ double now() {
 
 // tide_membw's "gbps" (next to this program), or 0 if it cannot be run.
 double measured_bandwidth(unsigned threads, std::string& line) {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return 0;
-  self[n] = '\0';
-  std::string dir(self);
-  dir = dir.substr(0, dir.rfind('/'));
-  const std::string command = dir + "/tide_membw --threads " + std::to_string(threads);
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return 0;
-  char buffer[8192];
-  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) line += buffer;
-  pclose(pipe);
-  const auto at = line.find("\"gbps\":");
-  return at == std::string::npos ? 0 : std::atof(line.c_str() + at + 7);
+  return tide::bench::run_membw("--threads " + std::to_string(threads), line);
 }
 
 struct Case {

@@ -64,6 +64,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/ideal_phase.h"
 #include "bench/simulated_gpu.h"
 #include "driver/context.h"
 #include "driver/memory.h"
@@ -79,6 +80,7 @@ namespace {
 using namespace tide;
 using namespace tide::scheduler;
 
+using bench::ideal_seconds;
 using bench::sleeping_adam;
 
 template <typename F>
@@ -109,19 +111,6 @@ Sides sides_of(const PhaseReport& phase, const Rates& r, unsigned state_bytes) {
 
 constexpr double kOverPlanOverlapBound = 1.15;
 constexpr double kOverBestFixedBound = 1.05;
-
-double ideal_seconds(double w, double cpu_rate, const Rates& r, double upload_bytes,
-                     unsigned state_bytes) {
-  const double sb = state_bytes;
-  double best = 1e300;
-  for (int i = 0; i <= 1000; ++i) {
-    const double g = w * i / 1000.0, c = w - g;
-    const double t = std::max(
-        {c / cpu_rate, ((sb + 2) * g + upload_bytes * c) / r.h2d_duplex, sb * g / r.d2h_duplex});
-    best = std::min(best, t);
-  }
-  return best;
-}
 
 const char* dtype_name(kernels::Dtype d) {
   return d == kernels::Dtype::kFloat32 ? "float32" : "bfloat16";

@@ -2,6 +2,8 @@
 
 #include <new>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 
 #include "driver/error.h"
 
@@ -30,8 +32,10 @@ tide_status status_of_current_exception() noexcept {
   } catch (const std::invalid_argument& e) {  // config::EnvError among them
     set_last_error(e.what());
     return TIDE_ERROR_INVALID_ARGUMENT;
-  } catch (const std::bad_alloc&) {
-    set_last_error("tide: out of host memory");
+  } catch (const std::bad_alloc& e) {
+    // tide's own bad_allocs (a pinned memory cap) say what ran out; the standard one says nothing.
+    const std::string_view what = e.what();
+    set_last_error(what.starts_with("tide:") ? std::string(what) : "tide: out of host memory");
     return TIDE_ERROR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     set_last_error(e.what());

@@ -137,8 +137,13 @@ std::span<const Knob> knobs() {
        &library_path},
       {"TIDE_CPU_THREADS", "an integer from 1 to 1024",
        "threads of the CPU optimizer kernels (default: the CPUs this process may run on, "
-       "sched_getaffinity)",
+       "sched_getaffinity; with LOCAL_WORLD_SIZE > 1, the rank's share of the node's cores, and a "
+       "value above that share is an error)",
        &integer<1, 1024>},
+      {"TIDE_CPU_PIN", "a boolean (1/0, true/false, yes/no, on/off)",
+       "with LOCAL_WORLD_SIZE > 1: pin the CPU optimizer kernels' threads to the rank's share of "
+       "the node's cores (default on; off: the share's size, placed by the kernel)",
+       &boolean},
       {"TIDE_CPU_ISA", "auto, avx512, avx2 or scalar",
        "instruction set of the CPU optimizer kernels: auto, the widest this CPU runs, or the one "
        "named, which this CPU must be able to run (default auto)",
@@ -188,6 +193,11 @@ std::span<const Knob> knobs() {
        "pinned host arenas: threads that touch a new chunk's pages before it is registered; 0: "
        "min(8, cores) (default 0)",
        &integer<0, 256>},
+      {"TIDE_NODE_PINNED_LIMIT", kLimitAccepts,
+       "pinned host memory the ranks of this node may hold together: each of the LOCAL_WORLD_SIZE "
+       "ranks may pin an equal share, over all its arenas; growing past it is an out-of-memory "
+       "error naming this knob (default: none)",
+       &limit},
       {"TIDE_MEMORY_LIMIT", kLimitAccepts,
        "interposer (tide run --limit): device memory limit per device for the process: "
        "cuMemGetInfo and cuDeviceTotalMem report it, allocations beyond it fail with "

@@ -1,11 +1,14 @@
 #include "kernels/thread_pool.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <string>
 
 #include "config/env.h"
+#include "config/node.h"
 
 namespace tide::kernels {
 namespace {
@@ -24,9 +27,15 @@ struct RunningIn {
 
 }  // namespace
 
-ThreadPool::ThreadPool(unsigned threads) : size_(std::max(threads, 1u)), owner_pid_(::getpid()) {
+ThreadPool::ThreadPool(unsigned threads, const std::vector<int>& cpus)
+    : size_(std::max(threads, 1u)), cpus_(cpus), owner_pid_(::getpid()) {
   workers_.reserve(size_ - 1);
-  for (unsigned i = 1; i < size_; ++i) workers_.emplace_back([this, i] { work(i); });
+  for (unsigned i = 1; i < size_; ++i) {
+    workers_.emplace_back([this, i] {
+      pin_this_thread(cpus_);
+      work(i);
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -95,6 +104,16 @@ void ThreadPool::work(unsigned index) {
   }
 }
 
+void pin_this_thread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) {
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  }
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
 unsigned affinity_cpu_count() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -104,13 +123,34 @@ unsigned affinity_cpu_count() {
   return static_cast<unsigned>(std::max(CPU_COUNT(&set), 1));
 }
 
+PoolShape cpu_pool_shape() {
+  const auto threads = config::env_int("TIDE_CPU_THREADS", 1, 1024);
+  const config::LocalRanks ranks = config::local_ranks();
+  if (ranks.size == 1) {
+    return {threads ? static_cast<unsigned>(*threads) : affinity_cpu_count(), {}};
+  }
+  const config::CoreShare& share = config::this_core_share();
+  const auto cores = static_cast<unsigned>(share.cpus.size());
+  if (threads && static_cast<unsigned>(*threads) > cores) {
+    throw config::EnvError(
+        "TIDE_CPU_THREADS", std::to_string(*threads),
+        "an integer from 1 to " + std::to_string(cores) + ", the cores of local rank " +
+            std::to_string(ranks.rank) +
+            "'s share of the node (LOCAL_WORLD_SIZE=" + std::to_string(ranks.size) + ")");
+  }
+  // TIDE_CPU_PIN=0: the share's size, but the kernel places the threads (a machine shared with
+  // other work, where a pinned rank cannot move off a core something else keeps busy).
+  const bool pin = config::env_bool("TIDE_CPU_PIN").value_or(true);
+  return {threads ? static_cast<unsigned>(*threads) : cores, pin ? share.cpus : std::vector<int>{}};
+}
+
 ThreadPool& cpu_pool() {
   // Never destroyed: joining at exit would wait on threads a forked child does not have, and
   // other static destructors (a driver's stream threads) may still run kernels.
-  static ThreadPool* const pool = new ThreadPool([] {
-    const auto threads = config::env_int("TIDE_CPU_THREADS", 1, 1024);
-    return threads ? static_cast<unsigned>(*threads) : affinity_cpu_count();
-  }());
+  static ThreadPool* const pool = [] {
+    const PoolShape shape = cpu_pool_shape();
+    return new ThreadPool(shape.threads, shape.cpus);
+  }();
   return *pool;
 }
 

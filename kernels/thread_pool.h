@@ -17,13 +17,17 @@ namespace tide::kernels {
 
 class ThreadPool {
  public:
-  // A pool of `threads` participants: the calling thread of run() and threads − 1 workers.
-  explicit ThreadPool(unsigned threads);
+  // A pool of `threads` participants: the calling thread of run() and threads − 1 workers. The
+  // workers run on `cpus` only when it is not empty (the calling thread is the caller's, left
+  // as it is).
+  explicit ThreadPool(unsigned threads, const std::vector<int>& cpus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   unsigned size() const { return size_; }
+  // The cores the workers run on; empty: not pinned.
+  const std::vector<int>& cpus() const { return cpus_; }
 
   // Runs task(0), ..., task(n − 1) at the same time, task(0) on the calling thread, and returns
   // when all have returned (rethrowing the first exception one threw). n is clamped to
@@ -36,6 +40,7 @@ class ThreadPool {
   void work(unsigned index);
 
   unsigned size_;
+  std::vector<int> cpus_;
   int owner_pid_;    // the process whose workers these are
   std::mutex turn_;  // one run() at a time
   std::mutex mutex_;
@@ -50,11 +55,26 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
+// Runs the calling thread on `cpus` only; empty: leaves it as it is. Best effort: a CPU taken away
+// since the cores were chosen leaves the thread where the kernel puts it (slower, never wrong).
+void pin_this_thread(const std::vector<int>& cpus);
+
 // The CPUs this process may run on (sched_getaffinity), at least 1.
 unsigned affinity_cpu_count();
 
-// The process's pool for the CPU kernels, created on first use with TIDE_CPU_THREADS threads
-// (default: affinity_cpu_count()). Throws config::EnvError for a bad TIDE_CPU_THREADS.
+// The process's pool for the CPU kernels, created on first use. With one local rank (no
+// LOCAL_WORLD_SIZE, or 1): TIDE_CPU_THREADS threads, default affinity_cpu_count(). With several,
+// the rank's share of the node's cores (config::this_core_share()): as many threads as it has
+// cores, the workers pinned to them (unless TIDE_CPU_PIN=0); an explicit TIDE_CPU_THREADS above
+// the share is an error
+// (ranks would oversubscribe the cores each other's updates run on). Throws config::EnvError for
+// a bad TIDE_CPU_THREADS, LOCAL_RANK or LOCAL_WORLD_SIZE.
 ThreadPool& cpu_pool();
 
+// The pool's size and cores cpu_pool() uses (what it would be created with). Throws as it does.
+struct PoolShape {
+  unsigned threads = 1;
+  std::vector<int> cpus;  // empty: not pinned
+};
+PoolShape cpu_pool_shape();
 }  // namespace tide::kernels

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "config/env.h"
 #include "io/json.h"
@@ -113,7 +114,8 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
     reader.fail("", std::string("not valid JSON: ") + e.what());
   }
   reader.object(root, "the top level");
-  reader.only(root, "the top level", {"format", "version", "measured_at", "machine", "rates"});
+  reader.only(root, "the top level",
+              {"format", "version", "measured_at", "machine", "rates", "ranks"});
   if (reader.string(root, "", "format", true) != kCalibrationFormat) {
     reader.fail("format", "must be \"" + std::string(kCalibrationFormat) + "\"");
   }
@@ -157,6 +159,29 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
     for (const RateInfo& info : rate_infos()) known = known || key == info.key;
     if (!known) reader.fail("rates", "unknown member \"" + key + "\"");
   }
+  if (const json::Value* ranks = reader.member(root, "", "ranks", false)) {
+    if (ranks->kind() != json::Value::Kind::array ||
+        ranks->items().size() != static_cast<std::size_t>(m.ranks_per_host)) {
+      reader.fail("ranks", "must be an array of machine.ranks_per_host (" +
+                               std::to_string(m.ranks_per_host) + ") objects");
+    }
+    for (std::size_t i = 0; i < ranks->items().size(); ++i) {
+      const std::string where = "ranks[" + std::to_string(i) + "]";
+      const json::Value& rank = reader.object(ranks->items()[i], where);
+      reader.only(rank, where, {"cpu_update_params_per_s", "memory_bytes_per_s"});
+      RankRates r;
+      for (auto [key, out] : {std::pair{"cpu_update_params_per_s", &r.cpu_update},
+                              std::pair{"memory_bytes_per_s", &r.memory}}) {
+        const json::Value* value = reader.member(rank, where, key, true);
+        if (value->kind() != json::Value::Kind::number || !(value->number() > 0) ||
+            !std::isfinite(value->number())) {
+          reader.fail(Reader::path(where, key), "must be a number > 0");
+        }
+        *out = value->number();
+      }
+      calibration.ranks.push_back(r);
+    }
+  }
   return calibration;
 }
 
@@ -187,7 +212,26 @@ std::string format_calibration(const Calibration& c) {
         << json::number(c.rates.*info.member);
     first = false;
   }
-  out << "\n  }\n}\n";
+  out << "\n  }";
+  if (!c.ranks.empty()) {
+    if (c.ranks.size() != static_cast<std::size_t>(c.machine.ranks_per_host)) {
+      throw CalibrationError("calibration: ranks must have machine.ranks_per_host entries");
+    }
+    out << ",\n  \"ranks\": [";
+    for (std::size_t i = 0; i < c.ranks.size(); ++i) {
+      const RankRates& r = c.ranks[i];
+      if (!(r.cpu_update > 0) || !(r.memory > 0) || !std::isfinite(r.cpu_update) ||
+          !std::isfinite(r.memory)) {
+        throw CalibrationError("calibration: ranks[" + std::to_string(i) +
+                               "]: rates must be finite numbers > 0");
+      }
+      out << (i ? ",\n" : "\n")
+          << "    {\"cpu_update_params_per_s\": " << json::number(r.cpu_update)
+          << ", \"memory_bytes_per_s\": " << json::number(r.memory) << "}";
+    }
+    out << "\n  ]";
+  }
+  out << "\n}\n";
   return out.str();
 }
 

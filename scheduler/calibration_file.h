@@ -23,7 +23,11 @@
 //       "h2d_duplex_bytes_per_s": 23e9,
 //       "d2h_duplex_bytes_per_s": 23e9,
 //       "gpu_update_params_per_s": 5e10
-//     }
+//     },
+//     "ranks": [                    // optional (tide calibrate --ranks N): one entry per rank of
+//       {"cpu_update_params_per_s": 5.1e8,       // ranks_per_host, what each measured while all
+//        "memory_bytes_per_s": 9.8e9}, ...       // updated (and copied memory) at once, on its
+//     ]                                          // share of the node's cores
 //   }
 //
 // Where it lives: $TIDE_CALIBRATION_FILE if set, else $XDG_CACHE_HOME/tide/calibration.json
@@ -36,6 +40,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "scheduler/rates.h"
 
@@ -55,10 +60,18 @@ struct MachineInfo {
   bool operator==(const MachineInfo&) const = default;
 };
 
+// What one of the node's ranks measured while every rank ran at once.
+struct RankRates {
+  double cpu_update = 0;  // params/s
+  double memory = 0;      // bytes/s: memcpy of the subgroup's state, read + write counted once
+  bool operator==(const RankRates&) const = default;
+};
+
 struct Calibration {
   MachineInfo machine;
   std::string measured_at;  // empty: unknown
   Rates rates;
+  std::vector<RankRates> ranks;  // empty, or machine.ranks_per_host entries
 
   bool operator==(const Calibration&) const = default;
 };

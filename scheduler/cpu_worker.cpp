@@ -4,7 +4,23 @@
 #include <exception>
 #include <utility>
 
+#include "config/node.h"
+#include "kernels/thread_pool.h"
+
 namespace tide::scheduler {
+namespace {
+
+// A rank that shares its node updates on its share of the cores, like the CPU pool's workers:
+// this thread runs part 0 of every pool run it starts.
+void pin_to_rank_share() noexcept {
+  try {
+    if (config::local_ranks().size > 1) kernels::pin_this_thread(kernels::cpu_pool().cpus());
+  } catch (...) {
+    // A bad LOCAL_* or TIDE_CPU_THREADS: the first update reports it.
+  }
+}
+
+}  // namespace
 
 CpuWorker::CpuWorker(Update update, std::shared_ptr<Wakeup> wakeup)
     : update_(std::move(update)), wakeup_(std::move(wakeup)), thread_([this] { work(); }) {}
@@ -41,6 +57,7 @@ bool CpuWorker::finished() {
 }
 
 void CpuWorker::work() {
+  pin_to_rank_share();
   for (;;) {
     std::size_t subgroup = 0;
     {

@@ -1,6 +1,8 @@
 // The CPU side of an update phase: a thread that updates subgroups in place, one after another
 // in the order they are handed to it, on the CPU thread pool, while the phase's coordinating
-// thread drives the GPU side. Each finished subgroup is reported back (take()) with a wakeup.
+// thread drives the GPU side. Each finished subgroup is reported back (take()) with a wakeup. In a
+// rank that shares its node (LOCAL_WORLD_SIZE > 1) the thread runs on the rank's share of the
+// cores, as the pool's workers do.
 #pragma once
 
 #include <chrono>

@@ -17,6 +17,7 @@
 #include "kernels/dtype.h"
 #include "scheduler/interleave.h"
 #include "scheduler/memory_pressure.h"
+#include "scheduler/node_rates.h"
 #include "scheduler/rate_sources.h"
 
 namespace tide::scheduler {
@@ -74,7 +75,7 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
     : state_(state),
       options_(options),
       context_(options.device),
-      refiner_(options.rates ? *options.rates : resolve_rates(std::nullopt).rates,
+      refiner_(options.rates ? *options.rates : resolve_node_rates().rates,
                options.refine_options) {
   offload_ = std::make_unique<GradientOffload>(state_);
   adam_ = std::make_unique<kernels::AdamGpu>();

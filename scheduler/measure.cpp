@@ -100,6 +100,34 @@ CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& op
   return c;
 }
 
+RankRates measure_rank_rates(std::uint64_t params, int repeats,
+                             const std::function<void()>& ready) {
+  if (params < 1024 || repeats < 1) {
+    throw std::invalid_argument("tide: measure_rank_rates: at least 1024 parameters, one repeat");
+  }
+  allocator::pinned::PinnedArena arena;
+  HostSubgroup a(arena, params), b(arena, params);
+  const std::uint64_t bytes = 12 * params;
+  const kernels::AdamHyper hyper;
+  auto update = [&] {
+    const Clock::time_point t = Clock::now();
+    kernels::cpu_adam_step(a.adam(), hyper);
+    return std::max(1e-9, seconds_since(t));
+  };
+  auto move = [&] {
+    const Clock::time_point t = Clock::now();
+    std::memcpy(b.state, a.state, bytes);
+    return std::max(1e-9, seconds_since(t));
+  };
+  update();  // the first touches the pages
+  move();
+  if (ready) ready();
+  RankRates r;
+  r.cpu_update = static_cast<double>(params) / best_of(repeats, update);
+  r.memory = static_cast<double>(bytes) / best_of(repeats, move);
+  return r;
+}
+
 Rates measure_rates(const MeasureOptions& options) {
   if (options.params < 1024 || options.repeats < 1) {
     throw std::invalid_argument("tide: measure_rates: at least 1024 parameters and one repeat");

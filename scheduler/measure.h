@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "kernels/cpu_adam.h"
+#include "scheduler/calibration_file.h"
 #include "scheduler/rates.h"
 
 namespace tide::scheduler {
@@ -46,5 +47,12 @@ struct CpuCost {
 };
 CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& options,
                          int repeats = 3);
+
+// One rank's share of the node, measured while the node's other ranks do the same (tide calibrate
+// --ranks): wall-clock rates of the CPU update on the whole CPU pool (the rank's share of the
+// cores when LOCAL_WORLD_SIZE is set) and of a memcpy of the subgroup's state, over one pinned
+// subgroup of `params` parameters, best of `repeats`. `ready` is called once the buffers are
+// warm, and the timed runs start when it returns (the ranks' barrier).
+RankRates measure_rank_rates(std::uint64_t params, int repeats, const std::function<void()>& ready);
 
 }  // namespace tide::scheduler

@@ -1,5 +1,6 @@
 // `tide calibrate`: measures the performance model's rates on this machine with tide's real
 // kernels and copies, and writes them to the calibration file `tide plan` and the executor read.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -7,12 +8,16 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "config/env.h"
+#include "config/node.h"
 #include "driver/context.h"
 #include "kernels/thread_pool.h"
 #include "scheduler/calibration_file.h"
 #include "scheduler/measure.h"
+#include "scheduler/rank_processes.h"
 #include "scheduler/units.h"
 #include "tools/command.h"
 
@@ -26,7 +31,9 @@ constexpr const char* kUsage = R"(usage: tide calibrate [options]
 Measures the rates of tide's performance model on this machine, with tide's own CPU and GPU Adam
 kernels and pinned-memory copies, and writes them to the calibration file: TIDE_CALIBRATION_FILE,
 else $XDG_CACHE_HOME/tide/calibration.json, else ~/.cache/tide/calibration.json. Run it with the
-other ranks of the node idle, or with --ranks-per-host to record how many ran at once.
+node idle. With --ranks N it measures the node as N local ranks use it: N processes, each on its
+share of the cores, update and copy memory at once, and the file holds each rank's rates and, as
+the rates, one rank's share (the slowest's).
 
 options:
   --long                 a longer, steadier measurement (32 Mi parameters, 5 repeats; about a
@@ -35,7 +42,9 @@ options:
                          state each, twice, on the host and on the GPU)
   --repeats N            timed runs per rate, the best kept (default 3)
   --output FILE          write here instead of the default path
-  --ranks-per-host N     ranks that measured at the same time (recorded; default 1)
+  --ranks N              measure N local ranks updating at once (1 to 256; default 1)
+  --ranks-per-host N     ranks that measured at the same time, when they were started apart
+                         (recorded only; default 1)
   --dry-run              measure and print, write nothing
 )";
 
@@ -44,12 +53,60 @@ std::string_view value_of(int& i, int argc, char** argv) {
   return argv[++i];
 }
 
+// The rates of one rank of the node: the CPU update as the slowest rank measured it, the update
+// while copies run scaled alike, and no copy faster than the rank's share of host memory moves.
+void share_measured_rates(Calibration& c, std::vector<RankRates> per_rank) {
+  RankRates slowest = per_rank.front();
+  for (const RankRates& r : per_rank) {
+    slowest.cpu_update = std::min(slowest.cpu_update, r.cpu_update);
+    slowest.memory = std::min(slowest.memory, r.memory);
+  }
+  const double share = std::min(1.0, slowest.cpu_update / c.rates.cpu_update);
+  c.rates.cpu_update_contended *= share;
+  c.rates.cpu_update = std::min(c.rates.cpu_update, slowest.cpu_update);
+  for (double* copy : {&c.rates.h2d, &c.rates.d2h, &c.rates.h2d_duplex, &c.rates.d2h_duplex}) {
+    *copy = std::min(*copy, slowest.memory);
+  }
+  std::printf("%zu ranks at once, per rank:\n", per_rank.size());
+  for (std::size_t i = 0; i < per_rank.size(); ++i) {
+    std::printf("  rank %zu  CPU update %s, memory copy %s\n", i,
+                format_rate(RateKind::cpu_update, per_rank[i].cpu_update).c_str(),
+                format_rate(RateKind::h2d, per_rank[i].memory).c_str());
+  }
+  std::printf("  one rank's share: CPU update %s (%.0f%% of one rank alone), while copying %s\n",
+              format_rate(RateKind::cpu_update, c.rates.cpu_update).c_str(), 100 * share,
+              format_rate(RateKind::cpu_update, c.rates.cpu_update_contended).c_str());
+  c.ranks = std::move(per_rank);
+}
+
+// `ranks` processes, each on its share of the cores, measuring at once.
+std::vector<RankRates> measure_ranks_at_once(int ranks, std::uint64_t params, int repeats) {
+  const std::vector<std::string> lines =
+      run_ranks(ranks, /*local_env=*/true, [&](int, const RankBarrier& barrier) {
+        driver::PrimaryContext context(0);
+        const RankRates r = measure_rank_rates(params, repeats, barrier);
+        char line[96];
+        std::snprintf(line, sizeof line, "%.17g %.17g", r.cpu_update, r.memory);
+        return std::string(line);
+      });
+  std::vector<RankRates> out;
+  for (const std::string& line : lines) {
+    RankRates r;
+    if (std::sscanf(line.c_str(), "%lg %lg", &r.cpu_update, &r.memory) != 2) {
+      throw std::runtime_error("tide calibrate --ranks: a rank reported \"" + line + "\"");
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
 }  // namespace
 
 int calibrate_command(int argc, char** argv) {
   MeasureOptions options;
   std::optional<std::filesystem::path> output;
   int ranks = 1;
+  int concurrent = 1;  // --ranks: measured here, at once
   bool dry_run = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -72,6 +129,8 @@ int calibrate_command(int argc, char** argv) {
     } else if (arg == "--ranks-per-host") {
       ranks =
           static_cast<int>(config::parse_int("--ranks-per-host", value_of(i, argc, argv), 1, 1024));
+    } else if (arg == "--ranks") {
+      concurrent = static_cast<int>(config::parse_int("--ranks", value_of(i, argc, argv), 1, 256));
     } else if (arg == "--dry-run") {
       dry_run = true;
     } else {
@@ -81,11 +140,24 @@ int calibrate_command(int argc, char** argv) {
   }
   const std::filesystem::path path = output ? *output : default_calibration_path();
   if (!dry_run) check_calibration_path(path);  // before a measurement it could not save
+  if (concurrent > 1 && ranks != 1) {
+    throw std::invalid_argument("--ranks measures the ranks itself: leave out --ranks-per-host");
+  }
+  // Before this process has threads or a driver context: the ranks are forked children.
+  std::vector<RankRates> per_rank;
+  if (concurrent > 1) {
+    per_rank = measure_ranks_at_once(concurrent, options.params, options.repeats);
+    ranks = concurrent;
+  }
 
   driver::PrimaryContext context(0);
   Calibration c;
   c.machine = this_machine();
-  c.machine.cpu_threads = static_cast<int>(kernels::cpu_pool().size());
+  // The threads one rank updates with: the pool here, or a rank's share when ranks measured.
+  c.machine.cpu_threads =
+      concurrent > 1 ? static_cast<int>(
+                           config::core_share(config::this_topology(), {0, concurrent}).cpus.size())
+                     : static_cast<int>(kernels::cpu_pool().size());
   c.machine.ranks_per_host = ranks;
   c.machine.gpu_name = driver::device_name(0);
   c.machine.gpu_memory_bytes = driver::memory_info().total_bytes;
@@ -106,6 +178,7 @@ int calibrate_command(int argc, char** argv) {
     std::fflush(stdout);
   };
   c.rates = measure_rates(options);
+  if (!per_rank.empty()) share_measured_rates(c, std::move(per_rank));
   c.measured_at = utc_timestamp();
   if (dry_run) {
     std::printf("dry run: nothing written (would write %s)\n", path.string().c_str());

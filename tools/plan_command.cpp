@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "config/env.h"
+#include "config/node.h"
 #include "io/json_writer.h"
 #include "scheduler/interleave.h"
 #include "scheduler/iteration_model.h"
+#include "scheduler/node_rates.h"
 #include "scheduler/plan_format.h"
 #include "scheduler/planner.h"
 #include "scheduler/rate_sources.h"
@@ -33,6 +35,8 @@ which the CPU does, with the performance model's predicted times.
 workload:
   --params N               parameters of the model (e.g. 20e9, 20B)
   --ranks N                ranks (GPUs) the parameters are divided over (default 1)
+  --ranks-per-node N       of them, ranks on one node, sharing its CPU update rate and host
+                           memory bandwidth (default: all of --ranks, one node)
   --subgroup-params N      parameters per subgroup (default 1e8); at most 2048 subgroups per
                            rank
   --free-memory SIZE       GPU memory free in the update phase, per rank: a size (48GB, 40GiB)
@@ -49,7 +53,8 @@ workload:
   --max-buffers N          at most N GPU buffers in flight (default: as many as fit and help)
 
 rates (per rank): built-in defaults, then the calibration file, then TIDE_RATE_* variables, then
-these flags:
+these flags. The CPU update rates of the first two are shared out to --ranks-per-node ranks from
+the ranks they were measured with (the file's ranks_per_host; built-in: 4): x measured/planned.
   --calibration FILE       the calibration file (default: TIDE_CALIBRATION_FILE, else
                            $XDG_CACHE_HOME/tide/calibration.json or ~/.cache/tide/calibration.json,
                            if it exists)
@@ -129,6 +134,7 @@ constexpr std::uint64_t kMaxSubgroups = 2048;  // per rank
 struct Setting {
   std::uint64_t params = 0;
   std::uint64_t ranks = 1;
+  std::uint64_t ranks_per_node = 0;  // 0: not given (all of ranks)
   std::uint64_t params_per_rank = 0;
   std::uint64_t subgroup_params = 100'000'000;
   std::uint64_t gpu_memory = 0;  // 0: not given
@@ -223,6 +229,47 @@ struct Iteration {
   }
 };
 
+// Per-rank and node figures: every rank of the node runs the same plan at once, each with its
+// share of the CPU update rate.
+struct NodeFigures {
+  std::uint64_t ranks;
+  int measured_ranks;
+  std::uint64_t params_per_rank;
+  Rates rates;
+  Plan plan;
+
+  double per_rank() const { return static_cast<double>(params_per_rank) / plan.predicted.phase_s; }
+  double all_cpu_per_rank() const {
+    return static_cast<double>(params_per_rank) / plan.predicted.all_cpu_s;
+  }
+  std::string json() const {
+    const auto n = static_cast<double>(ranks);
+    return "{\"ranks_per_node\":" + std::to_string(ranks) +
+           ",\"rates_measured_with_ranks\":" + std::to_string(measured_ranks) +
+           ",\"cpu_update_per_rank\":" + json::number(rates.cpu_update) +
+           ",\"cpu_update_node\":" + json::number(n * rates.cpu_update) +
+           ",\"params_per_s_per_rank\":" + json::number(per_rank()) +
+           ",\"params_per_s_node\":" + json::number(n * per_rank()) +
+           ",\"all_cpu_params_per_s_node\":" + json::number(n * all_cpu_per_rank()) + "}";
+  }
+  std::string lines() const {
+    const auto n = static_cast<double>(ranks);
+    char out[512];
+    std::snprintf(out, sizeof out,
+                  "node             %llu rank%s at once (CPU rates measured with %d, x%.3g): CPU "
+                  "update %s per rank, %s for the node\n"
+                  "                 update %s per rank, %s for the node (all-CPU %s)\n",
+                  static_cast<unsigned long long>(ranks), ranks == 1 ? "" : "s", measured_ranks,
+                  static_cast<double>(measured_ranks) / n,
+                  format_rate(RateKind::cpu_update, rates.cpu_update).c_str(),
+                  format_rate(RateKind::cpu_update, n * rates.cpu_update).c_str(),
+                  format_rate(RateKind::cpu_update, per_rank()).c_str(),
+                  format_rate(RateKind::cpu_update, n * per_rank()).c_str(),
+                  format_rate(RateKind::cpu_update, n * all_cpu_per_rank()).c_str());
+    return out;
+  }
+};
+
 }  // namespace
 
 int plan_command(int argc, char** argv) {
@@ -234,6 +281,7 @@ int plan_command(int argc, char** argv) {
       "--backward-seconds", "--layers",      "--gradient-offload",
       "--state-dtype"};
   for (const RateInfo& info : rate_infos()) with_value.push_back(info.flag);
+  with_value.push_back("--ranks-per-node");
   const Arguments args(argc, argv, with_value, {"--json", "--help", "-h"});
   if (args.has("--help") || args.has("-h")) {
     std::fputs(kUsage, stdout);
@@ -246,6 +294,15 @@ int plan_command(int argc, char** argv) {
   setting.params = parse_count("--params", *params, 1);
   if (auto v = args.get("--ranks")) {
     setting.ranks = static_cast<std::uint64_t>(config::parse_int("--ranks", *v, 1, 1 << 20));
+  }
+  setting.ranks_per_node = setting.ranks;
+  if (auto v = args.get("--ranks-per-node")) {
+    setting.ranks_per_node = static_cast<std::uint64_t>(
+        config::parse_int("--ranks-per-node", *v, 1, config::kMaxLocalRanks));
+    if (setting.ranks_per_node > setting.ranks) {
+      throw std::invalid_argument("--ranks-per-node " + *v + " is more than --ranks " +
+                                  std::to_string(setting.ranks));
+    }
   }
   if (auto v = args.get("--subgroup-params")) {
     setting.subgroup_params = parse_count("--subgroup-params", *v, 1);
@@ -347,7 +404,15 @@ int plan_command(int argc, char** argv) {
 
   std::optional<std::filesystem::path> calibration;
   if (auto v = args.get("--calibration")) calibration = *v;
-  ResolvedRates resolved = resolve_rates(calibration);
+  // --ranks-per-node is bounded by kMaxLocalRanks, and defaults to --ranks only when that fits.
+  if (setting.ranks_per_node > static_cast<std::uint64_t>(config::kMaxLocalRanks)) {
+    throw std::invalid_argument("--ranks " + std::to_string(setting.ranks) +
+                                " on one node: give --ranks-per-node (at most " +
+                                std::to_string(config::kMaxLocalRanks) + ")");
+  }
+  const int measured_ranks = measured_ranks_per_host(resolve_rates(calibration));
+  ResolvedRates resolved =
+      share_for_node(resolve_rates(calibration), static_cast<int>(setting.ranks_per_node));
   for (const RateInfo& info : rate_infos()) {
     if (auto v = args.get(std::string(info.flag))) {
       resolved.rates.*info.member =
@@ -365,6 +430,8 @@ int plan_command(int argc, char** argv) {
   const std::size_t rule_k =
       published_k(resolved.rates, workload.footprint, setting.subgroup_params);
   if (iteration) iteration->predict(workload, resolved.rates, best);
+  const NodeFigures node{setting.ranks_per_node, measured_ranks, setting.params_per_rank,
+                         resolved.rates, best};
 
   if (args.has("--json")) {
     std::string out = "{\"workload\":{\"params\":" + std::to_string(setting.params) +
@@ -396,6 +463,7 @@ int plan_command(int argc, char** argv) {
     }
     out += "],\"published_k\":" + std::to_string(rule_k);
     if (iteration) out += ",\"iteration\":" + iteration->json();
+    out += ",\"node\":" + node.json();
     out += "}\n";
     std::fputs(out.c_str(), stdout);
     return 0;
@@ -426,6 +494,7 @@ int plan_command(int argc, char** argv) {
   print_rates(resolved);
   std::printf("\n%s", plan_table(best).c_str());
   if (iteration) std::printf("%s", iteration->line().c_str());
+  std::printf("%s", node.lines().c_str());
   std::printf("\none GPU subgroup every K (same model; published rule for these rates: K = %zu)\n",
               rule_k);
   std::printf("     K  GPU subgroups  buffers  predicted s\n");

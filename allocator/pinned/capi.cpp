@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "allocator/pinned/arena.h"
+#include "allocator/pinned/node_limit.h"
 #include "capi/status.h"
 #include "tide/tide.h"
 
@@ -104,6 +105,15 @@ TIDE_API tide_status tide_pinned_arena_stats(const tide_pinned_arena* arena,
                                s.unregister_ns,
                                s.touch_ns,
                                s.pinned};
+  });
+}
+
+TIDE_API tide_status tide_node_pinned_stats(tide_node_pinned* stats) {
+  return tide::capi::guard([&] {
+    require(stats != nullptr, "tide_node_pinned_stats: null argument");
+    const tide::allocator::pinned::NodePinned n = tide::allocator::pinned::node_pinned();
+    *stats = tide_node_pinned{n.node_limit_bytes,  n.rank_limit_bytes, n.pinned_bytes,
+                              n.peak_pinned_bytes, n.local_rank,       n.local_ranks};
   });
 }
 

@@ -5,6 +5,7 @@
 #include <new>
 #include <stdexcept>
 
+#include "allocator/pinned/node_limit.h"
 #include "allocator/pinned/registration.h"
 
 namespace tide::allocator::pinned {
@@ -130,12 +131,28 @@ void* ChunkPool::allocate_range(std::size_t bytes, std::size_t alignment, bool m
     chunk_bytes = dedicated ? bytes : regular;
   }
   for (const auto& [base, size] : doomed) release(base, size);
+  try {
+    reserve_pinned(chunk_bytes);
+  } catch (const PinnedLimitError&) {
+    // Near the rank's share, a chunk just big enough may still fit where a regular one does not.
+    const std::size_t exact = round_up(bytes, kHugePage);
+    if (exact >= chunk_bytes) throw;
+    reserve_pinned(exact);
+    chunk_bytes = exact;
+  }
   std::uint64_t touch_ns = 0;
-  void* base = map_chunk(chunk_bytes, placement_, &touch_ns);
+  void* base = nullptr;
+  try {
+    base = map_chunk(chunk_bytes, placement_, &touch_ns);
+  } catch (...) {
+    release_pinned(chunk_bytes);
+    throw;
+  }
   try {
     registrar_.register_chunk(base, chunk_bytes);
   } catch (...) {
     unmap_chunk(base, chunk_bytes);
+    release_pinned(chunk_bytes);
     throw;
   }
   const std::lock_guard lock(mutex_);
@@ -257,6 +274,7 @@ void ChunkPool::release(std::uintptr_t base, std::size_t bytes) noexcept {
   void* p = reinterpret_cast<void*>(base);
   const bool unregistered = registrar_.unregister_chunk(p);
   unmap_chunk(p, bytes);
+  release_pinned(bytes);
   const std::lock_guard lock(mutex_);
   stats_.chunks_released += 1;
   if (!unregistered) stats_.unregister_failures += 1;

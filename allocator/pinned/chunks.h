@@ -52,7 +52,8 @@ class ChunkPool {
   ChunkPool& operator=(const ChunkPool&) = delete;
 
   // For the extent hooks: `bytes` (a multiple of kPage) at `alignment` (a power of two, at most
-  // kHugePage). Throws std::bad_alloc, or CudaError when registering a new chunk fails.
+  // kHugePage). Throws std::bad_alloc, CudaError when registering a new chunk fails, or
+  // PinnedLimitError past the rank's share of TIDE_NODE_PINNED_LIMIT (node_limit.h).
   void* allocate_extent(std::size_t bytes, std::size_t alignment);
   // Any page range inside what allocate_extent gave (jemalloc splits and merges extents).
   void deallocate_extent(void* p, std::size_t bytes) noexcept;

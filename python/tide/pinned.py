@@ -71,6 +71,19 @@ class PinnedStats(ctypes.Structure):
     ]
 
 
+class NodePinned(ctypes.Structure):
+    """tide_node_pinned."""
+
+    _fields_ = [
+        ("node_limit_bytes", ctypes.c_uint64),
+        ("rank_limit_bytes", ctypes.c_uint64),
+        ("pinned_bytes", ctypes.c_uint64),
+        ("peak_pinned_bytes", ctypes.c_uint64),
+        ("local_rank", ctypes.c_int32),
+        ("local_ranks", ctypes.c_int32),
+    ]
+
+
 _declared = False
 _declare_lock = threading.Lock()
 
@@ -100,6 +113,7 @@ def _api() -> ctypes.CDLL:
                 "tide_pinned_free": [arena_p, ctypes.c_void_p, ctypes.c_size_t],
                 "tide_pinned_arena_trim": [arena_p],
                 "tide_pinned_arena_stats": [arena_p, ctypes.POINTER(PinnedStats)],
+                "tide_node_pinned_stats": [ctypes.POINTER(NodePinned)],
             }.items():
                 fn = getattr(lib, name)
                 fn.restype = ctypes.c_int
@@ -264,6 +278,15 @@ class PinnedArena:
             self.close()
         except Exception:
             pass
+
+
+def node_stats() -> dict:
+    """This process's pinned memory over all its arenas against its share of the node's cap
+    (TIDE_NODE_PINNED_LIMIT split equally between the LOCAL_WORLD_SIZE ranks): node_limit_bytes,
+    rank_limit_bytes (0: no limit), pinned_bytes, peak_pinned_bytes, local_rank, local_ranks."""
+    stats = NodePinned()
+    _lib.check(_api().tide_node_pinned_stats(ctypes.byref(stats)))
+    return {name: getattr(stats, name) for name, _ in NodePinned._fields_}
 
 
 _default: PinnedArena | None = None

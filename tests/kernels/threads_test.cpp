@@ -1,6 +1,8 @@
 // The thread pool, and the CPU Adam step on several threads and from several threads at once.
 // Labelled `concurrency`: it also runs under TSan.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <stdexcept>
@@ -67,6 +69,31 @@ TEST(ThreadPoolTest, CallersFromManyThreadsTakeTurns) {
   }
   for (auto& c : callers) c.join();
   EXPECT_EQ(total.load(), 4 * 100 * 2);
+}
+
+// A pool given cores runs its workers there only (a local rank's share of the node).
+TEST(ThreadPoolTest, WorkersRunOnTheGivenCores) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &allowed)) ++first;
+  ThreadPool pool(3, {first});
+  std::vector<int> counts(3, -1);
+  std::vector<int> on_first(3, 0);
+  pool.run(3, [&](unsigned i) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof set, &set), 0);
+    counts[i] = CPU_COUNT(&set);
+    on_first[i] = CPU_ISSET(first, &set) ? 1 : 0;
+  });
+  for (unsigned i = 1; i < 3; ++i) {
+    EXPECT_EQ(counts[i], 1) << "worker " << i;
+    EXPECT_EQ(on_first[i], 1) << "worker " << i;
+  }
+  // The calling thread is the caller's: left as it was.
+  EXPECT_EQ(counts[0], CPU_COUNT(&allowed));
 }
 
 TEST(ThreadPoolTest, DefaultSizeIsTheCpusThisProcessMayUse) {

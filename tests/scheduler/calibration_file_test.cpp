@@ -8,9 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "config/env.h"
 #include "io/safe_file.h"
+#include "scheduler/node_rates.h"
 #include "scheduler/rate_sources.h"
 
 namespace tide::scheduler {
@@ -297,6 +300,73 @@ TEST_F(CalibrationFile, ResolveRatesLayersDefaultsFileAndEnvironment) {
   unsetenv("TIDE_CALIBRATION_FILE");
   write("cache/tide/calibration.json", "{\"format\": \"tide-calibration\"}");
   EXPECT_THROW(resolve_rates(std::nullopt), CalibrationError);
+}
+
+// tide calibrate --ranks N: each rank's rates, measured while all ran, round trip; a file without
+// them (every file before them) still reads; malformed entries name where they are.
+TEST_F(CalibrationFile, PerRankRatesRoundTrip) {
+  Calibration c = sample();
+  c.machine.ranks_per_host = 2;
+  c.ranks = {{5.1e8, 9.75e9}, {4.9e8, 9.5e9}};
+  const std::string text = format_calibration(c);
+  EXPECT_NE(text.find("\"ranks\": ["), std::string::npos) << text;
+  EXPECT_EQ(parse_calibration(text, "text"), c);
+  save_calibration(dir_ / "ranks.json", c);
+  EXPECT_EQ(load_calibration(dir_ / "ranks.json").ranks, c.ranks);
+  c.ranks.pop_back();  // fewer entries than ranks_per_host
+  EXPECT_THROW(format_calibration(c), CalibrationError);
+
+  std::string good = format_calibration(sample());  // ranks_per_host 4, no "ranks"
+  EXPECT_TRUE(parse_calibration(good, "old").ranks.empty());
+  good.erase(good.rfind('}'));
+  for (const auto& [ranks, where] : std::vector<std::pair<std::string, std::string>>{
+           {"[]", "ranks: must be an array of machine.ranks_per_host (4)"},
+           {"{}", "ranks: must be an array"},
+           {R"([{"cpu_update_params_per_s": 1, "memory_bytes_per_s": 1}, 1, 2, 3])",
+            "ranks[1]: must be an object"},
+           {R"([{"cpu_update_params_per_s": 1}, {}, {}, {}])",
+            "ranks[0].memory_bytes_per_s: missing"},
+           {R"([{"cpu_update_params_per_s": -1, "memory_bytes_per_s": 1}, {}, {}, {}])",
+            "ranks[0].cpu_update_params_per_s: must be a number > 0"},
+           {R"([{"cpu_update_params_per_s": 1, "memory_bytes_per_s": 1, "x": 1}, {}, {}, {}])",
+            "ranks[0]: unknown member \"x\""}}) {
+    try {
+      std::string bad = good;
+      bad += ", \"ranks\": ";
+      bad += ranks;
+      bad += "}";
+      parse_calibration(bad, "f");
+      ADD_FAILURE() << ranks << " accepted";
+    } catch (const CalibrationError& e) {
+      EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The CPU update rates are shared out from the ranks they were measured with to the ranks that
+// plan; copy and GPU rates are each rank's own; given rates are left as they are.
+TEST_F(CalibrationFile, NodeRatesShareTheCpuRates) {
+  Calibration c = sample();
+  c.machine.ranks_per_host = 2;
+  save_calibration(dir_ / "two.json", c);
+  const ResolvedRates two = resolve_rates(dir_ / "two.json");
+  EXPECT_EQ(measured_ranks_per_host(two), 2);
+  const ResolvedRates four = share_for_node(two, 4);
+  EXPECT_DOUBLE_EQ(four.rates.cpu_update, c.rates.cpu_update / 2);
+  EXPECT_DOUBLE_EQ(four.rates.cpu_update_contended, c.rates.cpu_update_contended / 2);
+  EXPECT_EQ(four.rates.h2d, c.rates.h2d);
+  EXPECT_EQ(four.rates.gpu_update, c.rates.gpu_update);
+  EXPECT_DOUBLE_EQ(share_for_node(two, 1).rates.cpu_update, 2 * c.rates.cpu_update);
+  EXPECT_EQ(share_for_node(two, 2).rates, two.rates);
+  ResolvedRates given = two;
+  given.source[static_cast<std::size_t>(RateKind::cpu_update)] = RateSource::environment;
+  EXPECT_EQ(share_for_node(given, 4).rates.cpu_update, c.rates.cpu_update);
+  EXPECT_THROW(share_for_node(two, 0), std::invalid_argument);
+  // Built-in rates are those of a 4-rank node.
+  ResolvedRates builtin;
+  builtin.rates = builtin_rates();
+  builtin.source.fill(RateSource::builtin);
+  EXPECT_EQ(share_for_node(builtin, kBuiltinRanksPerHost).rates, builtin_rates());
 }
 
 TEST_F(CalibrationFile, ThisMachineKnowsItsCpu) {

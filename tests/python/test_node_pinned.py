@@ -1,0 +1,85 @@
+"""TIDE_NODE_PINNED_LIMIT: two local ranks (two processes with LOCAL_RANK / LOCAL_WORLD_SIZE, as
+torchrun starts them) each get half of the node's cap. Within it an arena grows; past it the
+growth fails with an out-of-memory error naming the knob, and the process carries on."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+RANK = r"""
+import json, sys
+from tide import _lib, pinned
+arena = pinned.PinnedArena()
+first = arena.alloc(24 << 20)          # within the 32 MiB share
+error = None
+try:
+    arena.alloc(24 << 20)              # 48 MiB in all: past it
+except _lib.TideError as e:
+    error = str(e)
+after = arena.alloc(1 << 20)           # the arena still works
+print(json.dumps({"node": pinned.node_stats(), "error": error}))
+"""
+
+
+def run_ranks(limit):
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["TIDE_NODE_PINNED_LIMIT"] = limit
+    procs = [subprocess.Popen([sys.executable, "-c", RANK], env={**env, "LOCAL_RANK": str(r),
+                                                                  "LOCAL_WORLD_SIZE": "2"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_each_rank_gets_its_share_and_growth_past_it_is_a_clear_error():
+    for rank, result in enumerate(run_ranks("64MiB")):
+        node = result["node"]
+        assert node["local_rank"] == rank and node["local_ranks"] == 2
+        assert node["node_limit_bytes"] == 64 << 20
+        assert node["rank_limit_bytes"] == 32 << 20
+        assert 25 << 20 <= node["pinned_bytes"] <= 32 << 20, node
+        assert result["error"] is not None, "growth past the share was allowed"
+        assert "TIDE_NODE_PINNED_LIMIT" in result["error"], result["error"]
+        assert "LOCAL_WORLD_SIZE=2" in result["error"], result["error"]
+
+
+def test_without_the_knob_there_is_no_cap():
+    for result in run_ranks(""):
+        assert result["error"] is None
+        assert result["node"]["rank_limit_bytes"] == 0
+
+
+def test_a_bad_value_names_the_knob():
+    env = {**os.environ, "TIDE_NODE_PINNED_LIMIT": "lots"}
+    result = subprocess.run([sys.executable, "-c", "from tide import pinned; pinned.node_stats()"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "TIDE_NODE_PINNED_LIMIT" in result.stderr, result.stderr
+
+
+def test_tide_env_says_where_this_rank_stands(build_dir):
+    tide = build_dir / "bin" / "tide"
+    env = {**os.environ, "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "TIDE_NODE_PINNED_LIMIT": "64MiB"}
+    result = subprocess.run([str(tide), "env"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    node = [l for l in result.stdout.splitlines() if l.startswith("node: ")]
+    assert len(node) == 1, result.stdout
+    assert node[0].startswith("node: local rank 1 of 2"), node[0]
+    assert "32.00 MiB for this rank of the node's 64.00 MiB" in node[0], node[0]
+    env["LOCAL_RANK"] = "2"
+    result = subprocess.run([str(tide), "env"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    assert 'LOCAL_RANK="2" is not valid' in result.stderr, result.stderr
