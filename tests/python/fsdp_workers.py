@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 STEPS = 4
+FAULTY = 1  # the rank whose stand-in fails in scenario_fault
 _kept: list = []
 MAX_NORM = 0.5
 
@@ -112,6 +113,10 @@ def reference_clip(model: Net, max_norm: float) -> float:
     return norm
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, torch.distributed.tensor.DTensor) else t
+
+
 def full(model: Net) -> list[torch.Tensor]:
     return [(p.full_tensor() if isinstance(p, torch.distributed.tensor.DTensor) else p)
             .detach().float().clone() for p in model.parameters()]
@@ -126,7 +131,7 @@ def train(model: Net, opt, steps: range, rank: int, world: int, *, clip: str = "
     for step in steps:
         opt.zero_grad()
         x, y = batch(step, rank, world)
-        torch.nn.functional.mse_loss(model(x).float(), y).backward()
+        torch.nn.functional.mse_loss(model(x.to(model.gain.dtype)).float(), y).backward()
         average_plain_grads(model)
         if clip == "tide":
             norms.append(opt.clip_grad_norm_(MAX_NORM))
@@ -154,13 +159,15 @@ def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
 def run(rank: int, world: int, port: int, scenario: str, out: str) -> None:
     """Process entry: runs `scenario` and saves what it found (or the error it raised)."""
     result: dict = {}
+    start = time.monotonic()
     try:
         init(rank, world, port, 10.0 if scenario == "fault" else 60.0)
         globals()[f"scenario_{scenario}"](rank, world, out, result)
     except BaseException as error:  # noqa: BLE001 (reported to the test)
         result["error"] = f"{type(error).__name__}: {error}"
         result["traceback"] = traceback.format_exc()
-        if scenario == "fault":
+        result["seconds_to_error"] = time.monotonic() - start
+        if scenario == "fault" and rank == FAULTY:
             # The failed rank stays (its process group open, as a rank stuck elsewhere would)
             # until the others gave up on it: they must, by the process group's timeout.
             others = [os.path.join(out, f"rank{r}.pt") for r in range(world) if r != rank]
@@ -168,8 +175,11 @@ def run(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
                 time.sleep(0.1)
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
-    if dist.is_initialized() and "error" not in result:
-        dist.destroy_process_group()
+    if "error" in result:
+        # Not through the process group's teardown, which may wait on the collectives a failed
+        # peer never joined.
+        os._exit(1)
+    dist.destroy_process_group()
 
 
 def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
@@ -197,6 +207,38 @@ def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
         opt = make_opt(kind, model)
         norms = train(model, opt, range(STEPS), rank, world, clip="torch")
         result[f"torch_clip_{kind}"] = {"weights": full(model), "norms": norms}
+    # bf16 sharded parameters: fp32 master weights in tide's state, the shards their rounding.
+    model = Net().to(torch.bfloat16)
+    for unit in (model.a, model.b, model.head):
+        fully_shard(unit)
+    opt = make_opt("tide", model)
+    start = full(model)
+    train(model, opt, range(2), rank, world)
+    masters = opt.state_dict()["state"]
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    params = [p for group in opt.param_groups for p in group["params"]]  # state_dict's order
+    result["bf16"] = {
+        "moved": not any(torch.equal(a, b) for a, b in zip(start, full(model))),
+        "master_types": {name_of[id(params[k])]: type(v["master_param"]).__name__
+                         for k, v in masters.items()},
+        "rounded": all(torch.equal(local(v["master_param"]).to(torch.bfloat16),
+                                   local(params[k]).detach()) for k, v in masters.items())}
+    # What tide does not step: a clear error.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh1, mesh2 = init_device_mesh("cpu", (world,)), init_device_mesh("cpu", (world, 1))
+    errors = []
+    for mesh, placements in ((mesh1, [Replicate()]), (mesh1, [Shard(1)]),
+                             (mesh2, [Shard(0), Replicate()])):
+        p = torch.nn.Parameter(distribute_tensor(torch.ones(4, 4), mesh, placements))
+        try:
+            make_opt("tide", model)  # a working one first: the failing one must not disturb it
+            import tide.torch as tt
+            tt.AdamW([p])
+            errors.append(None)
+        except ValueError as error:
+            errors.append(str(error))
+    result["unsupported"] = errors
     # The gradient FSDP2 hands the optimizer, against one process's on the global batch.
     model = sharded("gpu")
     x, y = batch(0, rank, world)
@@ -280,7 +322,7 @@ def scenario_fault(rank: int, world: int, out: str, result: dict) -> None:
     opt = make_opt("tide", model, placement="gpu")
     _kept.append((model, opt))  # the failed rank's mesh and process groups stay open
     train(model, opt, range(1), rank, world)
-    if rank == 1:
+    if rank == FAULTY:
         import ctypes
         standin = ctypes.CDLL(os.environ["TIDE_CUDA_DRIVER"])
         standin.tide_standin_device_lost.argtypes = [ctypes.c_uint64]

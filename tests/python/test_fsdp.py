@@ -114,6 +114,23 @@ def test_torch_clip_grad_norm_on_dtensor_gradients(trained):
         assert rel_diff(tide["weights"], ref["weights"]) <= FP32_BOUND
 
 
+def test_bf16_shards_keep_fp32_masters(trained):
+    for r in trained:
+        bf16 = r["bf16"]
+        assert bf16["moved"] and bf16["rounded"]
+        # DTensors for the sharded parameters (empty ones on rank 1 included), not for `gain`
+        assert bf16["master_types"].pop("gain") == "Tensor"
+        assert bf16["master_types"] == {name: "DTensor" for name in (
+            "a.weight", "a.bias", "b.weight", "b.bias", "head.weight", "head.bias")}
+
+
+def test_unsupported_placements_raise(trained):
+    for r in trained:
+        assert len(r["unsupported"]) == 3
+        for error in r["unsupported"]:
+            assert error is not None and "tide steps parameters sharded on dim 0" in error
+
+
 def test_gradient_scale_matches_one_process(trained):
     """FSDP2 averages the gradients over ranks (pytorch#162338 summed them over gloo): the
     gradient each rank steps with is the one of the mean loss over the global batch, computed

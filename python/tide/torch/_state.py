@@ -87,9 +87,12 @@ class ParamState(dict):
                         if split or (key != "master_param"
                                      and bucket.state_dtype != torch.float32)}
         owner = bucket.owners[index]
-        # What the entry shows for each key, and the tensor under it that tide keeps true.
-        self._shown = {key: shown(owner, torch.empty(0)) for key in keys}
-        self._tensors = {key: local(t) for key, t in self._shown.items()}
+        # The tensor of each key that tide keeps true, and for an FSDP2 parameter the DTensor
+        # over it that the entry shows (_face). Only the DTensor holds a second reference to it
+        # (refresh counts them).
+        shown_ = {key: shown(owner, torch.empty(0)) for key in keys}
+        self._tensors = {key: local(t) for key, t in shown_.items()}
+        self._dtensors = {key: t for key, t in shown_.items() if t is not self._tensors[key]}
         self._stale: set[str] = set()  # copies that do not hold the state as it is now
         self._versions: dict[str, int] = {}  # of each copy when it last matched the state
         self.refresh()
@@ -147,9 +150,13 @@ class ParamState(dict):
         self._versions[key] = self._version(key)
         self._stale.discard(key)
 
+    def _face(self, key: str) -> torch.Tensor:
+        """What the entry shows for `key`: its tensor, or the DTensor over it."""
+        return self._dtensors.get(key, self._tensors[key])
+
     def _version(self, key: str) -> tuple[int, int]:
         """Writes into `key`'s copy count here (a DTensor's in-place ops count on the DTensor)."""
-        return (self._shown[key]._version, self._tensors[key]._version)
+        return (self._face(key)._version, self._tensors[key]._version)
 
     def _copy_all_in(self) -> None:
         for key in list(self._stale):
@@ -170,7 +177,7 @@ class ParamState(dict):
         """After the state changed (a step, a load): the entry's tensors show it. Discards what
         was assigned to its keys and not yet taken (take_writes)."""
         for key in self._tensors:
-            dict.__setitem__(self, key, self._shown[key])
+            dict.__setitem__(self, key, self._face(key))
         for key in self._tensors:  # no local name may hold a tensor here: it would count
             if key not in self._copied:
                 self._point(key)
@@ -191,7 +198,7 @@ class ParamState(dict):
         shape = self._bucket.params[self._index].shape
         for key in self._tensors:
             value = dict.get(self, key)
-            if value is self._shown[key] or value is None:
+            if value is self._face(key) or value is None:
                 continue
             if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                 problem = f"must be a floating-point tensor, got {type(value).__name__}"
@@ -208,7 +215,7 @@ class ParamState(dict):
         already.) check_writes first."""
         for key, mine in self._tensors.items():
             value = dict.get(self, key)
-            if value is not self._shown[key]:
+            if value is not self._face(key):
                 value = local(value)  # a DTensor of the parameter's placements: this shard
                 if value is not None:
                     if key in self._copied:
@@ -216,7 +223,7 @@ class ParamState(dict):
                         self._stale.add(key)
                     else:
                         mine.copy_(value)
-                dict.__setitem__(self, key, self._shown[key])
+                dict.__setitem__(self, key, self._face(key))
             elif (key in self._copied and key not in self._stale
                   and self._version(key) != self._versions[key]):
                 self._bucket.scatter(self._index, _PINNED[key], mine)

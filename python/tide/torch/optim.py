@@ -144,11 +144,17 @@ class AdamW(torch.optim.Optimizer):
             self._build(len(self.param_groups) - 1)
 
     def _device_index(self, p: torch.Tensor) -> int:
+        """The device of a parameter (of a DTensor's local shard)."""
         if self._cpu:
             if p.device.type != "cpu":
                 raise ValueError(f"tide: CPU mode (no GPU) needs CPU parameters, got {p.device}")
             return 0
         if p.device.type != "cuda":
+            if p.device.type == "cpu" and _distributed.is_sharded(p):
+                raise ValueError(
+                    "tide: an FSDP2 parameter's shard is in host memory (CPUOffloadPolicy): on a "
+                    "GPU, tide steps shards on the GPU only (CPUOffloadPolicy is supported in CPU "
+                    "mode, without a GPU)")
             raise ValueError(f"tide: parameters must be CUDA tensors, got one on {p.device}")
         return p.device.index if p.device.index is not None else torch.cuda.current_device()
 
@@ -170,7 +176,7 @@ class AdamW(torch.optim.Optimizer):
                 if p.numel() != 0 and p.requires_grad:
                     self._empty_shards.params.append(p)
                 continue
-            key = (p.dtype, self._device_index(shard), id(_distributed.group_of(p)))
+            key = (p.dtype, self._device_index(p), id(_distributed.group_of(p)))
             by_key.setdefault(key, []).append(p)
         for group in _distributed.groups_of(groups):
             if all(group is not g for g in self._process_groups):
