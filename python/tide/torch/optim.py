@@ -200,7 +200,8 @@ class AdamW(torch.optim.Optimizer):
     def grad_norm(self, scale: float = 1.0) -> float:
         """The total L2 norm of the gradients, read from their offloaded copies, divided by
         `scale` (the loss scale they carry, if any): the norm before any clipping, as
-        torch.nn.utils.clip_grad_norm_ returns it."""
+        torch.nn.utils.clip_grad_norm_ returns it. Under FSDP2 the norm of the whole model's
+        gradients (an all-reduce over the ranks that shard them): call it on every rank."""
         self._gradients.sync(self._buckets)
         parts: dict[Any, float] = {}  # process group (None: not sharded) -> sum of squares
         for bucket in self._buckets:
