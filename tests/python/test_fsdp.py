@@ -236,3 +236,36 @@ def test_failure_on_one_rank_raises_there_and_hangs_nowhere(tmp_path):
     # gloo's closed connection or the process group's timeout (10 s) ends the wait, with an error
     error = results[0].get("error", "").lower()
     assert any(word in error for word in ("connection closed", "timed out", "timeout")), results[0]
+
+
+def test_example_under_torchrun(tmp_path):
+    """examples/train_gpt_fsdp.py as the README runs it (torchrun, 2 ranks): every rank's plan
+    per step, rank 0's node summary, rank 0's memory timeline."""
+    import re
+    import subprocess
+    import sys
+
+    repo = fsdp_workers.__file__.rsplit("/tests/", 1)[0]
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         f"{repo}/examples/train_gpt_fsdp.py", "--steps", "2", "--layers", "1", "--d-model", "32",
+         "--heads", "2", "--seq-len", "16", "--batch", "4", "--out", str(tmp_path)],
+        cwd=repo, capture_output=True, text=True, timeout=180, check=False,
+        env={**os.environ, "PYTHONPATH": f"{repo}/python"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = result.stdout
+    per_rank = []
+    for rank in range(WORLD):
+        steps = re.findall(rf"^\[rank {rank}\] step (\d)/2 .* subgroups gpu (\d+) cpu (\d+)", text,
+                           re.MULTILINE)
+        assert [s for s, _, _ in steps] == ["1", "2"], text
+        per_rank.append(steps)
+    nodes = re.findall(r"^node \S+ step (\d): ranks \[0, 1\]  subgroups gpu (\d+) cpu (\d+)", text,
+                       re.MULTILINE)
+    assert [s for s, _, _ in nodes] == ["1", "2"], text
+    for i, (_, gpu, cpu) in enumerate(nodes):  # the node's subgroups: its ranks' together
+        assert int(gpu) == sum(int(steps[i][1]) for steps in per_rank)
+        assert int(cpu) == sum(int(steps[i][2]) for steps in per_rank)
+    png = tmp_path / "tide_memory_rank0.png"
+    assert f"memory timeline (rank 0): {png}" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
