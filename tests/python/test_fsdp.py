@@ -188,6 +188,17 @@ def test_checkpoint_cross_loads_with_torch_adamw(checkpointed):
         assert rel_diff(r["resumed_tide_from_torch"], r["continued_tide"]) <= FP32_BOUND
 
 
+def test_full_state_dict_gathers_and_loads(checkpointed):
+    """StateDictOptions(full_state_dict=True) gathers each entry with a collective, in the
+    state dict's order: it must be the same on every rank (rank 1 holds empty shards)."""
+    _, results = checkpointed
+    for r in results:
+        assert r["full_state_dict_shapes"] == {
+            "a.weight": (5, 7), "b.weight": (3, 5), "head.weight": (1, 3), "a.bias": (5,),
+            "b.bias": (3,), "head.bias": (1,), "gain": (3,)}
+        assert r["full_state_dict_resumed_exactly"]
+
+
 def test_checkpoint_loads_at_one_rank(checkpointed):
     """The 2-rank checkpoint into a plain model at one process (DCP reshards): the state is the
     saved one, and training goes on as it went on at 2 ranks."""

@@ -400,28 +400,35 @@ class AdamW(torch.optim.Optimizer):
         self._take_state_writes()
         live = self.state
         full: dict[Any, Any] = {}
-        for bucket in self._buckets:
-            for i, p in enumerate(bucket.owners):
-                ours = self._entries.get(p)
-                if ours is None:
-                    continue  # no step yet: no state, as in torch
-                entry = {"step": ours["step"].clone()}
-                if int(entry["step"]) > 0:
-                    # DTensors with p's placements for an FSDP2 parameter, as torch keeps
-                    keys = ["exp_avg", "exp_avg_sq"] + (["master_param"]
-                                                        if bucket.dtype != torch.float32 else [])
-                    for key in keys:
-                        pinned = "param" if key == "master_param" else key
-                        entry[key] = _distributed.shown(p, bucket.gather(i, pinned))
-                full[p] = entry
-        for p in self._empty_shards.params:
-            if p in live:
+        # In param-group order, the same on every rank (under FSDP2, gathering a full state
+        # dict runs one collective per entry, in this order).
+        for p in (p for group in self.param_groups for p in group["params"]):
+            if id(p) in self._where:
+                entry = self._saved_entry(p, *self._where[id(p)])
+                if entry is not None:
+                    full[p] = entry
+            elif p in self._empty_shards and p in live:
                 full[p] = self._empty_shards.entry(p, float(live[p]["step"]))
         self.state = full  # super().state_dict packs self.state, with its hooks
         try:
             return super().state_dict()
         finally:
             self.state = live
+
+    def _saved_entry(self, p: torch.Tensor, bucket: Bucket, i: int) -> dict[str, Any] | None:
+        """Parameter p's entry in state_dict() (copies), or None before its first step."""
+        ours = self._entries.get(p)
+        if ours is None:
+            return None  # no step yet: no state, as in torch
+        entry = {"step": ours["step"].clone()}
+        if int(entry["step"]) > 0:
+            # DTensors with p's placements for an FSDP2 parameter, as torch keeps them
+            keys = ["exp_avg", "exp_avg_sq"] + (["master_param"]
+                                                if bucket.dtype != torch.float32 else [])
+            for key in keys:
+                pinned = "param" if key == "master_param" else key
+                entry[key] = _distributed.shown(p, bucket.gather(i, pinned))
+        return entry
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads tide's or torch.optim.Adam(W)'s state dict. Master weights: the saved ones when
