@@ -161,7 +161,7 @@ def run(rank: int, world: int, port: int, scenario: str, out: str) -> None:
     result: dict = {}
     start = time.monotonic()
     try:
-        init(rank, world, port, 10.0 if scenario == "fault" else 60.0)
+        init(rank, world, port, 5.0 if scenario == "fault" else 60.0)
         globals()[f"scenario_{scenario}"](rank, world, out, result)
     except BaseException as error:  # noqa: BLE001 (reported to the test)
         result["error"] = f"{type(error).__name__}: {error}"
@@ -333,7 +333,7 @@ def scenario_inf(rank: int, world: int, out: str, result: dict) -> None:
 def scenario_fault(rank: int, world: int, out: str, result: dict) -> None:
     """Rank 1's stand-in loses its device as the step reads the gradients: rank 1 raises (the
     step did not happen); rank 0 goes on to the next step's collectives and must fail by the
-    process group's timeout (10 s), not hang."""
+    process group's timeout (5 s), not hang."""
     model = sharded("gpu")
     opt = make_opt("tide", model, placement="gpu")
     _kept.append((model, opt))  # the failed rank's mesh and process groups stay open

@@ -67,33 +67,46 @@ def shown(owner: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
                               shape=owner.shape, stride=owner.stride())
 
 
-def groups_of(params: list[torch.Tensor]) -> list[Any]:
-    """The process groups sharding `params`, once each, in the order they first appear (the same
-    on every rank: the collectives over them must be called in one order everywhere)."""
-    found: list[Any] = []
+class Group:
+    """A process group that shards parameters, and the device its collectives take tensors on
+    (NCCL's are CUDA tensors, gloo's CPU ones)."""
+
+    def __init__(self, p: torch.Tensor):
+        self.group = group_of(p)
+        self.device_type = p.device_mesh.device_type
+
+    def tensor(self, value: float, dtype: torch.dtype) -> torch.Tensor:
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if self.device_type == "cuda" else torch.device(self.device_type))
+        return torch.tensor([value], dtype=dtype, device=device)
+
+
+def groups_of(params: list[torch.Tensor], known: list[Group]) -> None:
+    """Adds to `known` the process groups sharding `params` that it lacks, in the order they
+    first appear (the same on every rank: the collectives over them must be called in one order
+    everywhere)."""
     for p in params:
         group = group_of(p)
-        if group is not None and all(group is not g for g in found):
-            found.append(group)
-    return found
+        if group is not None and all(group is not g.group for g in known):
+            known.append(Group(p))
 
 
-def sum_over_ranks(values: dict[Any, float], groups: list[Any]) -> float:
-    """The sum of `values` (group -> this rank's part; None: a replicated part, counted once),
-    each sharded part summed over its group's ranks: one all-reduce per group."""
+def sum_over_ranks(values: dict[Any, float], groups: list[Group]) -> float:
+    """The sum of `values` (process group -> this rank's part; None: a replicated part, counted
+    once), each sharded part summed over its group's ranks: one all-reduce per group."""
     total = values.get(None, 0.0)
-    for group in groups:
-        part = torch.tensor([values.get(group, 0.0)], dtype=torch.float64)
-        dist.all_reduce(part, op=dist.ReduceOp.SUM, group=group)
+    for g in groups:
+        part = g.tensor(values.get(g.group, 0.0), torch.float64)
+        dist.all_reduce(part, op=dist.ReduceOp.SUM, group=g.group)
         total += float(part.item())
     return total
 
 
-def any_rank(flag: bool, groups: list[Any]) -> bool:
+def any_rank(flag: bool, groups: list[Group]) -> bool:
     """Whether `flag` holds on any rank of `groups` (one all-reduce per group)."""
-    for group in groups:
-        value = torch.tensor([1.0 if flag else 0.0])
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    for g in groups:
+        value = g.tensor(1.0 if flag else 0.0, torch.float32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=g.group)
         flag = flag or value.item() != 0.0
     return flag
 
@@ -106,13 +119,17 @@ SUMMARY_KEYS = ("step", "skipped", "gpu_subgroups", "cpu_subgroups", "fallback_s
 
 def node_summary(plan: dict[str, Any] | None, pinned_bytes: int, elements: int) -> dict[str, Any]:
     """Every rank's last plan, per node and for the job, gathered with one all_gather_object over
-    the default process group. Collective: every rank calls it, once per step."""
+    the default process group. Collective: every rank calls it, once per step. Without
+    torch.distributed (one process) this process's alone."""
+    distributed = dist is not None and dist.is_available() and dist.is_initialized()
     mine = {key: (plan or {}).get(key) for key in SUMMARY_KEYS}
-    mine.update(rank=dist.get_rank(), host=socket.gethostname(),
-                local_rank=int(os.environ.get("LOCAL_RANK", "-1")),
+    mine.update(rank=dist.get_rank() if distributed else 0, host=socket.gethostname(),
+                local_rank=os.environ.get("LOCAL_RANK"),
                 pinned_bytes=pinned_bytes, elements=elements)
-    ranks: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, mine)
+    ranks: list[Any] = [mine]
+    if distributed:
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
     nodes: dict[str, dict[str, Any]] = {}
     for r in ranks:
         nodes.setdefault(r["host"], {"host": r["host"], "ranks": []})["ranks"].append(r["rank"])

@@ -119,7 +119,7 @@ class AdamW(torch.optim.Optimizer):
         self._gradients = GradientOffload(self._where, self._cpu)
         self._entries = StateEntries()  # what tide put in self.state
         self._empty_shards = _distributed.EmptyShards()  # FSDP2 parameters empty on this rank
-        self._process_groups: list[Any] = []  # those that shard the parameters (FSDP2)
+        self._process_groups: list[_distributed.Group] = []  # those sharding the parameters
         # Released when this optimizer goes, never through another object: wrappers that take on
         # its class and forward attributes to it (Lightning's LightningOptimizer) would run a
         # __del__ of this class on going away, and close the executors still in use.
@@ -178,9 +178,7 @@ class AdamW(torch.optim.Optimizer):
                 continue
             key = (p.dtype, self._device_index(p), id(_distributed.group_of(p)))
             by_key.setdefault(key, []).append(p)
-        for group in _distributed.groups_of(groups):
-            if all(group is not g for g in self._process_groups):
-                self._process_groups.append(group)
+        _distributed.groups_of(groups, self._process_groups)
         for (_, device, _), owners in by_key.items():
             params = [_distributed.local(p) for p in owners]
             bucket = Bucket(group_index, params, self._subgroup_size, device=device,
