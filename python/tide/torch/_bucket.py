@@ -12,6 +12,7 @@ import torch
 
 from tide import kernels
 from tide.torch import _executor, _layout
+from tide.torch._distributed import local
 
 TIDE_DTYPES = {torch.float32: kernels.FLOAT32, torch.bfloat16: kernels.BFLOAT16,
                torch.float16: kernels.FLOAT16}
@@ -27,9 +28,13 @@ class Bucket:
 
     def __init__(self, group_index: int, params: list[torch.Tensor], subgroup_size: int, *,
                  device: int, cpu_threads: int, gradients_on_gpu: bool,
-                 state_dtype: torch.dtype = torch.float32):
+                 state_dtype: torch.dtype = torch.float32,
+                 owners: list[torch.Tensor] | None = None):
         self.group_index = group_index
         self.params = params
+        # The model's parameters: `params` themselves, or the FSDP2 DTensors whose local shards
+        # `params` are (_distributed): their gradients, their keys in opt.state.
+        self.owners = params if owners is None else owners
         self.dtype = params[0].dtype
         self.tide_dtype = TIDE_DTYPES[self.dtype]
         # The moments' dtype in pinned memory (fp32 or bf16); the master weights are fp32.
@@ -45,7 +50,7 @@ class Bucket:
                                            state_dtype=TIDE_DTYPES[state_dtype])
         # What tide's slices describe: the memory the parameters had when the optimizer was made.
         self.layouts = [layout_of(p) for p in params]
-        self.versions = [p._version for p in params]
+        self.versions = [self.version(i) for i in range(len(params))]
         self.step = 0  # update phases run: the bias correction's step number
         self.frozen: tuple[int, ...] = ()  # the parameters the executor leaves untouched
         self._views: list[dict[str, torch.Tensor]] | None = None
@@ -53,10 +58,15 @@ class Bucket:
         for i in range(len(params)):
             self.read_master(i)
 
+    def version(self, i: int) -> tuple[int, int]:
+        """Parameter i's version counters: its owner's (a DTensor's in-place ops count there, not
+        on its local shard) and its own."""
+        return (self.owners[i]._version, self.params[i]._version)
+
     def check_layout(self, i: int) -> None:
         """Raises when parameter i is no longer the memory tide writes (before anything is
         read or written through its slices)."""
-        now = layout_of(self.params[i])
+        now = layout_of(local(self.owners[i]))
         if now != self.layouts[i]:
             raise RuntimeError(
                 f"tide: a parameter changed since the optimizer was created (was {self.layouts[i]}, "
@@ -110,7 +120,7 @@ class Bucket:
         for piece in self.pieces[i]:
             self.pinned("param", piece).copy_(
                 flat[piece.param_offset:piece.param_offset + piece.count])
-        self.versions[i] = self.params[i]._version
+        self.versions[i] = self.version(i)
 
     def gather(self, i: int, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """Parameter i's `key` state (fp32, on the CPU, shaped like the parameter): a copy, into

@@ -3,6 +3,8 @@ replaced, and loaded into a bucket's pinned state.
 
 Per parameter: "step", "exp_avg", "exp_avg_sq" (fp32, shaped like the parameter), and for
 low-precision parameters "master_param" (tide's fp32 master weights; torch.optim ignores it).
+For an FSDP2 parameter (a DTensor) they are DTensors with its placements, and this rank checks
+and loads its local shard of them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from tide.torch._arguments import hyperparameters
 from tide.torch._bucket import Bucket
+from tide.torch._distributed import is_sharded, local
 
 STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"})
 
@@ -87,6 +90,16 @@ def checked_entry(entry: Any, p: torch.Tensor, name: str,
         return 0
     for key in ("exp_avg", "exp_avg_sq", "master_param"):
         value = entry.get(key)
+        if is_sharded(p) and value is not None:
+            if not is_sharded(value) or value.placements != p.placements:
+                raise ValueError(f"tide: the saved {key} of {name} is not sharded as the "
+                                 f"parameter ({tuple(p.placements)}): load it with "
+                                 "torch.distributed.checkpoint, which reshards")
+            value = local(value)
+            if tuple(value.shape) != tuple(local(p).shape):
+                raise ValueError(f"tide: the saved {key} of {name} has a local shard of "
+                                 f"shape {tuple(value.shape)}, this rank's parameter "
+                                 f"{tuple(local(p).shape)}")
         if value is None:
             if key == "master_param":
                 continue
@@ -95,7 +108,7 @@ def checked_entry(entry: Any, p: torch.Tensor, name: str,
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
             raise ValueError(f"tide: the saved {key} of {name} is not a floating-point "
                              "tensor")
-        if tuple(value.shape) != tuple(p.shape):
+        if not is_sharded(p) and tuple(value.shape) != tuple(p.shape):
             raise ValueError(f"tide: the saved {key} of {name} has shape "
                              f"{tuple(value.shape)}: the state dict is another model's")
         if not bool(torch.isfinite(value).all()):
@@ -116,11 +129,11 @@ def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
     p = bucket.params[i]
     bucket.read_master(i)
     if step > 0:
-        bucket.scatter(i, "exp_avg", entry["exp_avg"].float().cpu())
-        bucket.scatter(i, "exp_avg_sq", entry["exp_avg_sq"].float().cpu())
+        bucket.scatter(i, "exp_avg", local(entry["exp_avg"]).float().cpu())
+        bucket.scatter(i, "exp_avg_sq", local(entry["exp_avg_sq"]).float().cpu())
         master = entry.get("master_param")
         if master is not None:
-            master = master.float().cpu().reshape(p.shape)
+            master = local(master).float().cpu().reshape(p.shape)
             if torch.equal(master.to(p.dtype), p.detach().cpu()):
                 bucket.scatter(i, "param", master)
             else:

@@ -5,6 +5,10 @@ gradients changed after their hook ran (torch.nn.utils.clip_grad_norm_, GradScal
 manual `p.grad.mul_`: seen by their version counter and offloaded again), which parameters were
 written from outside (model.load_state_dict: their master weights are re-read), and which have no
 gradient at all.
+
+A sharded (FSDP2 DTensor) parameter's gradient is read at step(), not in the hook: torch's
+in-place ops on DTensor gradients (clip_grad_norm_'s _foreach_mul_) bump no version counter that
+tide could see, so a copy taken in the hook could miss them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 from tide.torch import allocator
 from tide.torch._bucket import Bucket, layout_of
+from tide.torch._distributed import is_sharded, local
 
 
 class GradientOffload:
@@ -38,7 +43,7 @@ class GradientOffload:
 
     def on_grad(self, p: torch.Tensor) -> None:
         """The hook: p's gradient is ready."""
-        if id(p) in self.where and p.grad is not None:
+        if id(p) in self.where and p.grad is not None and not is_sharded(p):
             bucket, i = self.where[id(p)]
             if layout_of(p) == bucket.layouts[i]:
                 self.offload(p)
@@ -48,10 +53,10 @@ class GradientOffload:
         bucket, i = self.where[id(p)]
         bucket.check_layout(i)  # the copies below read and write as many elements as it had
         grad = p.grad
-        if grad.numel() != p.numel():
-            raise RuntimeError(f"tide: a gradient has {grad.numel()} elements, its parameter "
-                               f"{p.numel()}")
-        source = grad
+        source = local(grad)
+        if source.numel() != bucket.params[i].numel():
+            raise RuntimeError(f"tide: a gradient has {source.numel()} elements, its parameter "
+                               f"{bucket.params[i].numel()}")
         if source.dtype != bucket.dtype or not source.is_contiguous() or source.is_sparse:
             if source.is_sparse:
                 raise ValueError("tide: sparse gradients are not supported")
@@ -81,15 +86,16 @@ class GradientOffload:
                 bucket.check_layout(i)
         missing = []
         for bucket in buckets:
-            for i, p in enumerate(bucket.params):
-                if p._version != bucket.versions[i]:
+            for i, p in enumerate(bucket.owners):
+                if bucket.version(i) != bucket.versions[i]:
                     bucket.read_master(i)
                 grad = p.grad
                 if grad is None:
                     missing.append((bucket, i))
                     continue
                 seen = self._offloaded.get(id(p))
-                if seen is None or seen[0] is not grad or seen[1] != grad._version:
+                if (seen is None or seen[0] is not grad or seen[1] != grad._version
+                        or is_sharded(p)):
                     self.offload(p)
         return missing
 

@@ -29,6 +29,9 @@ copied into tide's state at the next step or state_dict(), and the entry takes i
 back. An entry replaced by another dict is loaded (checked as load_state_dict checks it); an
 entry removed or emptied starts that parameter's state again, as torch would: zero moments,
 master weights from the parameter.
+
+For an FSDP2 parameter (a DTensor) the entry shows DTensors with its placements, as
+torch.optim.AdamW keeps there; their local tensors are the tensors above.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import torch
 
 from tide.torch import _checkpoint
 from tide.torch._bucket import Bucket
+from tide.torch._distributed import local, shown
 
 _PINNED = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "master_param": "param"}
 
@@ -82,7 +86,13 @@ class ParamState(dict):
         self._copied = {key for key in keys
                         if split or (key != "master_param"
                                      and bucket.state_dtype != torch.float32)}
-        self._tensors = {key: torch.empty(0) for key in keys}
+        owner = bucket.owners[index]
+        # The tensor of each key that tide keeps true, and for an FSDP2 parameter the DTensor
+        # over it that the entry shows (_face). Only the DTensor holds a second reference to it
+        # (refresh counts them).
+        shown_ = {key: shown(owner, torch.empty(0)) for key in keys}
+        self._tensors = {key: local(t) for key, t in shown_.items()}
+        self._dtensors = {key: t for key, t in shown_.items() if t is not self._tensors[key]}
         self._stale: set[str] = set()  # copies that do not hold the state as it is now
         self._versions: dict[str, int] = {}  # of each copy when it last matched the state
         self.refresh()
@@ -137,8 +147,16 @@ class ParamState(dict):
             self._bucket.gather(self._index, _PINNED[key], out=tensor)
         else:
             tensor.set_(self._bucket.gather(self._index, _PINNED[key]))
-        self._versions[key] = tensor._version
+        self._versions[key] = self._version(key)
         self._stale.discard(key)
+
+    def _face(self, key: str) -> torch.Tensor:
+        """What the entry shows for `key`: its tensor, or the DTensor over it."""
+        return self._dtensors.get(key, self._tensors[key])
+
+    def _version(self, key: str) -> tuple[int, int]:
+        """Writes into `key`'s copy count here (a DTensor's in-place ops count on the DTensor)."""
+        return (self._face(key)._version, self._tensors[key]._version)
 
     def _copy_all_in(self) -> None:
         for key in list(self._stale):
@@ -159,7 +177,7 @@ class ParamState(dict):
         """After the state changed (a step, a load): the entry's tensors show it. Discards what
         was assigned to its keys and not yet taken (take_writes)."""
         for key in self._tensors:
-            dict.__setitem__(self, key, self._tensors[key])
+            dict.__setitem__(self, key, self._face(key))
         for key in self._tensors:  # no local name may hold a tensor here: it would count
             if key not in self._copied:
                 self._point(key)
@@ -178,13 +196,13 @@ class ParamState(dict):
             raise ValueError(f"tide: opt.state of {_name(self._bucket, self._index)}: 'step' "
                              f"must be a number or a 1-element tensor, got {step!r}")
         shape = self._bucket.params[self._index].shape
-        for key, mine in self._tensors.items():
+        for key in self._tensors:
             value = dict.get(self, key)
-            if value is mine or value is None:
+            if value is self._face(key) or value is None:
                 continue
             if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                 problem = f"must be a floating-point tensor, got {type(value).__name__}"
-            elif value.shape != shape:
+            elif local(value).shape != shape:
                 problem = f"has shape {tuple(value.shape)}, the parameter {tuple(shape)}"
             else:
                 continue
@@ -197,18 +215,19 @@ class ParamState(dict):
         already.) check_writes first."""
         for key, mine in self._tensors.items():
             value = dict.get(self, key)
-            if value is not mine:
+            if value is not self._face(key):
+                value = local(value)  # a DTensor of the parameter's placements: this shard
                 if value is not None:
                     if key in self._copied:
                         self._bucket.scatter(self._index, _PINNED[key], value.float().cpu())
                         self._stale.add(key)
                     else:
                         mine.copy_(value)
-                dict.__setitem__(self, key, mine)
+                dict.__setitem__(self, key, self._face(key))
             elif (key in self._copied and key not in self._stale
-                  and mine._version != self._versions[key]):
+                  and self._version(key) != self._versions[key]):
                 self._bucket.scatter(self._index, _PINNED[key], mine)
-                self._versions[key] = mine._version
+                self._versions[key] = self._version(key)
         step = dict.get(self, "step")
         if not isinstance(step, torch.Tensor):
             dict.__setitem__(self, "step", torch.tensor(float(step or 0), dtype=torch.float32))
@@ -233,7 +252,7 @@ class StateEntries:
 
     def advance(self, state: dict, bucket: Bucket, i: int) -> None:
         """Parameter i of `bucket` has had a step: its entry (made at its first) counts it."""
-        p = bucket.params[i]
+        p = bucket.owners[i]
         entry = self._entries.get(id(p))
         if entry is None:
             entry = self._entries[id(p)] = ParamState(bucket, i, 0.0)
@@ -243,7 +262,7 @@ class StateEntries:
     def set_step(self, state: dict, bucket: Bucket, i: int, step: int) -> None:
         """Parameter i of `bucket` holds the state of `step` steps (a load): its entry shows it;
         none at step 0, as in torch before the first step."""
-        p = bucket.params[i]
+        p = bucket.owners[i]
         entry = self._entries.get(id(p))
         if step == 0:
             if entry is not None:
@@ -271,7 +290,7 @@ class StateEntries:
         value tide cannot take raises ValueError, and then nothing was taken."""
         actions = []
         for bucket in buckets:
-            for i, p in enumerate(bucket.params):
+            for i, p in enumerate(bucket.owners):
                 ours = self._entries.get(id(p))
                 current = state.get(p)
                 if ours is not None and current is ours:

@@ -75,8 +75,8 @@ def _step_bucket(s: BucketStep, policy: _executor.PlacementPolicy | None,
     if message and len(problems) == known:
         # Completed exactly, after a fault it handled.
         warnings.warn(f"tide: {message}", RuntimeWarning, stacklevel=4)
-    for i, p in enumerate(bucket.params):
-        bucket.versions[i] = p._version
+    for i in range(len(bucket.params)):
+        bucket.versions[i] = bucket.version(i)
     placed, summary = bucket.executor.last_plan()
     return {"report": report, "devices": placed, "headroom": s.headroom,
             "gpu_bytes": summary.gpu_bytes}

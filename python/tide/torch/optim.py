@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from tide import _lib, kernels
-from tide.torch import _arguments, _checkpoint, _runtime, _step, allocator
+from tide.torch import _arguments, _checkpoint, _distributed, _runtime, _step, allocator
 from tide.torch._bucket import TIDE_DTYPES, Bucket, release
 from tide.torch._offload import GradientOffload
 from tide.torch._state import StateEntries
@@ -118,6 +118,8 @@ class AdamW(torch.optim.Optimizer):
         self._where: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, index)
         self._gradients = GradientOffload(self._where, self._cpu)
         self._entries = StateEntries()  # what tide put in self.state
+        self._empty_shards = _distributed.EmptyShards()  # FSDP2 parameters empty on this rank
+        self._process_groups: list[_distributed.Group] = []  # those sharding the parameters
         # Released when this optimizer goes, never through another object: wrappers that take on
         # its class and forward attributes to it (Lightning's LightningOptimizer) would run a
         # __del__ of this class on going away, and close the executors still in use.
@@ -142,32 +144,48 @@ class AdamW(torch.optim.Optimizer):
             self._build(len(self.param_groups) - 1)
 
     def _device_index(self, p: torch.Tensor) -> int:
+        """The device of a parameter (of a DTensor's local shard)."""
         if self._cpu:
             if p.device.type != "cpu":
                 raise ValueError(f"tide: CPU mode (no GPU) needs CPU parameters, got {p.device}")
             return 0
         if p.device.type != "cuda":
+            if p.device.type == "cpu" and _distributed.is_sharded(p):
+                raise ValueError(
+                    "tide: an FSDP2 parameter's shard is in host memory (CPUOffloadPolicy): on a "
+                    "GPU, tide steps shards on the GPU only (CPUOffloadPolicy is supported in CPU "
+                    "mode, without a GPU)")
             raise ValueError(f"tide: parameters must be CUDA tensors, got one on {p.device}")
         return p.device.index if p.device.index is not None else torch.cuda.current_device()
 
     def _build(self, group_index: int) -> None:
-        by_key: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
-        for p in self.param_groups[group_index]["params"]:
+        # FSDP2 parameters (DTensors): tide steps their local shards (_distributed), in buckets
+        # of their own process group, whose gradient norm is summed over its ranks.
+        by_key: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
+        groups = self.param_groups[group_index]["params"]
+        for p in groups:
+            _distributed.check_supported(p)
+            shard = _distributed.local(p)
             if p.dtype not in TIDE_DTYPES:
                 raise ValueError(f"tide: parameters must be float32, bfloat16 or float16, got "
                                  f"{p.dtype}")
-            if not p.is_contiguous():
+            if not shard.is_contiguous():
                 raise ValueError("tide: parameters must be contiguous (tide writes the updated "
                                  "weights into their memory)")
-            if p.numel() == 0:
+            if shard.numel() == 0:
+                if p.numel() != 0 and p.requires_grad:
+                    self._empty_shards.params.append(p)
                 continue
-            by_key.setdefault((p.dtype, self._device_index(p)), []).append(p)
-        for (_, device), params in by_key.items():
+            key = (p.dtype, self._device_index(p), id(_distributed.group_of(p)))
+            by_key.setdefault(key, []).append(p)
+        _distributed.groups_of(groups, self._process_groups)
+        for (_, device, _), owners in by_key.items():
+            params = [_distributed.local(p) for p in owners]
             bucket = Bucket(group_index, params, self._subgroup_size, device=device,
                             cpu_threads=self._threads, gradients_on_gpu=self._gradients_on_gpu,
-                            state_dtype=self._state_dtype)
+                            state_dtype=self._state_dtype, owners=owners)
             self._buckets.append(bucket)
-            for i, p in enumerate(params):
+            for i, p in enumerate(owners):
                 self._where[id(p)] = (bucket, i)
                 if p.requires_grad:
                     # The hook must not hold the optimizer: the finalizer's arguments (held
@@ -180,13 +198,15 @@ class AdamW(torch.optim.Optimizer):
     def grad_norm(self, scale: float = 1.0) -> float:
         """The total L2 norm of the gradients, read from their offloaded copies, divided by
         `scale` (the loss scale they carry, if any): the norm before any clipping, as
-        torch.nn.utils.clip_grad_norm_ returns it."""
+        torch.nn.utils.clip_grad_norm_ returns it. Under FSDP2 the norm of the whole model's
+        gradients (an all-reduce over the ranks that shard them): call it on every rank."""
         self._gradients.sync(self._buckets)
-        total = 0.0
+        parts: dict[Any, float] = {}  # process group (None: not sharded) -> sum of squares
         for bucket in self._buckets:
             sum_squares, _ = bucket.executor.grad_stats()
-            total += sum_squares
-        return math.sqrt(total) / scale
+            group = _distributed.group_of(bucket.owners[0])
+            parts[group] = parts.get(group, 0.0) + sum_squares
+        return math.sqrt(_distributed.sum_over_ranks(parts, self._process_groups)) / scale
 
     def clip_grad_norm_(self, max_norm: float, scaler: Any = None) -> float:
         """Clips the gradients of the coming step to a total norm of `max_norm`, as
@@ -244,6 +264,8 @@ class AdamW(torch.optim.Optimizer):
         self._take_state_writes()
         try:
             reports, problems, headroom, skipped = self._update(devices)
+            if not skipped:
+                self._empty_shards.advance(self.state)
         finally:
             # Where the state is now (a step may move it): opt.state's tensors follow.
             self._entries.refresh()
@@ -271,6 +293,10 @@ class AdamW(torch.optim.Optimizer):
         found_inf = getattr(self, "found_inf", None)
         grad_scale = getattr(self, "grad_scale", None)
         skipped = found_inf is not None and float(found_inf) != 0.0
+        if found_inf is not None and self._process_groups:
+            # GradScaler's check covers what torch sees of the gradients on this rank: a step is
+            # skipped on every rank or none.
+            skipped = _distributed.any_rank(skipped, self._process_groups)
         scale = (float(grad_scale) if grad_scale is not None else 1.0) / self._clip_coef
         reports: list[dict[str, Any]] = []
         headroom: dict[int, int] = {}
@@ -351,6 +377,18 @@ class AdamW(torch.optim.Optimizer):
         """The last step's placement and times (see `stats`), or None before the first step."""
         return self.stats[-1] if self.stats else None
 
+    def node_summary(self) -> dict[str, Any]:
+        """Under torch.distributed: every rank's last plan (this rank's is `last_plan`), with
+        totals per node (ranks on one host) and for the job, gathered with one
+        all_gather_object over the default process group. Collective: call it on every rank,
+        after step(), once per step at most. Returns {"ranks": [...], "nodes": [...], "job": {...}}:
+        subgroups placed on the GPU and the CPU, pinned bytes and elements of the optimizer state,
+        and the slowest rank's update phase (seconds) with the elements per second it gives."""
+        elements = sum(sum(b.sizes) for b in self._buckets)
+        pinned = sum(sum(b.sizes) * (4 + 2 * b.state_dtype.itemsize + b.element_size)
+                     for b in self._buckets)
+        return _distributed.node_summary(self.last_plan, pinned, elements)
+
     # ---- checkpoints ----
 
     def state_dict(self) -> dict[str, Any]:
@@ -360,23 +398,35 @@ class AdamW(torch.optim.Optimizer):
         self._take_state_writes()
         live = self.state
         full: dict[Any, Any] = {}
-        for bucket in self._buckets:
-            for i, p in enumerate(bucket.params):
-                ours = self._entries.get(p)
-                if ours is None:
-                    continue  # no step yet: no state, as in torch
-                entry = {"step": ours["step"].clone()}
-                if int(entry["step"]) > 0:
-                    entry["exp_avg"] = bucket.gather(i, "exp_avg")
-                    entry["exp_avg_sq"] = bucket.gather(i, "exp_avg_sq")
-                    if bucket.dtype != torch.float32:
-                        entry["master_param"] = bucket.gather(i, "param")
-                full[p] = entry
+        # In param-group order, the same on every rank (under FSDP2, gathering a full state
+        # dict runs one collective per entry, in this order).
+        for p in (p for group in self.param_groups for p in group["params"]):
+            if id(p) in self._where:
+                entry = self._saved_entry(p, *self._where[id(p)])
+                if entry is not None:
+                    full[p] = entry
+            elif p in self._empty_shards and p in live:
+                full[p] = self._empty_shards.entry(p, float(live[p]["step"]))
         self.state = full  # super().state_dict packs self.state, with its hooks
         try:
             return super().state_dict()
         finally:
             self.state = live
+
+    def _saved_entry(self, p: torch.Tensor, bucket: Bucket, i: int) -> dict[str, Any] | None:
+        """Parameter p's entry in state_dict() (copies), or None before its first step."""
+        ours = self._entries.get(p)
+        if ours is None:
+            return None  # no step yet: no state, as in torch
+        entry = {"step": ours["step"].clone()}
+        if int(entry["step"]) > 0:
+            # DTensors with p's placements for an FSDP2 parameter, as torch keeps them
+            keys = ["exp_avg", "exp_avg_sq"] + (["master_param"]
+                                                if bucket.dtype != torch.float32 else [])
+            for key in keys:
+                pinned = "param" if key == "master_param" else key
+                entry[key] = _distributed.shown(p, bucket.gather(i, pinned))
+        return entry
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads tide's or torch.optim.Adam(W)'s state dict. Master weights: the saved ones when
@@ -384,15 +434,19 @@ class AdamW(torch.optim.Optimizer):
         checked before anything is replaced: a state dict that does not fit (another model's
         shapes, another optimizer's, non-finite values, a negative step or second moment)
         raises ValueError naming the parameter, and the optimizer is left as it was."""
-        entries = _checkpoint.checked_entries(state_dict, self.param_groups,
-                                              lambda p: id(p) in self._where,
-                                              lambda p: self._where[id(p)][0].state_dtype)
+        entries = _checkpoint.checked_entries(
+            state_dict, self.param_groups,
+            lambda p: id(p) in self._where or p in self._empty_shards,
+            lambda p: self._where[id(p)][0].state_dtype if id(p) in self._where else torch.float32)
         groups_only = {"state": {}, "param_groups": state_dict["param_groups"]}
         live = self.state
         super().load_state_dict(groups_only)  # takes the groups' hyperparameters
         self.state = live
         by_bucket: dict[int, list[int]] = {}
         for p, step, entry in entries:
+            if id(p) not in self._where:
+                self._empty_shards.set_step(self.state, p, step)
+                continue
             bucket, i = self._where[id(p)]
             self._load_entry(bucket, i, step, entry)
             by_bucket.setdefault(id(bucket), []).append(step)

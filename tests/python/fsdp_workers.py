@@ -1,0 +1,346 @@
+"""What each rank runs in test_fsdp: 2 processes over gloo (CPU mode, the stand-in driver), an
+FSDP2 model with odd dimensions. Each worker writes what it found to `out/rank{r}.pt` for the test
+to check; the test, not the worker, asserts.
+
+The model: Linear(7, 5) (uneven shards: 3 and 2 rows), Linear(5, 3) (2 and 1), Linear(3, 1) (its
+[1, 3] weight and [1] bias are empty on rank 1), each its own FSDP unit, and `gain`, a plain
+parameter of the root module that FSDP2 does not shard (its gradient is averaged by hand, as DDP
+would).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict,
+                                                     set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+STEPS = 4
+FAULTY = 1  # the rank whose stand-in fails in scenario_fault
+_kept: list = []
+MAX_NORM = 0.5
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.nn.Linear(7, 5)
+        self.b = torch.nn.Linear(5, 3)
+        self.head = torch.nn.Linear(3, 1)
+        self.gain = torch.nn.Parameter(torch.ones(3))
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.b(torch.tanh(self.a(x)))) * self.gain)
+
+
+def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's part of step `step`'s global batch (8 rows per rank)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x, y = torch.randn(8 * 2, 7, generator=g), torch.randn(8 * 2, 1, generator=g)
+    rows = slice(rank * 8 * 2 // world, (rank + 1) * 8 * 2 // world)
+    return x[rows], y[rows]
+
+
+def sharded(regime: str, *, root: bool = False) -> Net:
+    """The model under fully_shard; with `root`, the root module too (then `gain` is sharded:
+    GradScaler cannot check plain and DTensor gradients together)."""
+    model = Net()
+    kwargs = {}
+    if regime == "offload":
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)  # pinned needs CUDA
+    if regime == "mixed":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                   reduce_dtype=torch.float32)
+    for unit in (model.a, model.b, model.head) + ((model,) if root else ()):
+        fully_shard(unit, **kwargs)
+    return model
+
+
+def groups(model: Net) -> list[dict]:
+    decay = [model.a.weight, model.b.weight, model.head.weight]
+    return [{"params": decay, "weight_decay": 0.1},
+            {"params": [model.a.bias, model.b.bias, model.head.bias, model.gain],
+             "weight_decay": 0.0}]
+
+
+def make_opt(kind: str, model: Net, **tide_options):
+    if kind == "torch":
+        return torch.optim.AdamW(groups(model), lr=2e-2, foreach=False)
+    import tide.torch as tt
+    return tt.AdamW(groups(model), lr=2e-2, **tide_options)
+
+
+def average_plain_grads(model: Net) -> None:
+    """The unsharded parameter's gradient, averaged over ranks (FSDP2 leaves it alone)."""
+    plain = not isinstance(model.gain, torch.distributed.tensor.DTensor)
+    if plain and model.gain.grad is not None and dist.is_initialized():
+        dist.all_reduce(model.gain.grad, op=dist.ReduceOp.AVG)
+
+
+def reference_clip(model: Net, max_norm: float) -> float:
+    """torch.nn.utils.clip_grad_norm_'s rule with the global norm over sharded and plain
+    gradients (torch's own cannot mix DTensor and plain gradients)."""
+    sharded_sq = torch.zeros(1, dtype=torch.float64)
+    plain_sq = 0.0
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if isinstance(p.grad, torch.distributed.tensor.DTensor):
+            sharded_sq += p.grad.to_local().double().pow(2).sum()
+        else:
+            plain_sq += float(p.grad.double().pow(2).sum())
+    dist.all_reduce(sharded_sq)
+    norm = (float(sharded_sq) + plain_sq) ** 0.5
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+    return norm
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, torch.distributed.tensor.DTensor) else t
+
+
+def full(model: Net) -> list[torch.Tensor]:
+    return [(p.full_tensor() if isinstance(p, torch.distributed.tensor.DTensor) else p)
+            .detach().float().clone() for p in model.parameters()]
+
+
+def train(model: Net, opt, steps: range, rank: int, world: int, *, clip: str = "reference",
+          scheduler=None) -> list[float]:
+    """Steps `steps` of training; clip "reference" (global norm by hand), "tide"
+    (opt.clip_grad_norm_) or "torch" (torch.nn.utils.clip_grad_norm_ on the sharded gradients).
+    Returns the norms the clipping saw."""
+    norms = []
+    for step in steps:
+        opt.zero_grad()
+        x, y = batch(step, rank, world)
+        torch.nn.functional.mse_loss(model(x.to(model.gain.dtype)).float(), y).backward()
+        average_plain_grads(model)
+        if clip == "tide":
+            norms.append(opt.clip_grad_norm_(MAX_NORM))
+        elif clip == "torch":
+            sharded_params = [p for p in model.parameters() if p is not model.gain]
+            norms.append(float(torch.nn.utils.clip_grad_norm_(sharded_params, MAX_NORM)))
+        else:
+            norms.append(reference_clip(model, MAX_NORM))
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+    return norms
+
+
+def scheduled(opt):
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+
+
+def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def run(rank: int, world: int, port: int, scenario: str, out: str) -> None:
+    """Process entry: runs `scenario` and saves what it found (or the error it raised)."""
+    result: dict = {}
+    start = time.monotonic()
+    try:
+        init(rank, world, port, 5.0 if scenario == "fault" else 60.0)
+        globals()[f"scenario_{scenario}"](rank, world, out, result)
+    except BaseException as error:  # noqa: BLE001 (reported to the test)
+        result["error"] = f"{type(error).__name__}: {error}"
+        result["traceback"] = traceback.format_exc()
+        result["seconds_to_error"] = time.monotonic() - start
+        if scenario == "fault" and rank == FAULTY:
+            # The failed rank stays (its process group open, as a rank stuck elsewhere would)
+            # until the others gave up on it: they must, by the process group's timeout.
+            others = [os.path.join(out, f"rank{r}.pt") for r in range(world) if r != rank]
+            deadline = time.monotonic() + 60.0
+            while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    if "error" in result:
+        # Not through the process group's teardown, which may wait on the collectives a failed
+        # peer never joined.
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
+    """tide and torch.optim.AdamW (foreach=False) under the same FSDP2 setup, per regime; the
+    gradient scale against a single-process computation; clipping both ways."""
+    for regime in ("gpu", "offload", "mixed"):
+        runs = {}
+        for kind in ("torch", "tide"):
+            model = sharded(regime)
+            opt = make_opt(kind, model)
+            norms = train(model, opt, range(STEPS), rank, world,
+                          clip="tide" if kind == "tide" else "reference",
+                          scheduler=scheduled(opt))
+            runs[kind] = {"weights": full(model), "norms": norms,
+                          "local_shapes": {
+                              name: tuple(getattr(p, "to_local", lambda p=p: p)().shape)
+                              for name, p in model.named_parameters()}}
+            if kind == "tide":
+                runs[kind]["plan"] = opt.last_plan
+                runs[kind]["summary"] = opt.node_summary()
+        result[regime] = runs
+    # torch's own clipping on the sharded gradients, with tide stepping.
+    for kind in ("torch", "tide"):
+        model = sharded("gpu")
+        opt = make_opt(kind, model)
+        norms = train(model, opt, range(STEPS), rank, world, clip="torch")
+        result[f"torch_clip_{kind}"] = {"weights": full(model), "norms": norms}
+    # bf16 sharded parameters: fp32 master weights in tide's state, the shards their rounding.
+    model = Net().to(torch.bfloat16)
+    for unit in (model.a, model.b, model.head):
+        fully_shard(unit)
+    opt = make_opt("tide", model)
+    start = full(model)
+    train(model, opt, range(2), rank, world)
+    masters = opt.state_dict()["state"]
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    params = [p for group in opt.param_groups for p in group["params"]]  # state_dict's order
+    result["bf16"] = {
+        "moved": not any(torch.equal(a, b) for a, b in zip(start, full(model))),
+        "master_types": {name_of[id(params[k])]: type(v["master_param"]).__name__
+                         for k, v in masters.items()},
+        "rounded": all(torch.equal(local(v["master_param"]).to(torch.bfloat16),
+                                   local(params[k]).detach()) for k, v in masters.items())}
+    # What tide does not step: a clear error.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh1, mesh2 = init_device_mesh("cpu", (world,)), init_device_mesh("cpu", (world, 1))
+    errors = []
+    for mesh, placements in ((mesh1, [Replicate()]), (mesh1, [Shard(1)]),
+                             (mesh2, [Shard(0), Replicate()])):
+        p = torch.nn.Parameter(distribute_tensor(torch.ones(4, 4), mesh, placements))
+        try:
+            make_opt("tide", model)  # a working one first: the failing one must not disturb it
+            import tide.torch as tt
+            tt.AdamW([p])
+            errors.append(None)
+        except ValueError as error:
+            errors.append(str(error))
+    result["unsupported"] = errors
+    # The gradient FSDP2 hands the optimizer, against one process's on the global batch.
+    model = sharded("gpu")
+    x, y = batch(0, rank, world)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    result["grads"] = [p.grad.full_tensor() for p in model.parameters() if p is not model.gain]
+
+
+def scenario_checkpoint(rank: int, world: int, out: str, result: dict) -> None:
+    """DCP: tide saves at step 2 and goes on to step 4; a fresh tide loads it and goes on; stock
+    AdamW loads it; tide loads what stock AdamW saved."""
+    for kind in ("tide", "torch"):
+        model = sharded("gpu")
+        opt = make_opt(kind, model)
+        train(model, opt, range(2), rank, world)
+        dcp.save({"model": get_model_state_dict(model),
+                  "optim": get_optimizer_state_dict(model, opt)},
+                 checkpoint_id=os.path.join(out, f"ckpt_{kind}"))
+        result[f"saved_{kind}"] = full(model)
+        train(model, opt, range(2, STEPS), rank, world)
+        result[f"continued_{kind}"] = full(model)
+    for saver, loader in (("tide", "tide"), ("tide", "torch"), ("torch", "tide")):
+        model = sharded("gpu")
+        opt = make_opt(loader, model)
+        before = full(model)
+        model_sd = get_model_state_dict(model)
+        optim_sd = get_optimizer_state_dict(model, opt)  # a zero-gradient step at lr 0 first
+        result[f"lr0_unchanged_{loader}_{saver}"] = all(
+            torch.equal(a, b) for a, b in zip(before, full(model)))
+        dcp.load({"model": model_sd, "optim": optim_sd},
+                 checkpoint_id=os.path.join(out, f"ckpt_{saver}"))
+        set_model_state_dict(model, model_sd)
+        set_optimizer_state_dict(model, opt, optim_sd)
+        if loader == "tide":
+            entry = opt.state[model.a.weight]
+            result[f"state_type_{saver}"] = (type(entry["exp_avg"]).__name__,
+                                             tuple(entry["exp_avg"].placements))
+            result[f"keys_{saver}"] = sorted(optim_sd["state"]["a.weight"].keys())
+            result[f"groups_{saver}"] = sorted(optim_sd["param_groups"][0].keys())
+        train(model, opt, range(2, STEPS), rank, world)
+        result[f"resumed_{loader}_from_{saver}"] = full(model)
+    # Full (unsharded) state dicts through the same API: tide's gathers and loads back.
+    options = StateDictOptions(full_state_dict=True)
+    model = sharded("gpu")
+    opt = make_opt("tide", model)
+    train(model, opt, range(2), rank, world)
+    saved = get_optimizer_state_dict(model, opt, options=options)
+    other = sharded("gpu")
+    other_opt = make_opt("tide", other)
+    set_model_state_dict(other, get_model_state_dict(model))
+    set_optimizer_state_dict(other, other_opt, saved, options=options)
+    train(model, opt, range(2, STEPS), rank, world)
+    train(other, other_opt, range(2, STEPS), rank, world)
+    result["full_state_dict_shapes"] = {k: tuple(v["exp_avg"].shape)
+                                        for k, v in saved["state"].items()}
+    result["full_state_dict_resumed_exactly"] = all(
+        torch.equal(a, b) for a, b in zip(full(model), full(other)))
+
+
+def scenario_inf(rank: int, world: int, out: str, result: dict) -> None:
+    """An inf in rank 1's shard of one gradient, under GradScaler: every rank skips the step.
+    Then found_inf set on rank 1 only (GradScaler's contract with an optimizer that unscales
+    itself), as a scaler that checks only what this rank holds would: tide still skips
+    everywhere."""
+    model = sharded("gpu", root=True)
+    opt = make_opt("tide", model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    for step in range(2):
+        opt.zero_grad()
+        x, y = batch(step, rank, world)
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        average_plain_grads(model)
+        before = full(model)
+        if step == 1 and rank == 1:
+            model.a.weight.grad.to_local()[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        result[f"changed_{step}"] = not all(torch.equal(a, b) for a, b in zip(before, full(model)))
+        result[f"skipped_{step}"] = opt.last_plan["skipped"]
+        result[f"scale_{step}"] = float(scaler.get_scale())
+    opt.zero_grad()
+    x, y = batch(2, rank, world)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    before = full(model)
+    opt.grad_scale, opt.found_inf = torch.tensor(1.0), torch.tensor(float(rank == 1))
+    opt.step()
+    del opt.grad_scale, opt.found_inf
+    result["changed_local_inf"] = not all(torch.equal(a, b) for a, b in zip(before, full(model)))
+    opt.step()  # the same gradients, nothing skipped: the step happens on both ranks
+    result["changed_after"] = not all(torch.equal(a, b) for a, b in zip(before, full(model)))
+
+
+def scenario_fault(rank: int, world: int, out: str, result: dict) -> None:
+    """Rank 1's stand-in loses its device as the step reads the gradients: rank 1 raises (the
+    step did not happen); rank 0 goes on to the next step's collectives and must fail by the
+    process group's timeout (5 s), not hang."""
+    model = sharded("gpu")
+    opt = make_opt("tide", model, placement="gpu")
+    _kept.append((model, opt))  # the failed rank's mesh and process groups stay open
+    train(model, opt, range(1), rank, world)
+    if rank == FAULTY:
+        import ctypes
+        standin = ctypes.CDLL(os.environ["TIDE_CUDA_DRIVER"])
+        standin.tide_standin_device_lost.argtypes = [ctypes.c_uint64]
+        standin.tide_standin_device_lost(1)
+    train(model, opt, range(1, 3), rank, world)
