@@ -123,4 +123,16 @@ TIDE_API tide_status tide_cpu_kernels_info(tide_cpu_info* info) {
   });
 }
 
+TIDE_API tide_status tide_q8_code_maps(const float** exp_avg_magnitudes,
+                                       const float** exp_avg_midpoints,
+                                       const float** exp_avg_sq_values,
+                                       const float** exp_avg_sq_midpoints) {
+  return guard([&] {
+    if (exp_avg_magnitudes != nullptr) *exp_avg_magnitudes = k::kQ8SignedMagnitudes;
+    if (exp_avg_midpoints != nullptr) *exp_avg_midpoints = k::kQ8SignedMidpoints;
+    if (exp_avg_sq_values != nullptr) *exp_avg_sq_values = k::kQ8UnsignedValues;
+    if (exp_avg_sq_midpoints != nullptr) *exp_avg_sq_midpoints = k::kQ8UnsignedMidpoints;
+  });
+}
+
 }  // extern "C"

@@ -37,6 +37,8 @@ struct Avx512Math {
   static F16 sub(F16 a, F16 b) { return {_mm512_sub_ps(a.x, b.x)}; }
   static F16 div(F16 a, F16 b) { return {_mm512_div_ps(a.x, b.x)}; }
   static F16 sqrt(F16 a) { return {_mm512_sqrt_ps(a.x)}; }
+  static F16 min(F16 a, F16 b) { return {_mm512_min_ps(a.x, b.x)}; }  // a < b ? a : b
+  static F16 max(F16 a, F16 b) { return {_mm512_max_ps(a.x, b.x)}; }  // a > b ? a : b
   // A blend, not a branch or a ternary on vectors (which GCC does through the stack).
   static F16 select(bool c, F16 a, F16 b) {
     return {_mm512_mask_blend_ps(static_cast<__mmask16>(c ? 0xffff : 0), b.x, a.x)};
