@@ -3,6 +3,9 @@ replaced, and loaded into a bucket's pinned state.
 
 Per parameter: "step", "exp_avg", "exp_avg_sq" (fp32, shaped like the parameter), and for
 low-precision parameters "master_param" (tide's fp32 master weights; torch.optim ignores it).
+With 8-bit moments (state_dtype="q8") also Q8_KEYS, the exact quantized state (Bucket.q8_state):
+a load into an optimizer with the same layout restores it bit for bit; any other load quantizes
+the fp32 moments, once.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ from typing import Any, Callable
 
 import torch
 
+from tide.torch import _quant8
 from tide.torch._arguments import hyperparameters
 from tide.torch._bucket import Bucket
 
-STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"})
+Q8_KEYS = frozenset({"exp_avg_q8", "exp_avg_sq_q8", "exp_avg_q8_scales", "exp_avg_sq_q8_scales",
+                     "q8_pieces"})
+STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"}) | Q8_KEYS
 
 
 def checked_entries(state_dict: Any, param_groups: list[dict[str, Any]],
@@ -102,11 +108,40 @@ def checked_entry(entry: Any, p: torch.Tensor, name: str,
             raise ValueError(f"tide: the saved {key} of {name} has non-finite values")
         if key == "exp_avg_sq" and bool((value < 0).any()):
             raise ValueError(f"tide: the saved exp_avg_sq of {name} has negative values")
-        if (key != "master_param" and state_dtype != torch.float32
+        if (key != "master_param" and state_dtype == torch.bfloat16
                 and not bool(torch.isfinite(value.to(state_dtype)).all())):
             raise ValueError(f"tide: the saved {key} of {name} has values too large for the "
                              f"optimizer's state_dtype {state_dtype}")
+    checked_q8(entry, p, name)
     return int(step)
+
+
+def checked_q8(entry: dict, p: torch.Tensor, name: str) -> None:
+    """The exact 8-bit state of an entry, when it has one: all of Q8_KEYS, codes of the
+    parameter's size, scales finite and >= 0 (those are the absolute maxima of blocks)."""
+    present = Q8_KEYS & set(entry)
+    if not present:
+        return
+    if present != Q8_KEYS:
+        raise ValueError(f"tide: the saved state of {name} has {sorted(present)[0]!r} but not "
+                         f"{sorted(Q8_KEYS - present)[0]!r}")
+    pieces = entry["q8_pieces"]
+    if (not isinstance(pieces, torch.Tensor) or pieces.dtype != torch.int64 or pieces.dim() != 2
+            or pieces.shape[1] != 2 or bool((pieces < 0).any())
+            or int(pieces[:, 1].sum()) != p.numel()):
+        raise ValueError(f"tide: the saved q8_pieces of {name} do not describe its elements")
+    for key in ("exp_avg", "exp_avg_sq"):
+        codes, scales = entry[key + "_q8"], entry[key + "_q8_scales"]
+        if (not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8
+                or codes.numel() != p.numel()):
+            raise ValueError(f"tide: the saved {key}_q8 of {name} is not {p.numel()} uint8 "
+                             "codes")
+        blocks = sum(_quant8.blocks(o + n) - o // _quant8.BLOCK for o, n in pieces.tolist())
+        if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32
+                or scales.numel() != blocks or not bool(torch.isfinite(scales).all())
+                or bool((scales < 0).any())):
+            raise ValueError(f"tide: the saved {key}_q8_scales of {name} are not {blocks} "
+                             "finite fp32 scales >= 0")
 
 
 def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
