@@ -85,12 +85,12 @@ def bf16_roundings(x):
 def test_bad_state_dtypes_are_refused(monkeypatch):
     monkeypatch.delenv("TIDE_STATE_DTYPE", raising=False)
     for bad in (torch.float16, torch.float64, "bfloat16", torch.int8):
-        with pytest.raises(ValueError, match="state_dtype must be torch.float32 or "
-                                             "torch.bfloat16"):
+        with pytest.raises(ValueError, match="state_dtype must be torch.float32, "
+                                             "torch.bfloat16 or"):
             make_opt(make_params(), state_dtype=bad)
     for bad in ("bf16", "BFLOAT16", "float16", " float32"):
         monkeypatch.setenv("TIDE_STATE_DTYPE", bad)
-        with pytest.raises(ValueError, match="TIDE_STATE_DTYPE.*float32 or bfloat16"):
+        with pytest.raises(ValueError, match="TIDE_STATE_DTYPE.*float32, bfloat16 or q8"):
             tt.AdamW(make_params(), subgroup_size=SUBGROUP)
 
 
