@@ -217,6 +217,16 @@ TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
                                         const tide_adam_hyper* hyper,
                                         const tide_cpu_options* options, tide_adam_result* result);
 
+/* The same step with 8-bit moments (subgroup->state_dtype TIDE_STATE_BLOCK_Q8): exp_avg and
+ * exp_avg_sq are `count` uint8 codes each, at a TIDE_QUANT_BLOCK-byte boundary, and these their
+ * ceil(count / TIDE_QUANT_BLOCK) fp32 block scales (tide_optimizer_q8_scales says how to read
+ * them). */
+TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup,
+                                           float* exp_avg_scale, float* exp_avg_sq_scale,
+                                           const tide_adam_hyper* hyper,
+                                           const tide_cpu_options* options,
+                                           tide_adam_result* result);
+
 /* The number of NaN and infinite values among `count` values of `dtype` (a loss scaler's
  * check, e.g. of each subgroup's gradients as they arrive). */
 TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype, uint64_t count,

@@ -18,11 +18,11 @@ import functools
 
 import torch
 
-from tide import _lib
+from tide import _lib, kernels
 from tide.torch import _executor
 
 BLOCK = 256  # kernels::kQuantBlock (TIDE_QUANT_BLOCK)
-TIDE_STATE_BLOCK_Q8 = 16  # tide_optimizer_options.state_dtype for 8-bit moments
+TIDE_STATE_BLOCK_Q8 = kernels.STATE_BLOCK_Q8  # tide_optimizer_options.state_dtype
 
 _UP = 2.0 ** 64
 
