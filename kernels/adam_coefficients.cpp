@@ -56,9 +56,9 @@ AdamCoefficients adam_coefficients(const AdamHyper& h) {
   // The bound exact Adam keeps, |m| ≤ C·√v (kernels/adam_math.h), for 8-bit moments.
   // No bound (β1² ≥ β2): the largest float, not inf, whose product with √v = 0 would be NaN.
   const double ratio = h.beta1 * h.beta1 / h.beta2;  // β2 = 0: inf
-  const double bound = ratio < 1 ? (1 - h.beta1) / std::sqrt((1 - h.beta2) * (1 - ratio)) *
-                                       (1 + 1.0 / 1024)
-                                 : std::numeric_limits<float>::max();
+  const double bound =
+      ratio < 1 ? (1 - h.beta1) / std::sqrt((1 - h.beta2) * (1 - ratio)) * (1 + 1.0 / 1024)
+                : std::numeric_limits<float>::max();
   c.m_bound = static_cast<float>(std::min<double>(bound, std::numeric_limits<float>::max()));
   c.neg_m_bound = -c.m_bound;
   return c;

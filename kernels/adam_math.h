@@ -69,10 +69,10 @@ struct AdamTerms {
   // 8-bit moments only (adam_update<Math, true>): the numerator's m is clamped to
   // ±m_bound·√v. Exact Adam never needs it: with β1² < β2, Cauchy–Schwarz over the moments' sums
   // gives |m| ≤ C·√v, C = (1 − β1) / √((1 − β2)(1 − β1²/β2)) (m_bound is C·(1 + 2^-10), clear of
-  // rounding; the largest float when β1² ≥ β2). Quantized moments break it: a block's exp_avg_sq codes may
-  // round to 0 (below the map's 1e-7 of the block's maximum) while exp_avg's do not, and the
-  // update would be lr·m/ε. Clamped, an element moves at most lr·C·√bc2/bc1 per step, and
-  // not at all while its second moment is below the map's resolution.
+  // rounding; the largest float when β1² ≥ β2). Quantized moments break it: a block's exp_avg_sq
+  // codes may round to 0 (below the map's 1e-7 of the block's maximum) while exp_avg's do not, and
+  // the update would be lr·m/ε. Clamped, an element moves at most lr·C·√bc2/bc1 per step, and not
+  // at all while its second moment is below the map's resolution.
   V m_bound;
   V neg_m_bound;
   // PyTorch's lerp changes formula at weight 0.5: for 1 − β1 ≥ 0.5 it computes

@@ -96,9 +96,8 @@ TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
   });
 }
 
-TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup,
-                                           float* exp_avg_scale, float* exp_avg_sq_scale,
-                                           const tide_adam_hyper* hyper,
+TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, float* exp_avg_scale,
+                                           float* exp_avg_sq_scale, const tide_adam_hyper* hyper,
                                            const tide_cpu_options* options,
                                            tide_adam_result* result) {
   return guard([&] {

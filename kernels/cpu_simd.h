@@ -58,9 +58,9 @@ inline constexpr int kSimdBurst = 8;
 // The coefficients, in every lane.
 template <typename V>
 AdamTerms<typename V::Wide> simd_broadcast(const AdamCoefficients& c) {
-  return {V::splat(c.grad_mul),     V::splat(c.decay), V::splat(c.l2),
-          V::splat(c.lerp_w),       V::splat(c.beta2), V::splat(c.one_minus_beta2),
-          V::splat(c.inv_bc2_sqrt), V::splat(c.eps),   V::splat(c.neg_step_size),
+  return {V::splat(c.grad_mul),     V::splat(c.decay),       V::splat(c.l2),
+          V::splat(c.lerp_w),       V::splat(c.beta2),       V::splat(c.one_minus_beta2),
+          V::splat(c.inv_bc2_sqrt), V::splat(c.eps),         V::splat(c.neg_step_size),
           V::splat(c.m_bound),      V::splat(c.neg_m_bound), c.lerp_from_grad};
 }
 

@@ -60,9 +60,9 @@ void FrozenQ8Blocks::restore(const OptimizerState& state) const {
     for (std::uint64_t e = 0; e < count; ++e) {
       const bool old = block.frozen[e];
       m[e] = kernels::q8_exp_avg_value<HostMath>(old ? block.m[e] : cm[e],
-                                                  old ? block.scale_m : scale_m);
+                                                 old ? block.scale_m : scale_m);
       v[e] = kernels::q8_exp_avg_sq_value<HostMath>(old ? block.v[e] : cv[e],
-                                                     old ? block.scale_v : scale_v);
+                                                    old ? block.scale_v : scale_v);
       absmax_m = std::max(absmax_m, std::fabs(m[e]));
       absmax_v = std::max(absmax_v, std::fabs(v[e]));
     }

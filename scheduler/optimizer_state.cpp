@@ -115,7 +115,9 @@ std::uint64_t OptimizerState::slot_bytes_for(std::uint64_t n) const {
 }
 
 // 0: the arena's default. The codes of 8-bit moments start at kQuantBlock-byte boundaries.
-std::size_t OptimizerState::slot_alignment() const { return quantized() ? kernels::kQuantBlock : 0; }
+std::size_t OptimizerState::slot_alignment() const {
+  return quantized() ? kernels::kQuantBlock : 0;
+}
 
 bool OptimizerState::contiguous(std::size_t i) const { return spec(i).slices.size() == 1; }
 

@@ -221,9 +221,8 @@ TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
  * exp_avg_sq are `count` uint8 codes each, at a TIDE_QUANT_BLOCK-byte boundary, and these their
  * ceil(count / TIDE_QUANT_BLOCK) fp32 block scales (tide_optimizer_q8_scales says how to read
  * them). */
-TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup,
-                                           float* exp_avg_scale, float* exp_avg_sq_scale,
-                                           const tide_adam_hyper* hyper,
+TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, float* exp_avg_scale,
+                                           float* exp_avg_sq_scale, const tide_adam_hyper* hyper,
                                            const tide_cpu_options* options,
                                            tide_adam_result* result);
 
