@@ -27,34 +27,16 @@ import tide.torch as tt  # noqa: E402
 from tide import kernels  # noqa: E402
 from tide.torch import _quant8  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SHAPES = [(40, 30), (30,), (30, 20), (77,)]
-SUBGROUP = 700  # rounded up to 768 for 8-bit moments: the first and third parameters straddle
-LR, BETAS, EPS, WD = 1e-2, (0.9, 0.999), 1e-8, 0.1
-
-
-def make_params(dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter((torch.randn(shape, generator=g) * 0.5).to(DEVICE, dtype))
-            for shape in SHAPES]
-
-
-def gradients(step):
-    g = torch.Generator().manual_seed(1000 + step)
-    return [torch.randn(shape, generator=g).to(DEVICE) * (1.0 + step) for shape in SHAPES]
+# The model, gradients and hyperparameters of the bf16-moments tests (SUBGROUP 700 is rounded up to
+# 768 for 8-bit moments: the first and third parameters still straddle a cut).
+from test_state_dtype import (BETAS, DEVICE, EPS, LR, SUBGROUP, WD, gradients,  # noqa: E402
+                              make_params, starting_state, step_with)
 
 
 def make_opt(params, placement="cpu", **options):
     options.setdefault("state_dtype", "q8")
     return tt.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                     subgroup_size=SUBGROUP, placement=placement, **options)
-
-
-def step_with(params, opt, steps):
-    for step in steps:
-        for p, g in zip(params, gradients(step)):
-            p.grad = g.to(p.dtype)
-        opt.step()
 
 
 def m_bound():
@@ -147,11 +129,7 @@ def test_each_step_is_the_float64_reference_of_the_quantized_algorithm(placement
     bucket = opt._buckets[0]
     neighbours = total = 0
     for step in range(1, 7):
-        before = opt.state_dict()["state"] if step > 1 else {}
-        start = [(p.detach().cpu().clone(),
-                  before[i]["exp_avg"] if before else torch.zeros(p.shape),
-                  before[i]["exp_avg_sq"] if before else torch.zeros(p.shape))
-                 for i, p in enumerate(params)]
+        start = starting_state(params, opt, step)
         step_with(params, opt, [step])
         new_m, new_v, slack_m, slack_v = [], [], [], []
         for i, (p, g) in enumerate(zip(params, gradients(step))):
@@ -178,21 +156,7 @@ def test_each_step_is_the_float64_reference_of_the_quantized_algorithm(placement
     assert neighbours <= total // 100, (neighbours, total)
 
 
-@pytest.mark.numerics
-def test_gpu_subgroups_equal_the_cpu_path_bit_for_bit():
-    results = {}
-    for placement in ("cpu", "gpu", 2, "auto"):
-        params = make_params(torch.bfloat16)
-        opt = make_opt(params, placement)
-        step_with(params, opt, range(1, 5))
-        if placement == "gpu":
-            assert opt.last_plan["cpu_subgroups"] == 0
-        results[placement] = ([p.detach().clone() for p in params], opt.state_dict()["state"])
-    weights, state = results["cpu"]
-    for placement, (w, s) in results.items():
-        assert all(torch.equal(a, b) for a, b in zip(w, weights)), placement
-        for i, entry in state.items():
-            assert all(torch.equal(s[i][key], entry[key]) for key in entry), (placement, i)
+# GPU subgroups against the CPU path: test_state_dtype.py, parametrized with "q8".
 
 
 _VARIANT_RUN = """
