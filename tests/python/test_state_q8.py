@@ -92,7 +92,8 @@ def expect_codes(key, codes, scales, x, slack):
     off = got != want
     assert ((got - want).abs() <= 1).all(), key
     between = torch.minimum(got, want)[off]
-    assert ((y[off] - mids[between]).abs() <= slack[off] / per[off] + 1e-6 * mids[between]).all(), key
+    near = slack[off] / per[off] + 1e-6 * mids[between]
+    assert ((y[off] - mids[between]).abs() <= near).all(), key
     return int(off.sum())
 
 
@@ -359,3 +360,27 @@ def test_a_parameter_without_a_gradient_keeps_its_state():
         scale = after[1][key + "_q8_scales"]
         codes, _ = _quant8.quantize(key, torch.cat([before[1][key], scale]))
         assert torch.equal(after[1][key + "_q8"], codes[:100]), key
+
+
+def test_the_kernel_api_takes_8bit_moments():
+    """tide.kernels.cpu_adam_step with uint8 moments and their scales (tide_cpu_adam_step_q8)
+    computes the optimizer's CPU step: the same bits from the same state."""
+    g = torch.Generator().manual_seed(5)
+    p = torch.nn.Parameter(torch.randn(1000, generator=g))
+    master = p.detach().clone()
+    opt = tt.AdamW([p], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, state_dtype="q8")
+    p.grad = torch.randn(1000, generator=g)
+    opt.step()
+    codes = torch.zeros(2048 + 256, dtype=torch.uint8)
+    skip = -codes.data_ptr() % 256
+    m, v = codes[skip:skip + 1000], codes[skip + 1024:skip + 2024]
+    scales = torch.zeros(2, 4)
+    kernels.cpu_adam_step(master, p.grad, m, v, step=1, lr=LR, betas=BETAS, eps=EPS,
+                          weight_decay=WD, exp_avg_scale=scales[0], exp_avg_sq_scale=scales[1])
+    sd = opt.state_dict()["state"][0]
+    assert torch.equal(master, p.detach())
+    assert torch.equal(m, sd["exp_avg_q8"]) and torch.equal(v, sd["exp_avg_sq_q8"])
+    assert torch.equal(scales[0], sd["exp_avg_q8_scales"])
+    assert torch.equal(scales[1], sd["exp_avg_sq_q8_scales"])
+    with pytest.raises(TypeError, match="exp_avg_scale"):
+        kernels.cpu_adam_step(master, p.grad, m, v, step=2)
