@@ -295,6 +295,31 @@ def test_save_load_continue_is_bit_exact():
         assert all(torch.equal(entry[k], after[i][k]) for k in entry), i
 
 
+def test_a_checkpoint_through_torch_optim_still_restores_the_exact_state():
+    """torch.optim.AdamW keeps tide's extra keys but casts them to the parameter's dtype (codes
+    become floats): tide takes them back exactly (fp32 model), or quantizes the fp32 moments where
+    the scales were rounded (bf16 model)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        params = make_params(dtype)
+        opt = make_opt(params)
+        step_with(params, opt, [1, 2])
+        saved = opt.state_dict()
+        ref = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone()) for p in params], lr=LR)
+        ref.load_state_dict(saved)
+        through = ref.state_dict()
+        assert through["state"][0]["exp_avg_q8"].dtype == dtype
+        other = make_opt([torch.nn.Parameter(p.detach().clone()) for p in params])
+        other.load_state_dict(through)
+        for i, entry in other.state_dict()["state"].items():
+            mine = saved["state"][i]
+            if dtype == torch.float32:
+                assert all(torch.equal(entry[k], mine[k]) for k in mine), i
+            else:  # fp32 moments rounded to bf16 by torch, then quantized
+                for key in ("exp_avg", "exp_avg_sq"):
+                    scale = mine[key].abs().max()
+                    assert torch.allclose(entry[key], mine[key], rtol=0.1, atol=1e-3 * scale)
+
+
 def test_a_torch_checkpoint_is_quantized_once():
     params = make_params()
     ref = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone()) for p in params], lr=LR,

@@ -210,16 +210,20 @@ class Bucket:
         return out
 
     def q8_fits(self, i: int, entry: dict) -> bool:
-        """Whether `entry` holds parameter i's exact 8-bit state for this bucket's layout."""
+        """Whether `entry` holds parameter i's exact 8-bit state for this bucket's layout (fp32
+        scales: a checkpoint that went through torch.optim with a bf16 model has them rounded)."""
         pieces = entry.get("q8_pieces")
         want = [[p.sub_offset, p.count] for p in self.pieces[i]]
         return (self.quantized and isinstance(pieces, torch.Tensor)
-                and pieces.tolist() == want)
+                and pieces.tolist() == want
+                and all(entry[k + "_q8_scales"].dtype == torch.float32
+                        for k in ("exp_avg", "exp_avg_sq")))
 
     def load_q8_state(self, i: int, entry: dict) -> None:
         """Parameter i's codes and its blocks' scales, exactly as saved (q8_fits(i, entry))."""
         for key in ("exp_avg", "exp_avg_sq"):
-            codes, scales = entry[key + "_q8"], entry[key + "_q8_scales"]
+            codes = entry[key + "_q8"].detach().cpu().to(torch.uint8)
+            scales = entry[key + "_q8_scales"].detach().cpu().float()
             done_codes = done_scales = 0
             for piece in self.pieces[i]:
                 views = self.views[piece.subgroup]

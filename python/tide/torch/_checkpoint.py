@@ -125,23 +125,24 @@ def checked_q8(entry: dict, p: torch.Tensor, name: str) -> None:
     if present != Q8_KEYS:
         raise ValueError(f"tide: the saved state of {name} has {sorted(present)[0]!r} but not "
                          f"{sorted(Q8_KEYS - present)[0]!r}")
+    # torch.optim's load_state_dict casts every state tensor to the parameter's dtype: codes and
+    # pieces that went through it are floats (whole numbers, exactly, up to 2^24 in fp32).
     pieces = entry["q8_pieces"]
-    if (not isinstance(pieces, torch.Tensor) or pieces.dtype != torch.int64 or pieces.dim() != 2
-            or pieces.shape[1] != 2 or bool((pieces < 0).any())
-            or int(pieces[:, 1].sum()) != p.numel()):
+    if (not _whole(pieces) or pieces.dim() != 2 or pieces.shape[1] != 2
+            or bool((pieces < 0).any()) or int(pieces[:, 1].sum()) != p.numel()):
         raise ValueError(f"tide: the saved q8_pieces of {name} do not describe its elements")
     for key in ("exp_avg", "exp_avg_sq"):
         codes, scales = entry[key + "_q8"], entry[key + "_q8_scales"]
-        if (not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8
-                or codes.numel() != p.numel()):
+        if not _whole(codes) or codes.numel() != p.numel() or bool((codes > 255).any()):
             raise ValueError(f"tide: the saved {key}_q8 of {name} is not {p.numel()} uint8 "
                              "codes")
-        blocks = sum(_quant8.blocks(o + n) - o // _quant8.BLOCK for o, n in pieces.tolist())
-        if (not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32
+        blocks = sum(_quant8.blocks(int(o + n)) - int(o) // _quant8.BLOCK
+                     for o, n in pieces.tolist())
+        if (not isinstance(scales, torch.Tensor) or not scales.is_floating_point()
                 or scales.numel() != blocks or not bool(torch.isfinite(scales).all())
                 or bool((scales < 0).any())):
             raise ValueError(f"tide: the saved {key}_q8_scales of {name} are not {blocks} "
-                             "finite fp32 scales >= 0")
+                             "finite scales >= 0")
 
 
 def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
@@ -165,3 +166,10 @@ def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
     else:
         bucket.scatter(i, "exp_avg", torch.zeros(p.numel()))
         bucket.scatter(i, "exp_avg_sq", torch.zeros(p.numel()))
+
+
+def _whole(t: Any) -> bool:
+    """A real tensor of whole numbers >= 0."""
+    if not isinstance(t, torch.Tensor) or t.is_complex() or t.dtype == torch.bool:
+        return False
+    return bool(((t >= 0) & (t == t.round() if t.is_floating_point() else t >= 0)).all())
