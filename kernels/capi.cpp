@@ -103,7 +103,7 @@ TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, f
   return guard([&] {
     k::require(subgroup != nullptr && hyper != nullptr, "tide_cpu_adam_step_q8: null argument");
     k::require(subgroup->state_dtype == TIDE_STATE_BLOCK_Q8,
-               "tide_cpu_adam_step_q8: state_dtype must be TIDE_STATE_BLOCK_Q8");
+               "tide_cpu_adam_step_q8: state_dtype must be TIDE_STATE_BLOCK_Q8 (8-bit moments)");
     k::AdamSubgroup s = k::subgroup_from_c(*subgroup);
     s.exp_avg_scale = exp_avg_scale;
     s.exp_avg_sq_scale = exp_avg_sq_scale;
