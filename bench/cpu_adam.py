@@ -21,6 +21,10 @@ Cases:
                 over fp32 state) and with the bandwidth bound in the bytes it moves. No peer runs
                 bf16 moments on the CPU here: PyTorch's AdamW keeps its moments in the parameter's
                 dtype, and DeepSpeed's CPU Adam in fp32.
+  adam_8bit_state  offload_step with 8-bit block-wise moments (state_dtype="q8"; kernels/quant8.h):
+                16 bytes per parameter (and 8 bytes of scales per 256), against tide's fp32-state
+                offload step in the same round-robin and the bandwidth bound, as adam_bf16_state.
+                bitsandbytes' 8-bit AdamW and torchao's low-bit AdamW need CUDA: not run here.
 
 The bandwidth line comes first; its "gbps" is the best of the measurements taken before, between
 and after the sizes ("measurements_gbps").
@@ -39,7 +43,8 @@ previous one's data in cache or another's threads still spinning.
 `bytes_per_param` is the traffic the case needs at least (28 bytes: adam_fp32 reads 4 B of
 gradient and reads and writes 8 B each of weight, first and second moment; offload_step reads 2 B
 of gradient, reads and writes the 24 B of fp32 state and writes 2 B of copy; adam_bf16_state 20:
-the same with 2 B moments, 16 B of state read and written);
+the same with 2 B moments, 16 B of state read and written; adam_8bit_state 16: 1 B moments, 12 B of
+state read and written, the scales left out);
 `fraction_of_bandwidth` is params × bytes_per_param / seconds over the measured bandwidth, for
 every implementation alike (the peers move more bytes than that).
 
@@ -68,7 +73,9 @@ import torch  # noqa: E402
 
 from tide import kernels  # noqa: E402
 
-BYTES_PER_PARAM = {"adam_fp32": 28, "offload_step": 28, "adam_bf16_state": 20}
+BYTES_PER_PARAM = {"adam_fp32": 28, "offload_step": 28, "adam_bf16_state": 20,
+                   "adam_8bit_state": 16}
+STATE_CASES = ("adam_bf16_state", "adam_8bit_state")  # tide against its own fp32 state
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
 
 
@@ -155,24 +162,33 @@ class Buffers:
         self.copy16 = torch.empty(n, dtype=torch.bfloat16)
         self.exp_avg16 = torch.zeros(n, dtype=torch.bfloat16)  # adam_bf16_state's moments
         self.exp_avg_sq16 = torch.zeros(n, dtype=torch.bfloat16)
+        # adam_8bit_state's codes (at 256-byte boundaries) and block scales.
+        self.codes = torch.zeros(2 * n + 1024, dtype=torch.uint8)
+        skip = -self.codes.data_ptr() % 256
+        self.exp_avg8 = self.codes[skip:skip + n]
+        self.exp_avg_sq8 = self.codes[skip + n + (-n % 256):][:n]
+        self.scales = torch.zeros(2, -(-n // 256))
         self.parameter = torch.nn.Parameter(self.param, requires_grad=True)  # same storage
         self.parameter.grad = self.grad32
 
 
 def make_tide(buffers: Buffers, case: str, threads: int):
     step = [0]
-    offload = case in ("offload_step", "adam_bf16_state")
-    bf16_state = case == "adam_bf16_state"
+    offload = case in ("offload_step",) + STATE_CASES
+    moments = {"adam_bf16_state": (buffers.exp_avg16, buffers.exp_avg_sq16),
+               "adam_8bit_state": (buffers.exp_avg8, buffers.exp_avg_sq8)}.get(
+                   case, (buffers.exp_avg, buffers.exp_avg_sq))
+    scales = ({"exp_avg_scale": buffers.scales[0], "exp_avg_sq_scale": buffers.scales[1]}
+              if case == "adam_8bit_state" else {})
 
     def run():
         step[0] += 1
         kernels.cpu_adam_step(
             buffers.param,
             buffers.grad16 if offload else buffers.grad32,
-            buffers.exp_avg16 if bf16_state else buffers.exp_avg,
-            buffers.exp_avg_sq16 if bf16_state else buffers.exp_avg_sq,
+            *moments,
             step=step[0], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
-            param_copy=buffers.copy16 if offload else None, threads=threads)
+            param_copy=buffers.copy16 if offload else None, threads=threads, **scales)
 
     return run
 
@@ -249,8 +265,8 @@ def main() -> None:
     for size in (int(float(s)) for s in args.sizes.split(",")):
         reps = args.reps or (15 if size < 5e7 else 8)
         buffers = Buffers(size)
-        for case in ("adam_fp32", "offload_step", "adam_bf16_state"):
-            if case == "adam_bf16_state":
+        for case in ("adam_fp32", "offload_step") + STATE_CASES:
+            if case in STATE_CASES:
                 impls = {"tide": lambda: make_tide(buffers, case, threads),
                          "tide_fp32_state": lambda: make_tide(buffers, "offload_step", threads)}
             else:
@@ -285,7 +301,7 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
             base = {"bench": "cpu_adam", "case": case, "params": size, "threads": threads,
                     "bytes_per_param": BYTES_PER_PARAM[case]}
-            for name in impls if case == "adam_bf16_state" else (
+            for name in impls if case in STATE_CASES else (
                     "tide", "torch_foreach", "torch_fused", "deepspeed"):
                 if name == "tide_fp32_state":
                     base = {**base, "bytes_per_param": BYTES_PER_PARAM["offload_step"]}
@@ -320,7 +336,7 @@ def main() -> None:
                 # hardly touched by load that comes and goes over the run.
                 record["paired_speedup_vs_fastest_peer"] = statistics.median(
                     peer / mine for peer, mine in zip(fastest["times"], record["times"]))
-                if record["case"] == "adam_bf16_state":  # its one "peer": fp32 state
+                if record["case"] in STATE_CASES:  # its one "peer": fp32 state
                     record["speedup_vs_fp32_state"] = record["speedup_vs_fastest_peer"]
                     record["paired_speedup_vs_fp32_state"] = record[
                         "paired_speedup_vs_fastest_peer"]

@@ -44,6 +44,8 @@
 // instead of 12, and a CPU update that moves 20 bytes instead of 28); --state-dtype both runs fp32
 // and bf16 state over the same model in the same rounds, on the same simulated link, and the bf16
 // lines add "speedup_vs_fp32_state" (the fp32-state run's best time of the same policy over its).
+// --state-dtype q8 runs 8-bit block-wise moments (6 state bytes each way, 16 moved by the CPU
+// update), --state-dtype all fp32, bf16 and q8 in the same rounds.
 //
 // Memory: 18 bytes per parameter (fp32 state, bf16 gradient and weight copy in pinned memory,
 // bf16 parameters in the stand-in's "device" memory, which is host memory too) plus the GPU
@@ -112,8 +114,19 @@ Sides sides_of(const PhaseReport& phase, const Rates& r, unsigned state_bytes) {
 constexpr double kOverPlanOverlapBound = 1.15;
 constexpr double kOverBestFixedBound = 1.05;
 
-const char* dtype_name(kernels::Dtype d) {
-  return d == kernels::Dtype::kFloat32 ? "float32" : "bfloat16";
+// A state format the benchmark runs: the moments' dtype, or 8-bit block-wise moments.
+struct Format {
+  const char* name;
+  StateOptions options;
+  unsigned state_bytes;  // per parameter, copied each way
+};
+
+Format state_format(const std::string& name) {
+  StateOptions o;
+  if (name == "bfloat16") o.state_dtype = kernels::Dtype::kBFloat16;
+  if (name == "q8") o.state_format = kernels::StateFormat::kBlockQ8;
+  const unsigned bytes = name == "float32" ? 12 : name == "bfloat16" ? 8 : 6;
+  return {name == "float32" ? "float32" : name == "bfloat16" ? "bfloat16" : "q8", o, bytes};
 }
 
 std::uint64_t mem_available() {
@@ -136,7 +149,7 @@ int main(int argc, char** argv) {
   bool verbose = false;
   double fixed_gbps = 0;  // 0: from the measured rates
   std::vector<std::uint64_t> subgroup_sizes = {25'000'000, 50'000'000, 100'000'000};
-  std::vector<kernels::Dtype> state_dtypes = {kernels::Dtype::kFloat32};
+  std::vector<Format> formats = {state_format("float32")};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--params") && i + 1 < argc) {
       total = std::atof(argv[++i]);
@@ -155,23 +168,29 @@ int main(int argc, char** argv) {
       }
     } else if (!std::strcmp(argv[i], "--state-dtype") && i + 1 < argc &&
                (!std::strcmp(argv[i + 1], "float32") || !std::strcmp(argv[i + 1], "bfloat16") ||
-                !std::strcmp(argv[i + 1], "both"))) {
+                !std::strcmp(argv[i + 1], "q8") || !std::strcmp(argv[i + 1], "both") ||
+                !std::strcmp(argv[i + 1], "all"))) {
       const std::string which = argv[++i];
-      state_dtypes.clear();
-      if (which != "bfloat16") state_dtypes.push_back(kernels::Dtype::kFloat32);
-      if (which != "float32") state_dtypes.push_back(kernels::Dtype::kBFloat16);
+      formats.clear();
+      const bool several = which == "both" || which == "all";
+      // The others against fp32 state: it runs with them.
+      if (several || which == "float32") formats.push_back(state_format("float32"));
+      if (several || which == "bfloat16") formats.push_back(state_format("bfloat16"));
+      if (which == "all" || which == "q8") formats.push_back(state_format("q8"));
     } else if (!std::strcmp(argv[i], "--subgroups") && i + 1 < argc) {
       subgroup_sizes.clear();
       for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ",")) {
         subgroup_sizes.push_back(static_cast<std::uint64_t>(std::atof(t)));
       }
     } else {
-      std::fprintf(stderr,
-                   "usage: bench_update_phase [--params N (1e9)] [--subgroups S1,S2,...] "
-                   "[--repeats N (3)] [--isa scalar|best (scalar)] [--gbps G: simulated copies "
-                   "at G GB/s instead of the H100 ratio] [--state-dtype float32|bfloat16|both "
-                   "(float32): the moments' dtype; both: each in the same rounds] [--verbose: "
-                   "every phase on stderr]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_update_phase [--params N (1e9)] [--subgroups S1,S2,...] "
+          "[--repeats N (3)] [--isa scalar|best (scalar)] [--gbps G: simulated copies "
+          "at G GB/s instead of the H100 ratio] [--state-dtype float32|bfloat16|q8|both|all "
+          "(float32): the moments' format; both: fp32 and bf16, all: and q8, in the same "
+          "rounds] [--verbose: "
+          "every phase on stderr]\n");
       return 2;
     }
   }
@@ -187,8 +206,8 @@ int main(int argc, char** argv) {
   const std::uint64_t largest = *std::max_element(subgroup_sizes.begin(), subgroup_sizes.end());
   const double budget = 0.75 * static_cast<double>(mem_available());
   double per_param = 2, per_largest = 0;
-  for (kernels::Dtype d : state_dtypes) {
-    const double sb = d == kernels::Dtype::kFloat32 ? 12 : 8;
+  for (const Format& f : formats) {
+    const double sb = f.state_bytes;
     per_param += sb + 4;
     per_largest += 4.0 * (sb + 2 + sb);
   }
@@ -210,6 +229,7 @@ int main(int argc, char** argv) {
 
   driver::PrimaryContext context(0);
   register_kernel(kernels::kAdamKernel, &sleeping_adam, sizeof(kernels::AdamKernelParams));
+  register_kernel(kernels::kAdamQ8Kernel, &sleeping_adam, sizeof(kernels::AdamKernelParams));
   kernels::CpuAdamOptions cpu_options{.threads = 1};
   if (scalar) {
     cpu_options.force_isa = true;
@@ -256,16 +276,14 @@ int main(int argc, char** argv) {
     // One optimizer state and executor per state format, over the same model parameters, run in
     // the same rounds: their phases see the same load and the same simulated link.
     struct Setup {
-      kernels::Dtype dtype;
+      Format format;
       std::unique_ptr<OptimizerState> state;
       std::unique_ptr<Executor> executor;
       std::map<std::string, Best> best;
     };
     std::vector<Setup> setups;
-    for (kernels::Dtype dtype : state_dtypes) {
-      StateOptions state_options;
-      state_options.state_dtype = dtype;
-      Setup setup{dtype, std::make_unique<OptimizerState>(specs, state_options), nullptr, {}};
+    for (const Format& format : formats) {
+      Setup setup{format, std::make_unique<OptimizerState>(specs, format.options), nullptr, {}};
       ExecutorOptions options;
       options.rates = rates;
       options.cpu_threads = 1;
@@ -290,7 +308,7 @@ int main(int argc, char** argv) {
                 stderr,
                 "%s, %s state: %.3f s (predicted %.3f s: CPU side %.3f, GPU side %.3f, link "
                 "%.3f), CPU busy %.3f s (%.3g params/s), GPU [%s], %zu buffers\n",
-                policy_name(p).c_str(), dtype_name(setup.dtype), r.seconds, r.ran.predicted.phase_s,
+                policy_name(p).c_str(), setup.format.name, r.seconds, r.ran.predicted.phase_s,
                 r.ran.predicted.cpu_side_s, r.ran.predicted.gpu_side_s, r.ran.predicted.link_s,
                 r.cpu_seconds,
                 r.cpu_seconds > 0 ? static_cast<double>(r.ran.cpu_params) / r.cpu_seconds : 0,
@@ -321,7 +339,7 @@ int main(int argc, char** argv) {
     }
     const Setup* fp32 = nullptr;
     for (const Setup& setup : setups) {
-      if (setup.dtype == kernels::Dtype::kFloat32) fp32 = &setup;
+      if (setup.format.state_bytes == 12) fp32 = &setup;
     }
     for (Setup& setup : setups) {
       auto emit = [&](const std::string& policy, const Best& b, const std::string& extra) {
@@ -346,7 +364,7 @@ int main(int argc, char** argv) {
             "\"cpu_update_params_per_s\":%.3g,\"cpu_update_contended_params_per_s\":%.3g,"
             "\"copy_gbps\":%.2f,\"cpu_isa\":\"%s\"%s%s,"
             "\"machine\":\"stand-in, 1 CPU update thread, simulated copies and GPU\"}\n",
-            static_cast<unsigned long long>(size), policy.c_str(), dtype_name(setup.dtype),
+            static_cast<unsigned long long>(size), policy.c_str(), setup.format.name,
             setup.state->state_bytes(), b.seconds, b.predicted, n, b.gpu, b.buffers, w,
             rates.cpu_update, rates.cpu_update_contended, gbps, scalar ? "scalar" : "widest",
             versus.c_str(), extra.c_str());

@@ -94,7 +94,7 @@ void placement(std::string_view name, std::string_view value) {
 
 // As tide.torch reads it (python/tide/torch/_arguments.py).
 void state_dtype(std::string_view name, std::string_view value) {
-  parse_choice(name, value, {"float32", "bfloat16"});
+  parse_choice(name, value, {"float32", "bfloat16", "q8"});
 }
 
 // As tide.torch reads it: an integer >= 1 with an optional K, M or G suffix (x1024^n).
@@ -284,10 +284,11 @@ std::span<const Knob> knobs() {
        "tide.torch.AdamW/Adam: elements per optimizer subgroup when the subgroup_size argument "
        "is not given (default 16M)",
        &subgroup_size},
-      {"TIDE_STATE_DTYPE", "float32 or bfloat16",
+      {"TIDE_STATE_DTYPE", "float32, bfloat16 or q8",
        "tide.torch.AdamW/Adam: dtype of the moments (exp_avg, exp_avg_sq) in pinned memory when "
        "the state_dtype argument is not given: bfloat16 halves their bytes (rounded to nearest "
-       "even at every update; the master weights stay fp32) (default float32)",
+       "even at every update), q8 keeps them as 8-bit block-wise codes (1 byte each and an fp32 "
+       "scale per 256 elements); the master weights stay fp32 (default float32)",
        &state_dtype},
   };
   return kKnobs;

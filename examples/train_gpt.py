@@ -55,9 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU update threads (%(default)s: tide's default)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="model dtype")
-    p.add_argument("--state-dtype", choices=["float32", "bfloat16"], default=None,
-                   help="the moments' dtype in tide's pinned state (%(default)s: "
-                        "TIDE_STATE_DTYPE, else float32)")
+    p.add_argument("--state-dtype", choices=["float32", "bfloat16", "q8"], default=None,
+                   help="the moments' format in tide's pinned state, q8: 8-bit block-wise "
+                        "(%(default)s: TIDE_STATE_DTYPE, else float32)")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=False,
                    help="also train with torch.optim.AdamW from the same seed and compare")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
@@ -102,7 +102,8 @@ def tide_optimizer(args, model: GPT) -> torch.optim.Optimizer:
     if args.threads is not None:
         options["threads"] = args.threads
     if args.state_dtype is not None:
-        options["state_dtype"] = getattr(torch, args.state_dtype)
+        options["state_dtype"] = (args.state_dtype if args.state_dtype == "q8"
+                                  else getattr(torch, args.state_dtype))
     return tide.torch.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                             **options)
 

@@ -1,6 +1,8 @@
 // The per-step fp32 terms of the Adam formula, computed the way torch.optim.Adam/AdamW compute
 // them: Python floats (doubles) that PyTorch's kernels then cast to float.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -51,6 +53,14 @@ AdamCoefficients adam_coefficients(const AdamHyper& h) {
   c.inv_bc2_sqrt = static_cast<float>(1.0 / std::pow(bias_correction2, 0.5));
   c.eps = static_cast<float>(h.eps);
   c.neg_step_size = static_cast<float>(-step_size);
+  // The bound exact Adam keeps, |m| ≤ C·√v (kernels/adam_math.h), for 8-bit moments.
+  // No bound (β1² ≥ β2): the largest float, not inf, whose product with √v = 0 would be NaN.
+  const double ratio = h.beta1 * h.beta1 / h.beta2;  // β2 = 0: inf
+  const double bound =
+      ratio < 1 ? (1 - h.beta1) / std::sqrt((1 - h.beta2) * (1 - ratio)) * (1 + 1.0 / 1024)
+                : std::numeric_limits<float>::max();
+  c.m_bound = static_cast<float>(std::min<double>(bound, std::numeric_limits<float>::max()));
+  c.neg_m_bound = -c.m_bound;
   return c;
 }
 

@@ -66,6 +66,15 @@ struct AdamTerms {
   V inv_bc2_sqrt;
   V eps;
   V neg_step_size;
+  // 8-bit moments only (adam_update<Math, true>): the numerator's m is clamped to
+  // ±m_bound·√v. Exact Adam never needs it: with β1² < β2, Cauchy–Schwarz over the moments' sums
+  // gives |m| ≤ C·√v, C = (1 − β1) / √((1 − β2)(1 − β1²/β2)) (m_bound is C·(1 + 2^-10), clear of
+  // rounding; the largest float when β1² ≥ β2). Quantized moments break it: a block's exp_avg_sq
+  // codes may round to 0 (below the map's 1e-7 of the block's maximum) while exp_avg's do not, and
+  // the update would be lr·m/ε. Clamped, an element moves at most lr·C·√bc2/bc1 per step, and not
+  // at all while its second moment is below the map's resolution.
+  V m_bound;
+  V neg_m_bound;
   // PyTorch's lerp changes formula at weight 0.5: for 1 − β1 ≥ 0.5 it computes
   // fma(w − 1, g − m, g), i.e. lerp_w holds w − 1 and the base is g.
   bool lerp_from_grad;
@@ -80,27 +89,34 @@ using AdamCoefficients = AdamTerms<float>;
 AdamCoefficients adam_coefficients(const AdamHyper& hyper);
 
 // The formula over any V, given a Math policy with fma, mul, add, sub, div and sqrt (each
-// rounded once) and select(c, a, b) (c ? a : b for a condition that holds for every lane). Updates
-// p, m, v in place; the caller decides whether to keep the results.
-template <typename Math, typename V>
+// rounded once) and select(c, a, b) (c ? a : b for a condition that holds for every lane), and
+// with kBounded (8-bit moments: AdamTerms::m_bound) lanewise min(a, b) = a < b ? a : b and
+// max(a, b) = a > b ? a : b (x86's minps/maxps, so every implementation agrees on zeros' signs).
+// Updates p, m, v in place; the caller decides whether to keep the results.
+template <typename Math, bool kBounded = false, typename V>
 TIDE_HOST_DEVICE void adam_update(const AdamTerms<V>& t, V grad, V& p, V& m, V& v) {
   const V g0 = Math::mul(grad, t.grad_mul);
   p = Math::mul(p, t.decay);
   const V g = Math::fma(t.l2, p, g0);
   m = Math::fma(t.lerp_w, Math::sub(g, m), Math::select(t.lerp_from_grad, g, m));
   v = Math::fma(Math::mul(t.one_minus_beta2, g), g, Math::mul(v, t.beta2));
-  const V denom = Math::add(Math::mul(Math::sqrt(v), t.inv_bc2_sqrt), t.eps);
-  p = Math::add(p, Math::div(Math::mul(t.neg_step_size, m), denom));
+  const V root = Math::sqrt(v);
+  const V denom = Math::add(Math::mul(root, t.inv_bc2_sqrt), t.eps);
+  V numerator = m;
+  if constexpr (kBounded) {
+    numerator = Math::min(Math::max(m, Math::mul(t.neg_m_bound, root)), Math::mul(t.m_bound, root));
+  }
+  p = Math::add(p, Math::div(Math::mul(t.neg_step_size, numerator), denom));
 }
 
 // One element. A non-finite gradient (or a non-finite result, e.g. from an overflow) must never
 // reach the weights or the moments: then p, m and v keep their old values and this returns
 // false, for the caller to count.
-template <typename Math>
+template <typename Math, bool kBounded = false>
 TIDE_HOST_DEVICE bool adam_element(const AdamCoefficients& t, float grad, float& p, float& m,
                                    float& v) {
   float np = p, nm = m, nv = v;
-  adam_update<Math>(t, grad, np, nm, nv);
+  adam_update<Math, kBounded>(t, grad, np, nm, nv);
   if (!(Math::finite(np) && Math::finite(nm) && Math::finite(nv))) return false;
   p = np;
   m = nm;
@@ -120,6 +136,8 @@ struct HostMath {
   static float div(float a, float b) { return a / b; }
   static float sqrt(float a) { return std::sqrt(a); }
   static float select(bool c, float a, float b) { return c ? a : b; }
+  static float min(float a, float b) { return a < b ? a : b; }
+  static float max(float a, float b) { return a > b ? a : b; }
   static bool finite(float a) { return std::isfinite(a); }
 };
 #endif
@@ -138,6 +156,8 @@ struct DeviceMath {
   static __device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
   static __device__ __forceinline__ float sqrt(float a) { return __fsqrt_rn(a); }
   static __device__ __forceinline__ float select(bool c, float a, float b) { return c ? a : b; }
+  static __device__ __forceinline__ float min(float a, float b) { return a < b ? a : b; }
+  static __device__ __forceinline__ float max(float a, float b) { return a > b ? a : b; }
   static __device__ __forceinline__ bool finite(float a) { return isfinite(a); }
 };
 #endif

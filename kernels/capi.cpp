@@ -37,6 +37,7 @@ CpuAdamOptions options_of(const tide_cpu_options* o) {
 std::int32_t abi_isa(CpuIsa isa) { return static_cast<std::int32_t>(isa) + TIDE_CPU_ISA_SCALAR; }
 
 AdamSubgroup subgroup_from_c(const tide_adam_subgroup& s) {
+  const bool q8 = s.state_dtype == TIDE_STATE_BLOCK_Q8;
   return AdamSubgroup{
       .grad = s.grad,
       .param = s.param,
@@ -45,10 +46,12 @@ AdamSubgroup subgroup_from_c(const tide_adam_subgroup& s) {
       .param_copy = s.param_copy,
       .count = s.count,
       .grad_dtype = dtype_from_c(s.grad_dtype, "tide_cpu_adam_step: grad_dtype"),
-      .state_dtype = dtype_from_c(s.state_dtype, "tide_cpu_adam_step: state_dtype"),
+      .state_dtype =
+          q8 ? Dtype::kFloat32 : dtype_from_c(s.state_dtype, "tide_cpu_adam_step: state_dtype"),
       .copy_dtype = s.param_copy != nullptr
                         ? dtype_from_c(s.copy_dtype, "tide_cpu_adam_step: copy_dtype")
-                        : AdamSubgroup{}.copy_dtype};
+                        : AdamSubgroup{}.copy_dtype,
+      .state_format = q8 ? StateFormat::kBlockQ8 : StateFormat::kDtype};
 }
 
 }  // namespace
@@ -85,8 +88,26 @@ TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
                                         const tide_cpu_options* options, tide_adam_result* result) {
   return guard([&] {
     k::require(subgroup != nullptr && hyper != nullptr, "tide_cpu_adam_step: null argument");
+    k::require(subgroup->state_dtype != TIDE_STATE_BLOCK_Q8,
+               "tide_cpu_adam_step: 8-bit moments need their scales: tide_cpu_adam_step_q8");
     const k::AdamResult r = k::cpu_adam_step(k::subgroup_from_c(*subgroup), k::hyper_from_c(*hyper),
                                              k::options_of(options));
+    if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
+  });
+}
+
+TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, float* exp_avg_scale,
+                                           float* exp_avg_sq_scale, const tide_adam_hyper* hyper,
+                                           const tide_cpu_options* options,
+                                           tide_adam_result* result) {
+  return guard([&] {
+    k::require(subgroup != nullptr && hyper != nullptr, "tide_cpu_adam_step_q8: null argument");
+    k::require(subgroup->state_dtype == TIDE_STATE_BLOCK_Q8,
+               "tide_cpu_adam_step_q8: state_dtype must be TIDE_STATE_BLOCK_Q8 (8-bit moments)");
+    k::AdamSubgroup s = k::subgroup_from_c(*subgroup);
+    s.exp_avg_scale = exp_avg_scale;
+    s.exp_avg_sq_scale = exp_avg_sq_scale;
+    const k::AdamResult r = k::cpu_adam_step(s, k::hyper_from_c(*hyper), k::options_of(options));
     if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
   });
 }
@@ -120,6 +141,18 @@ TIDE_API tide_status tide_cpu_kernels_info(tide_cpu_info* info) {
     }
     out.threads = static_cast<std::int32_t>(k::cpu_pool().size());
     *info = out;
+  });
+}
+
+TIDE_API tide_status tide_q8_code_maps(const float** exp_avg_magnitudes,
+                                       const float** exp_avg_midpoints,
+                                       const float** exp_avg_sq_values,
+                                       const float** exp_avg_sq_midpoints) {
+  return guard([&] {
+    if (exp_avg_magnitudes != nullptr) *exp_avg_magnitudes = k::kQ8SignedMagnitudes;
+    if (exp_avg_midpoints != nullptr) *exp_avg_midpoints = k::kQ8SignedMidpoints;
+    if (exp_avg_sq_values != nullptr) *exp_avg_sq_values = k::kQ8UnsignedValues;
+    if (exp_avg_sq_midpoints != nullptr) *exp_avg_sq_midpoints = k::kQ8UnsignedMidpoints;
   });
 }
 

@@ -33,6 +33,8 @@ struct Avx2Math {
   static F8 sub(F8 a, F8 b) { return {_mm256_sub_ps(a.x, b.x)}; }
   static F8 div(F8 a, F8 b) { return {_mm256_div_ps(a.x, b.x)}; }
   static F8 sqrt(F8 a) { return {_mm256_sqrt_ps(a.x)}; }
+  static F8 min(F8 a, F8 b) { return {_mm256_min_ps(a.x, b.x)}; }  // a < b ? a : b
+  static F8 max(F8 a, F8 b) { return {_mm256_max_ps(a.x, b.x)}; }  // a > b ? a : b
   // A blend, not a branch or a ternary on vectors (which GCC does through the stack).
   static F8 select(bool c, F8 a, F8 b) {
     return {_mm256_blendv_ps(b.x, a.x, _mm256_castsi256_ps(_mm256_set1_epi32(c ? -1 : 0)))};

@@ -42,7 +42,7 @@ std::uint64_t q8_update_scalar(const AdamCoefficients& t, const AdamSubgroup& s,
     float p = s.param[i];
     float m = q8_exp_avg_value<HostMath>(cm[i], scale_m);
     float v = q8_exp_avg_sq_value<HostMath>(cv[i], scale_v);
-    if (!adam_element<HostMath>(t, GT::to_float(grad[i]), p, m, v)) ++rejected;
+    if (!adam_element<HostMath, true>(t, GT::to_float(grad[i]), p, m, v)) ++rejected;
     s.param[i] = p;
     if constexpr (C != kNoCopy) {
       static_cast<std::uint16_t*>(s.param_copy)[i] = DtypeTraits<C>::from_float(p);

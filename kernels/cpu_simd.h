@@ -58,10 +58,10 @@ inline constexpr int kSimdBurst = 8;
 // The coefficients, in every lane.
 template <typename V>
 AdamTerms<typename V::Wide> simd_broadcast(const AdamCoefficients& c) {
-  return {V::splat(c.grad_mul),     V::splat(c.decay), V::splat(c.l2),
-          V::splat(c.lerp_w),       V::splat(c.beta2), V::splat(c.one_minus_beta2),
-          V::splat(c.inv_bc2_sqrt), V::splat(c.eps),   V::splat(c.neg_step_size),
-          c.lerp_from_grad};
+  return {V::splat(c.grad_mul),     V::splat(c.decay),       V::splat(c.l2),
+          V::splat(c.lerp_w),       V::splat(c.beta2),       V::splat(c.one_minus_beta2),
+          V::splat(c.inv_bc2_sqrt), V::splat(c.eps),         V::splat(c.neg_step_size),
+          V::splat(c.m_bound),      V::splat(c.neg_m_bound), c.lerp_from_grad};
 }
 
 // kU vectors from element i (kTail: one vector, the lanes in k). Returns how many elements were
@@ -186,7 +186,7 @@ std::uint64_t simd_adam_q8_range(const AdamCoefficients& c, const AdamSubgroup& 
       Reg m = V::template q8_values<true, kTail>(cm, i, k, scale_m);
       Reg v = V::template q8_values<false, kTail>(cv, i, k, scale_v);
       Wide p1{p}, m1{m}, v1{v};
-      adam_update<typename V::Math>(t, Wide{g}, p1, m1, v1);
+      adam_update<typename V::Math, true>(t, Wide{g}, p1, m1, v1);
       rejected += V::keep_finite(p1, m1, v1, k, p, m, v);
       V::template store<Dtype::kFloat32, kTail>(s.param, i, k, p);
       if constexpr (C != kNoCopy) V::template store<C, kTail>(s.param_copy, i, k, p);

@@ -150,7 +150,7 @@ bool Executor::frozen(std::size_t subgroup, std::size_t slice) const {
   return frozen_.at(subgroup).at(slice) != 0;
 }
 
-void Executor::save_frozen(std::vector<char>& saved) {
+void Executor::save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks) {
   saved.clear();
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < state_.size(); ++i) {
@@ -159,13 +159,25 @@ void Executor::save_frozen(std::vector<char>& saved) {
     }
   }
   if (total == 0) return;
-  saved.resize(state_.state_bytes() * total);  // may throw: before anything changed
+  // 8-bit moments: the master weights here, the moments' blocks in `blocks`.
+  const std::size_t parts = state_.quantized() ? 1 : 3;
+  saved.resize((state_.quantized() ? 4 : state_.state_bytes()) * total);  // may throw
   char* out = saved.data();
+  std::vector<ParamSlice> frozen;
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    frozen.clear();
+    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
+      if (frozen_[i][k]) frozen.push_back(state_.spec(i).slices[k]);
+    }
+    if (state_.quantized()) blocks.save(state_, i, frozen);  // may throw: nothing changed yet
+  }
   for (std::size_t i = 0; i < state_.size(); ++i) {
     for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
       if (!frozen_[i][k]) continue;
       const ParamSlice& slice = state_.spec(i).slices[k];
-      for (const auto& [part, size] : state_parts(i)) {
+      const auto all = state_parts(i);
+      for (std::size_t p = 0; p < parts; ++p) {
+        const auto& [part, size] = all[p];
         const char* from = part + slice.offset * size;
         out = std::copy(from, from + slice.count * size, out);
       }
@@ -177,19 +189,23 @@ void Executor::save_frozen(std::vector<char>& saved) {
   }
 }
 
-void Executor::restore_frozen(const std::vector<char>& saved) {
+void Executor::restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks) {
   if (saved.empty()) return;
+  const std::size_t parts = state_.quantized() ? 1 : 3;
   const char* in = saved.data();
   for (std::size_t i = 0; i < state_.size(); ++i) {
     for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
       if (!frozen_[i][k]) continue;
       const ParamSlice& slice = state_.spec(i).slices[k];
-      for (const auto& [part, size] : state_parts(i)) {
+      const auto all = state_parts(i);
+      for (std::size_t p = 0; p < parts; ++p) {
+        const auto& [part, size] = all[p];
         std::copy(in, in + slice.count * size, part + slice.offset * size);
         in += slice.count * size;
       }
     }
   }
+  blocks.restore(state_);
 }
 
 // Subgroup i's master weights and moments, each with its element size.

@@ -63,6 +63,7 @@
 #include "driver/context.h"
 #include "kernels/adam_math.h"
 #include "kernels/cpu_adam.h"
+#include "scheduler/frozen_blocks.h"
 #include "scheduler/gradient_offload.h"
 #include "scheduler/optimizer_state.h"
 #include "scheduler/plan.h"
@@ -206,9 +207,9 @@ class Executor {
   // device still cannot be waited for.
   void settle();
   void upload_weights(std::size_t s, const driver::Stream& stream);
-  void save_frozen(std::vector<char>& saved);
+  void save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks);
   bool needs_staging(bool gradients_on_gpu) const;
-  void restore_frozen(const std::vector<char>& saved);
+  void restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks);
   std::array<std::pair<char*, unsigned>, 3> state_parts(std::size_t i) const;
   std::uint64_t capped(std::uint64_t headroom) const;
   Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu) const;

@@ -16,6 +16,8 @@
 #include "scheduler/scheduler_capi.h"
 #include "tide/tide.h"
 
+static_assert(TIDE_QUANT_BLOCK == tide::kernels::kQuantBlock);
+
 struct tide_optimizer {
   // Held for the whole life of the state: the pinned arena's registrations belong to it.
   std::unique_ptr<tide::driver::PrimaryContext> context;
@@ -103,10 +105,14 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     StateOptions so;
     so.grad_dtype = dtype_of(o.grad_dtype, "grad_dtype");
     so.param_dtype = dtype_of(o.param_dtype, "param_dtype");
-    so.state_dtype = dtype_of(o.state_dtype, "state_dtype");
-    require(so.state_dtype != Dtype::kFloat16,
-            "tide_optimizer_create: state_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16 (the "
-            "moments' dtype)");
+    if (o.state_dtype == TIDE_STATE_BLOCK_Q8) {
+      so.state_format = tide::kernels::StateFormat::kBlockQ8;
+    } else {
+      require(o.state_dtype == TIDE_FLOAT32 || o.state_dtype == TIDE_BFLOAT16,
+              "tide_optimizer_create: state_dtype must be TIDE_FLOAT32, TIDE_BFLOAT16 or "
+              "TIDE_STATE_BLOCK_Q8 (the moments' format)");
+      so.state_dtype = dtype_of(o.state_dtype, "state_dtype");
+    }
     ExecutorOptions eo;
     eo.device = o.device;
     if (o.use_rates) eo.rates = rates_from_c(o.rates);
@@ -152,6 +158,22 @@ TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t su
     *buffers = tide_subgroup_buffers{o.state->param(subgroup), o.state->exp_avg(subgroup),
                                      o.state->exp_avg_sq(subgroup), o.state->grad(subgroup),
                                      o.state->params(subgroup)};
+  });
+}
+
+TIDE_API tide_status tide_optimizer_q8_scales(tide_optimizer* optimizer, size_t subgroup,
+                                              float** exp_avg_scale, float** exp_avg_sq_scale,
+                                              uint64_t* blocks) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(exp_avg_scale != nullptr && exp_avg_sq_scale != nullptr && blocks != nullptr,
+            "tide_optimizer_q8_scales: null output pointer");
+    require(subgroup < o.state->size(), "tide_optimizer_q8_scales: subgroup " +
+                                            std::to_string(subgroup) + " of " +
+                                            std::to_string(o.state->size()));
+    *exp_avg_scale = o.state->exp_avg_scale(subgroup);
+    *exp_avg_sq_scale = o.state->exp_avg_sq_scale(subgroup);
+    *blocks = o.state->quantized() ? tide::kernels::quant_blocks(o.state->params(subgroup)) : 0;
   });
 }
 

@@ -128,7 +128,6 @@ struct Executor::Phase {
   const bool low = state.low_precision_params();
   const unsigned gs = state.grad_bytes();
   const unsigned ps = state.param_bytes();
-  const unsigned sb = state.state_bytes();  // per parameter: fp32 master and both moments
 
   std::shared_ptr<Wakeup> wakeup = std::make_shared<Wakeup>();
   std::unique_ptr<CpuWorker> worker;
@@ -171,6 +170,9 @@ std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
   sub.count = state.params(s);
   sub.grad_dtype = state.options().grad_dtype;
   sub.state_dtype = state.options().state_dtype;
+  sub.state_format = state.options().state_format;
+  sub.exp_avg_scale = state.exp_avg_scale(s);
+  sub.exp_avg_sq_scale = state.exp_avg_sq_scale(s);
   sub.copy_dtype = low ? state.options().param_dtype : kernels::Dtype::kBFloat16;
   kernels::CpuAdamOptions options{.threads = x.options_.cpu_threads};
   if (x.options_.cpu_isa) {
@@ -256,7 +258,7 @@ void Executor::Phase::set_up_gpu() {
   staging = x.needs_staging(gradients_on_gpu);
   auto bytes_of = [&](std::size_t s) {
     const std::uint64_t n = state.params(s);
-    std::uint64_t b = sb * n;
+    std::uint64_t b = state.slot_bytes(s);
     if (!gradients_on_gpu) b += n * gs;
     if (staging) b += n * ps;
     return b;
@@ -311,13 +313,14 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
     // The buffers have no room for it (prepare() routes every planned GPU subgroup's gradient).
     throw std::logic_error("tide: executor: a GPU subgroup's kept gradient is missing");
   }
-  t.grad = t.grad_copied ? base + sb * largest : kept;
+  const std::uint64_t slot = state.slot_bytes_for(largest);
+  t.grad = t.grad_copied ? base + slot : kept;
   if (!low) {
     t.weights = base;  // fp32: the updated master weights themselves
   } else if (!staging) {
     t.weights = t.grad;  // over the gradient the kernel has just read
   } else {
-    t.weights = base + sb * largest + (gradients_on_gpu ? 0 : largest * gs);
+    t.weights = base + slot + (gradients_on_gpu ? 0 : largest * gs);
   }
   t.events = events.size();
   for (int k = 0; k < kStages; ++k) events.emplace_back(driver::Event::Timing::kEnabled);
@@ -369,20 +372,26 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   kernels::AdamGpuSubgroup sub;
   sub.grad = t.grad;
   sub.param = base;
-  sub.exp_avg = base + 4 * n;  // the host slot's layout (scheduler/optimizer_state.h)
-  sub.exp_avg_sq = base + (4 + state.moment_bytes()) * n;
+  // The host slot's layout (scheduler/optimizer_state.h).
+  sub.exp_avg = base + state.moment_offset(n, 0);
+  sub.exp_avg_sq = base + state.moment_offset(n, 1);
+  if (state.quantized()) {
+    sub.exp_avg_scale = base + state.scale_offset(n, 0);
+    sub.exp_avg_sq_scale = base + state.scale_offset(n, 1);
+  }
   sub.param_copy = low ? t.weights : 0;
   sub.count = n;
   kernels::AdamGpuDtypes dtypes;
   dtypes.grad = state.options().grad_dtype;
   dtypes.state = state.options().state_dtype;
+  dtypes.state_format = state.options().state_format;
   dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
   x.adam_->step({&sub, 1}, dtypes, hyper, counters.get() + 8 * t.position, *x.compute_);
   ev[kUpdateEnd].record(*x.compute_);
 
   x.d2h_->wait(ev[kUpdateEnd]);
   ev[kD2hStart].record(*x.d2h_);
-  driver::copy_to_host_async(t.slot, base, sb * n, *x.d2h_);
+  driver::copy_to_host_async(t.slot, base, state.slot_bytes(s), *x.d2h_);
   driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
                              *x.d2h_);
   ev[kD2hEnd].record(*x.d2h_);
@@ -724,7 +733,8 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   report.devices.assign(state_.size(), Device::cpu);
   report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
   std::vector<char> frozen_state;
-  save_frozen(frozen_state);
+  FrozenQ8Blocks frozen_blocks;
+  save_frozen(frozen_state, frozen_blocks);
   ready_ = false;
   prepared_.reset();
   const bool gradients_on_gpu = prepared && !resident_.empty();
@@ -735,7 +745,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   Phase phase(*this, hyper, report, gradients_on_gpu);
   phase.run();
   report.seconds = seconds_since(start);
-  restore_frozen(frozen_state);
+  restore_frozen(frozen_state, frozen_blocks);
 
   // What ran, under the model (the fallback subgroups among the CPU's).
   Workload w;

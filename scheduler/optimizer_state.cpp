@@ -28,9 +28,11 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
   require(!specs_.empty(), "no subgroups");
   require(known(options_.grad_dtype), "unknown gradient dtype");
   require(known(options_.param_dtype), "unknown parameter dtype");
-  require(options_.state_dtype == kernels::Dtype::kFloat32 ||
+  require(quantized() || options_.state_dtype == kernels::Dtype::kFloat32 ||
               options_.state_dtype == kernels::Dtype::kBFloat16,
           "the moments' dtype must be float32 or bfloat16");
+  require(quantized() || options_.state_format == kernels::StateFormat::kDtype,
+          "unknown state format");
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     SubgroupSpec& s = specs_[i];
     const std::string which = "subgroup " + std::to_string(i);
@@ -57,7 +59,7 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       const std::uint64_t n = specs_[i].params;
       Buffers& b = buffers_[i];
-      b.state = arena_->allocate(slot_bytes(i));
+      b.state = arena_->allocate(slot_bytes(i), slot_alignment());
       std::memset(b.state, 0, slot_bytes(i));
       b.grad = arena_->allocate(n * grad_bytes());
       std::memset(b.grad, 0, n * grad_bytes());
@@ -77,7 +79,7 @@ OptimizerState::~OptimizerState() {
     static_cast<void>(arena_.release());  // its chunks stay registered and mapped
     return;
   }
-  for (const auto& [n, slot] : spares_) arena_->deallocate(slot, state_bytes() * n);
+  for (const auto& [n, slot] : spares_) arena_->deallocate(slot, slot_bytes_for(n));
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     const std::uint64_t n = specs_[i].params;
     arena_->deallocate(buffers_[i].state, slot_bytes(i));
@@ -93,6 +95,30 @@ std::vector<std::uint64_t> OptimizerState::sizes() const {
   return out;
 }
 
+namespace {
+std::uint64_t block_aligned(std::uint64_t bytes) {
+  return (bytes + kernels::kQuantBlock - 1) / kernels::kQuantBlock * kernels::kQuantBlock;
+}
+}  // namespace
+
+std::uint64_t OptimizerState::moment_offset(std::uint64_t n, unsigned which) const {
+  if (!quantized()) return (4 + which * moment_bytes()) * n;
+  return block_aligned(4 * n) + which * block_aligned(n);
+}
+
+std::uint64_t OptimizerState::scale_offset(std::uint64_t n, unsigned which) const {
+  return moment_offset(n, 1) + block_aligned(n) + 4 * which * kernels::quant_blocks(n);
+}
+
+std::uint64_t OptimizerState::slot_bytes_for(std::uint64_t n) const {
+  return quantized() ? scale_offset(n, 2) : state_bytes() * n;
+}
+
+// 0: the arena's default. The codes of 8-bit moments start at kQuantBlock-byte boundaries.
+std::size_t OptimizerState::slot_alignment() const {
+  return quantized() ? kernels::kQuantBlock : 0;
+}
+
 bool OptimizerState::contiguous(std::size_t i) const { return spec(i).slices.size() == 1; }
 
 float* OptimizerState::take_spare(std::size_t i) {
@@ -104,7 +130,7 @@ float* OptimizerState::take_spare(std::size_t i) {
       return slot;
     }
   }
-  return static_cast<float*>(arena_->allocate(slot_bytes(i)));
+  return static_cast<float*>(arena_->allocate(slot_bytes(i), slot_alignment()));
 }
 
 void OptimizerState::give_spare(std::size_t i, float* slot) {

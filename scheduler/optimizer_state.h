@@ -9,6 +9,14 @@
 // precision, the host copy of the updated weights that CPU updates upload (n elements of the
 // parameter dtype).
 //
+// 8-bit moments (StateOptions::state_format kBlockQ8, kernels/quant8.h): the slot holds param
+// (fp32, 4n bytes), then the codes of exp_avg (n bytes) and of exp_avg_sq (n bytes), each
+// starting at a kQuantBlock-byte boundary of the slot (the kernels need it; the slot itself is
+// kQuantBlock-aligned, on the host and in a GPU buffer), then quant_blocks(n) fp32 scales of each
+// moment: 6n bytes and a few of padding and scales. Every subgroup quantizes its own elements in
+// blocks from its element 0, so no block straddles two subgroups; only a subgroup's last block
+// may be partial (the layout's subgroup cuts need not be multiples of kQuantBlock).
+//
 // State slots and spares. A GPU update must not copy its result over the state it started from:
 // a copy that fails half way, or a device lost with the copy still queued, would leave a state
 // that is neither the old one nor the new one. So the executor copies a GPU subgroup's result
@@ -30,6 +38,7 @@
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/quant8.h"
 
 namespace tide::allocator::pinned {
 class PinnedArena;
@@ -55,6 +64,8 @@ struct StateOptions {
   // Of the moments (exp_avg, exp_avg_sq): kFloat32, or kBFloat16 (rounded to nearest even after
   // every update, by every kernel alike). The master weights are fp32 either way.
   kernels::Dtype state_dtype = kernels::Dtype::kFloat32;
+  // kBlockQ8: 8-bit block-wise moments (state_dtype is then ignored).
+  kernels::StateFormat state_format = kernels::StateFormat::kDtype;
 };
 
 class OptimizerState {
@@ -73,15 +84,26 @@ class OptimizerState {
   const StateOptions& options() const { return options_; }
 
   // Subgroup i's state slot (see above: valid until the next commit); the moments are of
-  // options().state_dtype.
+  // options().state_dtype, or 8-bit codes with their block scales (quantized()).
   float* param(std::size_t i) const { return static_cast<float*>(buffers_.at(i).state); }
-  void* exp_avg(std::size_t i) const { return moment(i, 0); }
-  void* exp_avg_sq(std::size_t i) const { return moment(i, 1); }
-  // Bytes of one parameter's state (fp32 master and both moments): 12, or 8 with bf16 moments;
-  // a state slot of subgroup i holds state_bytes() * params(i).
+  void* exp_avg(std::size_t i) const { return at(i, moment_offset(params(i), 0)); }
+  void* exp_avg_sq(std::size_t i) const { return at(i, moment_offset(params(i), 1)); }
+  // Null unless quantized(): quant_blocks(params(i)) fp32 scales of each moment.
+  float* exp_avg_scale(std::size_t i) const { return scale(i, 0); }
+  float* exp_avg_sq_scale(std::size_t i) const { return scale(i, 1); }
+  bool quantized() const { return options_.state_format == kernels::StateFormat::kBlockQ8; }
+  // Bytes of one parameter's state (fp32 master and both moments): 12, 8 with bf16 moments, 6
+  // with 8-bit moments (whose scales and padding the slot adds: slot_bytes_for).
   unsigned state_bytes() const { return 4 + 2 * moment_bytes(); }
-  unsigned moment_bytes() const { return kernels::dtype_size(options_.state_dtype); }
-  std::uint64_t slot_bytes(std::size_t i) const { return state_bytes() * params(i); }
+  unsigned moment_bytes() const {
+    return quantized() ? 1u : kernels::dtype_size(options_.state_dtype);
+  }
+  // The bytes of a state slot for n parameters, and where in it each moment (0: exp_avg,
+  // 1: exp_avg_sq) and, quantized, its scales start (see above).
+  std::uint64_t slot_bytes_for(std::uint64_t n) const;
+  std::uint64_t moment_offset(std::uint64_t n, unsigned which) const;
+  std::uint64_t scale_offset(std::uint64_t n, unsigned which) const;
+  std::uint64_t slot_bytes(std::size_t i) const { return slot_bytes_for(params(i)); }
   void* grad(std::size_t i) const { return buffers_.at(i).grad; }
   // Null when the model's parameters are fp32 (param() itself is uploaded).
   void* weight_copy(std::size_t i) const { return buffers_.at(i).copy; }
@@ -109,9 +131,13 @@ class OptimizerState {
   void abandon() { abandoned_ = true; }
 
  private:
-  void* moment(std::size_t i, unsigned which) const {
-    return static_cast<char*>(buffers_.at(i).state) + (4 + which * moment_bytes()) * params(i);
+  void* at(std::size_t i, std::uint64_t offset) const {
+    return static_cast<char*>(buffers_.at(i).state) + offset;
   }
+  float* scale(std::size_t i, unsigned which) const {
+    return quantized() ? static_cast<float*>(at(i, scale_offset(params(i), which))) : nullptr;
+  }
+  std::size_t slot_alignment() const;
 
   struct Buffers {
     void* state = nullptr;

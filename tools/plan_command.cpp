@@ -45,10 +45,11 @@ workload:
   --gradients gpu|host     where GPU subgroups' gradients are: kept on the GPU (default; memory)
                            or in pinned host memory (copied in with the state)
   --gradient-bytes N       bytes per gradient element (default 2, bf16)
-  --state-dtype float32|bfloat16
+  --state-dtype float32|bfloat16|q8
                            the moments' dtype: float32 (default; 12 state bytes per parameter:
-                           fp32 p, m, v) or bfloat16 (8: fp32 p, bf16 m, v); the update rates,
-                           measured with fp32 state, scale with the bytes an update moves
+                           fp32 p, m, v), bfloat16 (8: fp32 p, bf16 m, v) or q8 (6: fp32 p,
+                           8-bit block-wise m, v); the update rates, measured with fp32 state,
+                           scale with the bytes an update moves
   --state-bytes N          optimizer state bytes per parameter, instead of --state-dtype's
   --max-buffers N          at most N GPU buffers in flight (default: as many as fit and help)
 
@@ -346,8 +347,11 @@ int plan_command(int argc, char** argv) {
         static_cast<std::uint32_t>(config::parse_int("--gradient-bytes", *v, 0, 64));
   }
   if (auto v = args.get("--state-dtype")) {
+    // fp32 master weights and two moments of 4, 2 or 1 bytes (q8's block scales, 8 bytes per
+    // 256 parameters, are left out of the integer count).
+    constexpr std::uint32_t kStateBytes[] = {12, 8, 6};
     workload.footprint.state_bytes_per_param =
-        config::parse_choice("--state-dtype", *v, {"float32", "bfloat16"}) == 0 ? 12 : 8;
+        kStateBytes[config::parse_choice("--state-dtype", *v, {"float32", "bfloat16", "q8"})];
   }
   if (auto v = args.get("--state-bytes")) {
     workload.footprint.state_bytes_per_param =

@@ -154,6 +154,12 @@ TIDE_API tide_status tide_node_pinned_stats(tide_node_pinned* stats);
 /* Element types of optimizer buffers. */
 typedef enum tide_dtype { TIDE_FLOAT32 = 0, TIDE_BFLOAT16 = 1, TIDE_FLOAT16 = 2 } tide_dtype;
 
+/* tide_optimizer_options.state_dtype for 8-bit block-wise moments (not a tide_dtype of any other
+ * buffer): exp_avg as signed and exp_avg_sq as unsigned dynamic-tree codes, one byte per element,
+ * with one fp32 scale per TIDE_QUANT_BLOCK elements of each (Dettmers et al. 2022). */
+#define TIDE_STATE_BLOCK_Q8 16
+#define TIDE_QUANT_BLOCK 256
+
 /* Instruction sets of the CPU kernels. */
 typedef enum tide_cpu_isa {
   TIDE_CPU_ISA_AUTO = 0, /* the widest this CPU supports */
@@ -226,6 +232,15 @@ TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
                                         const tide_adam_hyper* hyper,
                                         const tide_cpu_options* options, tide_adam_result* result);
 
+/* The same step with 8-bit moments (subgroup->state_dtype TIDE_STATE_BLOCK_Q8): exp_avg and
+ * exp_avg_sq are `count` uint8 codes each, at a TIDE_QUANT_BLOCK-byte boundary, and these their
+ * ceil(count / TIDE_QUANT_BLOCK) fp32 block scales (tide_optimizer_q8_scales says how to read
+ * them). */
+TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, float* exp_avg_scale,
+                                           float* exp_avg_sq_scale, const tide_adam_hyper* hyper,
+                                           const tide_cpu_options* options,
+                                           tide_adam_result* result);
+
 /* The number of NaN and infinite values among `count` values of `dtype` (a loss scaler's
  * check, e.g. of each subgroup's gradients as they arrive). */
 TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype, uint64_t count,
@@ -236,6 +251,15 @@ TIDE_API tide_status tide_cpu_cast(const float* src, void* dst, int32_t dst_dtyp
                                    const tide_cpu_options* options);
 
 TIDE_API tide_status tide_cpu_kernels_info(tide_cpu_info* info);
+
+/* The code maps of 8-bit moments (TIDE_STATE_BLOCK_Q8; kernels/quant8.h): exp_avg's 128
+ * magnitudes (code & 127; bit 7 is the sign) and the 127 fp32 midpoints between them, exp_avg_sq's
+ * 256 values and 255 midpoints, each sorted. A value y (normalized by its block's scale) gets the
+ * number of midpoints strictly below it as its code. Static storage; any output may be NULL. */
+TIDE_API tide_status tide_q8_code_maps(const float** exp_avg_magnitudes,
+                                       const float** exp_avg_midpoints,
+                                       const float** exp_avg_sq_values,
+                                       const float** exp_avg_sq_midpoints);
 
 /* ---- device caching allocator ---- */
 /* tide's device caching allocator (allocator/caching_allocator.h): one per device, created on
@@ -500,8 +524,10 @@ typedef struct tide_optimizer_options {
                           has TIDE_CPU_THREADS, default: the CPUs this process may run on) */
   int32_t state_dtype; /* tide_dtype of the moments (exp_avg, exp_avg_sq): TIDE_FLOAT32 (default)
                           or TIDE_BFLOAT16 (rounded to nearest even at every update; a GPU
-                          subgroup then copies 8 instead of 12 bytes per parameter each way).
-                          The master weights are fp32 either way. */
+                          subgroup then copies 8 instead of 12 bytes per parameter each way),
+                          or TIDE_STATE_BLOCK_Q8 (8-bit codes and block scales: 6 bytes and the
+                          scales; see tide_optimizer_q8_scales). The master weights are fp32
+                          either way. */
 } tide_optimizer_options;
 
 TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options);
@@ -520,7 +546,8 @@ TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer);
  * tide_optimizer_step; the gradient buffer never moves. */
 typedef struct tide_subgroup_buffers {
   float* param;     /* fp32 master weights */
-  void* exp_avg;    /* the options' state_dtype: fp32, or bf16 (uint16_t bit patterns) */
+  void* exp_avg;    /* the options' state_dtype: fp32, bf16 (uint16_t bit patterns), or
+                       TIDE_STATE_BLOCK_Q8's uint8_t codes (at a TIDE_QUANT_BLOCK-byte boundary) */
   void* exp_avg_sq; /* the same */
   void* grad;       /* grad_dtype: where offloaded gradients land */
   uint64_t count;
@@ -528,6 +555,15 @@ typedef struct tide_subgroup_buffers {
 
 TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t subgroup,
                                             tide_subgroup_buffers* buffers);
+
+/* With state_dtype TIDE_STATE_BLOCK_Q8: the fp32 scales of a subgroup's moments, one per block
+ * of TIDE_QUANT_BLOCK elements counted from the subgroup's element 0 (*blocks of each; the last
+ * block may be partial). Element e of exp_avg is kQ8SignedMagnitudes[code & 127] * scale, negated
+ * when code & 128, and of exp_avg_sq kQ8UnsignedValues[code] * scale (kernels/quant8_maps.h).
+ * Valid as long as tide_optimizer_buffers' pointers. Other state dtypes: NULL and 0 blocks. */
+TIDE_API tide_status tide_optimizer_q8_scales(tide_optimizer* optimizer, size_t subgroup,
+                                              float** exp_avg_scale, float** exp_avg_sq_scale,
+                                              uint64_t* blocks);
 
 /* Copies `count` gradient elements (`dtype`, the optimizer's grad_dtype) at device pointer `src`,
  * produced on `stream` (a CUstream; NULL: the legacy default stream), into elements

@@ -209,7 +209,7 @@ __device__ void adam_q8_subgroup(const AdamCoefficients& t, const AdamKernelSubg
       if (e >= k) continue;
       m[e] = q8_exp_avg_value<DeviceMath>(cm[e], scale_m);
       v[e] = q8_exp_avg_sq_value<DeviceMath>(cv[e], scale_v);
-      rejected += adam_element<DeviceMath>(t, g[e], p[e], m[e], v[e]) ? 0u : 1u;
+      rejected += adam_element<DeviceMath, true>(t, g[e], p[e], m[e], v[e]) ? 0u : 1u;
       const float am = m[e] < 0.0f ? -m[e] : m[e];
       const float av = v[e] < 0.0f ? -v[e] : v[e];
       absmax_m = am > absmax_m ? am : absmax_m;

@@ -24,6 +24,7 @@ from typing import Any
 from tide import _lib
 
 FLOAT32, BFLOAT16, FLOAT16 = 0, 1, 2
+STATE_BLOCK_Q8 = 16  # TIDE_STATE_BLOCK_Q8: 8-bit block-wise moments (uint8 codes, fp32 scales)
 ISA_AUTO, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2, 3
 ISA_NAMES = {ISA_SCALAR: "scalar", ISA_AVX2: "avx2", ISA_AVX512: "avx512"}
 _ISA_BY_NAME = {"auto": ISA_AUTO, **{name: isa for isa, name in ISA_NAMES.items()}}
@@ -101,6 +102,15 @@ def _cdll() -> ctypes.CDLL:
                 ctypes.POINTER(CpuOptions),
                 ctypes.POINTER(AdamResult),
             ]
+            cdll.tide_cpu_adam_step_q8.restype = status
+            cdll.tide_cpu_adam_step_q8.argtypes = [
+                ctypes.POINTER(AdamSubgroup),
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.POINTER(AdamHyper),
+                ctypes.POINTER(CpuOptions),
+                ctypes.POINTER(AdamResult),
+            ]
             cdll.tide_cpu_count_nonfinite.restype = status
             cdll.tide_cpu_count_nonfinite.argtypes = [
                 ctypes.c_void_p,
@@ -173,11 +183,15 @@ def cpu_adam_step(
     threads: int = 0,
     isa: str = "auto",
     skip_subgroup_on_nonfinite: bool = False,
+    exp_avg_scale: Any = None,
+    exp_avg_sq_scale: Any = None,
 ) -> StepResult:
     """One Adam/AdamW step, in place, over one flat subgroup.
 
     param: float32 master weights. grad: float32, bfloat16 or float16. exp_avg, exp_avg_sq:
-    float32 or bfloat16 (both the same). param_copy: optional bfloat16/float16 output, written
+    float32 or bfloat16 (both the same), or uint8 codes of 8-bit moments (kernels/quant8.h; the
+    tensors' storage at a 256-byte boundary) with their fp32 block scales in exp_avg_scale and
+    exp_avg_sq_scale, one per 256 elements. param_copy: optional bfloat16/float16 output, written
     with the updated weights in the same pass. grad_scale: the loss scale the gradients carry
     (they are multiplied by 1/grad_scale). threads: 0 for the pool's (TIDE_CPU_THREADS).
     """
@@ -186,7 +200,16 @@ def cpu_adam_step(
     for name, tensor in (("param", param), ("grad", grad), ("exp_avg", exp_avg),
                          ("exp_avg_sq", exp_avg_sq)):
         _check_buffer(tensor, count, name)
-    state_dtype = _dtype_of(exp_avg, (FLOAT32, BFLOAT16), "exp_avg")
+    q8 = str(exp_avg.dtype) == "torch.uint8"
+    state_dtype = STATE_BLOCK_Q8 if q8 else _dtype_of(exp_avg, (FLOAT32, BFLOAT16), "exp_avg")
+    if q8:
+        blocks = -(-count // 256)
+        for name, tensor in (("exp_avg_scale", exp_avg_scale),
+                             ("exp_avg_sq_scale", exp_avg_sq_scale)):
+            if tensor is None:
+                raise TypeError(f"uint8 (8-bit) moments need {name}")
+            _dtype_of(tensor, (FLOAT32,), name)
+            _check_buffer(tensor, blocks, name)
     if exp_avg_sq.dtype != exp_avg.dtype:
         raise TypeError("exp_avg and exp_avg_sq must have the same dtype")
     subgroup = AdamSubgroup(
@@ -217,12 +240,17 @@ def cpu_adam_step(
     )
     options = _options(threads, isa, skip_subgroup_on_nonfinite)
     result = AdamResult()
-    _lib.check(
-        _cdll().tide_cpu_adam_step(
-            ctypes.byref(subgroup), ctypes.byref(hyper), ctypes.byref(options),
-            ctypes.byref(result)
+    if q8:
+        _lib.check(_cdll().tide_cpu_adam_step_q8(
+            ctypes.byref(subgroup), exp_avg_scale.data_ptr(), exp_avg_sq_scale.data_ptr(),
+            ctypes.byref(hyper), ctypes.byref(options), ctypes.byref(result)))
+    else:
+        _lib.check(
+            _cdll().tide_cpu_adam_step(
+                ctypes.byref(subgroup), ctypes.byref(hyper), ctypes.byref(options),
+                ctypes.byref(result)
+            )
         )
-    )
     return StepResult(nonfinite=result.nonfinite, applied=bool(result.applied))
 
 

@@ -308,7 +308,7 @@ ReferenceBlock reference_q8_step(const AdamHyper& h, const Q8Subgroup& s, std::s
     const double g = s.grad.get(i), p = s.param.get(i);
     const double m = dequantize_m(s.cm.data()[i], scale_m);
     const double v = dequantize_v(s.cv.data()[i], scale_v);
-    const Values out = reference_step(h, g, p, m, v);
+    const Values out = reference_step(h, g, p, m, v, adam_coefficients(h).m_bound);
     const bool rejected = r.corrupt || !std::isfinite(g);
     r.rejected.push_back(rejected);
     r.p.push_back(rejected ? p : out.p);
@@ -636,6 +636,60 @@ TEST(AdamQ8ValidationTest, RefusesSubgroupsThatDoNotStartOnABlock) {
   v = s.view();
   v.state_dtype = Dtype::kFloat16;
   EXPECT_NO_THROW(validate(v));
+}
+
+}  // namespace
+}  // namespace tide::kernels::testing
+
+namespace tide::kernels::testing {
+namespace {
+
+// A block whose exp_avg_sq codes are 0 (below the map's resolution under the block's scale)
+// while its exp_avg codes are not: unclamped, the update would be lr·m/ε (here ~1e4 for
+// weights of 1). Clamped to ±m_bound·√v (kernels/adam_math.h) it stays within lr·C·√bc2/bc1,
+// and an element with neither gradient nor second moment does not move at all. Every CPU
+// variant and the kernel's source alike.
+TEST(AdamQ8Guard, AnUnderflowedSecondMomentKeepsTheUpdateBounded) {
+  AdamHyper h;  // lr 1e-3, β (0.9, 0.999), ε 1e-8, no weight decay
+  h.step = 10;
+  const AdamCoefficients c = adam_coefficients(h);
+  const double bc1 = 1 - std::pow(h.beta1, 10.0), bc2 = 1 - std::pow(h.beta2, 10.0);
+  const double most = h.lr * c.m_bound * std::sqrt(bc2) / bc1;
+  const Q8Layout layout{Dtype::kFloat32, std::nullopt};
+  auto make = [&] {
+    auto s = std::make_unique<Q8Subgroup>(2 * kB, layout, 0);
+    for (std::size_t i = 0; i < 2 * kB; ++i) {
+      // Even elements: no gradient; odd: a tiny one (its v is then (1 − β2)·g², tiny too).
+      s->grad.set(i, i % 2 == 0 ? 0.0f : 1e-6f);
+      s->param.set(i, 1.0f);
+      s->cm.data()[i] = 127;  // exp_avg = +scale: the block's maximum
+      s->cv.data()[i] = i < kB ? 0 : 255;
+    }
+    s->sm = {0.1f, 0.1f};
+    s->sv = {1e-2f, 1e-2f};
+    return s;
+  };
+  auto check = [&](Q8Subgroup& s, const std::string& what) {
+    SCOPED_TRACE(what);
+    for (std::size_t i = 0; i < kB; ++i) {
+      const double moved = std::fabs(double{s.param.get(i)} - 1.0);
+      if (i % 2 == 0) {
+        EXPECT_EQ(s.param.get(i), 1.0f) << "element " << i;
+      } else {
+        EXPECT_LE(moved, most * (1 + 1e-6)) << "element " << i;
+      }
+    }
+    // The block with a representable second moment updates as Adam does (m ≪ C·√v).
+    for (std::size_t i = kB; i < 2 * kB; ++i) EXPECT_LT(s.param.get(i), 1.0f);
+  };
+  for (CpuIsa isa : supported_isas()) {
+    auto s = make();
+    run_cpu(*s, h, isa, 1);
+    check(*s, std::string(isa_name(isa)));
+  }
+  auto k = make();
+  run_kernel({k.get()}, layout, h, 1, 32);
+  check(*k, "kernel source");
 }
 
 }  // namespace

@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -226,7 +228,9 @@ struct Values {
 
 // The float64 reference: the textbook Adam/AdamW step (as torch.optim documents it), with no
 // fp32 rounding anywhere.
-inline Values reference_step(const AdamHyper& h, double g, double p, double m, double v) {
+// `m_bound`: 8-bit moments' clamp of the numerator's m to ±m_bound·√v (kernels/adam_math.h).
+inline Values reference_step(const AdamHyper& h, double g, double p, double m, double v,
+                             double m_bound = std::numeric_limits<double>::infinity()) {
   g /= h.grad_scale;
   if (h.maximize) g = -g;
   if (h.weight_decay != 0) {
@@ -241,7 +245,9 @@ inline Values reference_step(const AdamHyper& h, double g, double p, double m, d
   const auto t = static_cast<double>(h.step);
   const double bc1 = 1 - std::pow(h.beta1, t);
   const double bc2 = 1 - std::pow(h.beta2, t);
-  p -= h.lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + h.eps);
+  const double limit = std::isinf(m_bound) ? m_bound : m_bound * std::sqrt(v);
+  const double numerator = std::clamp(m, -limit, limit);
+  p -= h.lr / bc1 * numerator / (std::sqrt(v) / std::sqrt(bc2) + h.eps);
   return {p, m, v};
 }
 

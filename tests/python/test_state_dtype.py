@@ -71,6 +71,16 @@ def adamw_float64_bf16_moments(p, g, m, v, step):
     return p, m, v
 
 
+def starting_state(params, opt, step):
+    """(weights, exp_avg, exp_avg_sq) of each parameter before `step`, as the state dict shows
+    them (zero moments before the first)."""
+    before = opt.state_dict()["state"] if step > 1 else {}
+    return [(p.detach().cpu().clone(),
+             before[i]["exp_avg"] if before else torch.zeros(p.shape),
+             before[i]["exp_avg_sq"] if before else torch.zeros(p.shape))
+            for i, p in enumerate(params)]
+
+
 def bf16_roundings(x):
     """The bf16 values a correct fp32 computation of float64 `x` may round to: x moved by a few
     fp32 roundings either way, then rounded (to fp32, then to bf16, as tide's kernels do)."""
@@ -85,12 +95,12 @@ def bf16_roundings(x):
 def test_bad_state_dtypes_are_refused(monkeypatch):
     monkeypatch.delenv("TIDE_STATE_DTYPE", raising=False)
     for bad in (torch.float16, torch.float64, "bfloat16", torch.int8):
-        with pytest.raises(ValueError, match="state_dtype must be torch.float32 or "
-                                             "torch.bfloat16"):
+        with pytest.raises(ValueError, match="state_dtype must be torch.float32, "
+                                             "torch.bfloat16 or"):
             make_opt(make_params(), state_dtype=bad)
     for bad in ("bf16", "BFLOAT16", "float16", " float32"):
         monkeypatch.setenv("TIDE_STATE_DTYPE", bad)
-        with pytest.raises(ValueError, match="TIDE_STATE_DTYPE.*float32 or bfloat16"):
+        with pytest.raises(ValueError, match="TIDE_STATE_DTYPE.*float32, bfloat16 or q8"):
             tt.AdamW(make_params(), subgroup_size=SUBGROUP)
 
 
@@ -121,11 +131,7 @@ def test_each_step_is_the_float64_reference_with_moments_rounded_to_bf16(placeme
     opt = make_opt(params, placement)
     flips = total = 0
     for step in range(1, 7):
-        before = opt.state_dict()["state"] if step > 1 else {}
-        start = [(p.detach().cpu().clone(),
-                  before[i]["exp_avg"] if before else torch.zeros(p.shape),
-                  before[i]["exp_avg_sq"] if before else torch.zeros(p.shape))
-                 for i, p in enumerate(params)]
+        start = starting_state(params, opt, step)
         step_with(params, opt, [step])
         after = opt.state_dict()["state"]
         for i, (p, g) in enumerate(zip(params, gradients(step))):
@@ -157,11 +163,13 @@ def test_each_step_is_the_float64_reference_with_moments_rounded_to_bf16(placeme
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_subgroups_equal_the_cpu_path_bit_for_bit(dtype):
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, "q8"], ids=["bf16_moments", "q8"])
+def test_gpu_subgroups_equal_the_cpu_path_bit_for_bit(dtype, state_dtype):
+    """(8-bit moments, state_dtype="q8": the state dict's exact codes and scales too.)"""
     results = {}
     for placement in ("cpu", "gpu", 2, "auto"):
         params = make_params(dtype)
-        opt = make_opt(params, placement)
+        opt = make_opt(params, placement, state_dtype=state_dtype)
         step_with(params, opt, range(1, 5))
         if placement == "gpu":
             assert opt.last_plan["cpu_subgroups"] == 0

@@ -221,6 +221,14 @@ def test_with_bf16_moments_a_step_completes_exactly_or_not_at_all(standin, place
     completes_exactly_or_not_at_all(standin, placement, torch.bfloat16, torch.bfloat16)
 
 
+# 8-bit moments: the state dict holds their exact codes and scales (besides the dequantized fp32
+# moments), so the comparisons are bit for bit over the quantized state too; a frozen parameter
+# ("extra" at step 2) shares quantization blocks with its neighbours (FrozenQ8Blocks).
+@pytest.mark.parametrize("placement", ["cpu", "gpu", 2])
+def test_with_8bit_moments_a_step_completes_exactly_or_not_at_all(standin, placement):
+    completes_exactly_or_not_at_all(standin, placement, torch.bfloat16, "q8")
+
+
 def completes_exactly_or_not_at_all(standin, placement, dtype, state_dtype):
     expected_before, expected_after, expected_final, (copies, allocations, calls) = fault_free(
         dtype, placement, standin, state_dtype)

@@ -11,12 +11,15 @@
 namespace tide::scheduler::testing {
 namespace {
 
-// `state_dtype`: the moments' (TIDE_FLOAT32 or TIDE_BFLOAT16).
+// `state_dtype`: the moments' (TIDE_FLOAT32, TIDE_BFLOAT16, or TIDE_STATE_BLOCK_Q8: 8-bit codes,
+// whose scales come from tide_optimizer_q8_scales).
 void step_through_the_c_abi(std::int32_t state_dtype) {
   driver::PrimaryContext context;
   const std::vector<std::uint64_t> sizes = {3000, 5000, 4096, 100};
+  const bool q8 = state_dtype == TIDE_STATE_BLOCK_Q8;
   // For its device buffers, gradients and initial values.
-  Model model(sizes, 0, 3, true, static_cast<Dtype>(state_dtype));
+  Model model(sizes, 0, 3, true, q8 ? Dtype::kFloat32 : static_cast<Dtype>(state_dtype),
+              q8 ? kernels::StateFormat::kBlockQ8 : kernels::StateFormat::kDtype);
   Reference ref(*model.state);
   const std::uint64_t mb = model.state->moment_bytes();
 
@@ -44,6 +47,16 @@ void step_through_the_c_abi(std::int32_t state_dtype) {
     std::memcpy(b.param, model.state->param(i), sizes[i] * 4);
     std::memcpy(b.exp_avg, model.state->exp_avg(i), sizes[i] * mb);
     std::memcpy(b.exp_avg_sq, model.state->exp_avg_sq(i), sizes[i] * mb);
+    float* sm = nullptr;
+    float* sv = nullptr;
+    std::uint64_t blocks = 1;
+    ASSERT_EQ(tide_optimizer_q8_scales(opt, i, &sm, &sv, &blocks), TIDE_OK);
+    ASSERT_EQ(blocks, q8 ? kernels::quant_blocks(sizes[i]) : 0u);
+    ASSERT_EQ(sm == nullptr, !q8);
+    if (q8) {
+      std::memcpy(sm, model.state->exp_avg_scale(i), blocks * 4);
+      std::memcpy(sv, model.state->exp_avg_sq_scale(i), blocks * 4);
+    }
   }
   auto grads = model.make_gradients(1);
   void* side = nullptr;
@@ -78,8 +91,16 @@ void step_through_the_c_abi(std::int32_t state_dtype) {
     tide_subgroup_buffers b;
     ASSERT_EQ(tide_optimizer_buffers(opt, i, &b), TIDE_OK);
     EXPECT_EQ(0, std::memcmp(b.param, ref.p[i].data(), sizes[i] * 4));
-    EXPECT_EQ(0, std::memcmp(b.exp_avg, ref.m[i].data(), sizes[i] * mb));
-    EXPECT_EQ(0, std::memcmp(b.exp_avg_sq, ref.v[i].data(), sizes[i] * mb));
+    EXPECT_EQ(0, std::memcmp(b.exp_avg, ref.m[i].data() + ref.skip_m[i], sizes[i] * mb));
+    EXPECT_EQ(0, std::memcmp(b.exp_avg_sq, ref.v[i].data() + ref.skip_v[i], sizes[i] * mb));
+    if (q8) {
+      float* sm = nullptr;
+      float* sv = nullptr;
+      std::uint64_t blocks = 0;
+      ASSERT_EQ(tide_optimizer_q8_scales(opt, i, &sm, &sv, &blocks), TIDE_OK);
+      EXPECT_EQ(0, std::memcmp(sm, ref.sm[i].data(), blocks * 4));
+      EXPECT_EQ(0, std::memcmp(sv, ref.sv[i].data(), blocks * 4));
+    }
     EXPECT_EQ(model.device_params(i), ref.copy[i]);
   }
   std::vector<uint8_t> device(sizes.size());
@@ -100,6 +121,10 @@ void step_through_the_c_abi(std::int32_t state_dtype) {
 TEST(ExecutorCapi, AStepThroughTheCAbiMatchesTheReference) { step_through_the_c_abi(TIDE_FLOAT32); }
 TEST(ExecutorCapi, AStepWithBf16MomentsThroughTheCAbiMatchesTheReference) {
   step_through_the_c_abi(TIDE_BFLOAT16);
+}
+
+TEST(ExecutorCapi, AStepWith8BitMomentsThroughTheCAbiMatchesTheReference) {
+  step_through_the_c_abi(TIDE_STATE_BLOCK_Q8);
 }
 
 TEST(ExecutorCapi, RejectsBadArguments) {

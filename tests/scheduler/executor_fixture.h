@@ -54,9 +54,10 @@ inline void set_moment(void* m, Dtype dtype, std::uint64_t e, float value) {
 // A model of `sizes` subgroups; subgroup i is split into `slices_of(i)` parameter tensors.
 struct Model {
   // `init` false: zero state (timing tests, where the values do not matter). `state_dtype`: the
-  // moments' dtype.
+  // moments' dtype; `format` kBlockQ8: 8-bit moments instead (codes and scales from the seed).
   Model(std::vector<std::uint64_t> sizes, std::size_t split_every = 0, std::size_t pieces = 3,
-        bool init = true, Dtype state_dtype = Dtype::kFloat32)
+        bool init = true, Dtype state_dtype = Dtype::kFloat32,
+        kernels::StateFormat format = kernels::StateFormat::kDtype)
       : sizes_(std::move(sizes)) {
     std::vector<SubgroupSpec> specs(sizes_.size());
     for (std::size_t i = 0; i < sizes_.size(); ++i) {
@@ -72,10 +73,22 @@ struct Model {
     }
     StateOptions options;
     options.state_dtype = state_dtype;
+    options.state_format = format;
     state = std::make_unique<OptimizerState>(std::move(specs), options);
     for (std::size_t i = 0; init && i < sizes_.size(); ++i) {
+      for (std::uint64_t b = 0; state->quantized() && b < kernels::quant_blocks(sizes_[i]); ++b) {
+        state->exp_avg_scale(i)[b] = std::abs(value_at(i + 300, b, 0.01f));
+        state->exp_avg_sq_scale(i)[b] = std::abs(value_at(i + 400, b, 0.001f));
+      }
       for (std::uint64_t e = 0; e < sizes_[i]; ++e) {
         state->param(i)[e] = value_at(i, e, 1.0f);
+        if (state->quantized()) {
+          static_cast<std::uint8_t*>(state->exp_avg(i))[e] =
+              static_cast<std::uint8_t>(value_at(i + 100, e, 127.0f) + 128.0f);
+          static_cast<std::uint8_t*>(state->exp_avg_sq(i))[e] =
+              static_cast<std::uint8_t>(value_at(i + 200, e, 127.0f) + 128.0f);
+          continue;
+        }
         set_moment(state->exp_avg(i), state_dtype, e, value_at(i + 100, e, 0.01f));
         set_moment(state->exp_avg_sq(i), state_dtype, e, std::abs(value_at(i + 200, e, 0.001f)));
       }
@@ -118,16 +131,29 @@ struct Model {
 };
 
 // The reference: the CPU kernel run directly, subgroup by subgroup, on host copies (the moments
-// as raw bytes of the state's dtype).
+// as raw bytes of the state's dtype; 8-bit moments' codes at a kQuantBlock-byte boundary of their
+// vectors, `skip` bytes in, and their scales).
 struct Reference {
-  explicit Reference(const OptimizerState& s) : state_dtype(s.options().state_dtype) {
+  explicit Reference(const OptimizerState& s)
+      : state_dtype(s.options().state_dtype), quantized(s.quantized()) {
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::uint64_t n = s.params(i);
       const auto* mb = static_cast<const char*>(s.exp_avg(i));
       const auto* vb = static_cast<const char*>(s.exp_avg_sq(i));
       p.emplace_back(s.param(i), s.param(i) + n);
-      m.emplace_back(mb, mb + n * s.moment_bytes());
-      v.emplace_back(vb, vb + n * s.moment_bytes());
+      const std::size_t pad = quantized ? kernels::kQuantBlock : 0;
+      for (auto [out, from] : {std::pair{&m, mb}, std::pair{&v, vb}}) {
+        std::vector<char>& bytes = out->emplace_back(n * s.moment_bytes() + pad);
+        const std::size_t skip =
+            pad == 0 ? 0 : (pad - reinterpret_cast<std::uintptr_t>(bytes.data()) % pad) % pad;
+        std::copy(from, from + n * s.moment_bytes(), bytes.data() + skip);
+        (out == &m ? skip_m : skip_v).push_back(skip);
+      }
+      if (quantized) {
+        const std::uint64_t blocks = kernels::quant_blocks(n);
+        sm.emplace_back(s.exp_avg_scale(i), s.exp_avg_scale(i) + blocks);
+        sv.emplace_back(s.exp_avg_sq_scale(i), s.exp_avg_sq_scale(i) + blocks);
+      }
       copy.emplace_back(n);
     }
   }
@@ -138,8 +164,13 @@ struct Reference {
       kernels::AdamSubgroup sub;
       sub.grad = grads[i].data();
       sub.param = p[i].data();
-      sub.exp_avg = m[i].data();
-      sub.exp_avg_sq = v[i].data();
+      sub.exp_avg = m[i].data() + skip_m[i];
+      sub.exp_avg_sq = v[i].data() + skip_v[i];
+      if (quantized) {
+        sub.state_format = kernels::StateFormat::kBlockQ8;
+        sub.exp_avg_scale = sm[i].data();
+        sub.exp_avg_sq_scale = sv[i].data();
+      }
       sub.param_copy = copy[i].data();
       sub.count = p[i].size();
       sub.grad_dtype = Dtype::kBFloat16;
@@ -149,8 +180,11 @@ struct Reference {
     return nonfinite;
   }
   Dtype state_dtype;
+  bool quantized;
   std::vector<std::vector<float>> p;
   std::vector<std::vector<char>> m, v;
+  std::vector<std::size_t> skip_m, skip_v;
+  std::vector<std::vector<float>> sm, sv;  // 8-bit moments' scales
   std::vector<std::vector<std::uint16_t>> copy;
 };
 
@@ -158,10 +192,18 @@ inline void expect_matches(const Model& model, const Reference& ref) {
   for (std::size_t i = 0; i < ref.p.size(); ++i) {
     const std::uint64_t n = ref.p[i].size();
     ASSERT_EQ(0, std::memcmp(model.state->param(i), ref.p[i].data(), n * 4)) << "param " << i;
-    ASSERT_EQ(0, std::memcmp(model.state->exp_avg(i), ref.m[i].data(), ref.m[i].size()))
+    const std::size_t bytes = n * model.state->moment_bytes();
+    ASSERT_EQ(0, std::memcmp(model.state->exp_avg(i), ref.m[i].data() + ref.skip_m[i], bytes))
         << "exp_avg " << i;
-    ASSERT_EQ(0, std::memcmp(model.state->exp_avg_sq(i), ref.v[i].data(), ref.v[i].size()))
+    ASSERT_EQ(0, std::memcmp(model.state->exp_avg_sq(i), ref.v[i].data() + ref.skip_v[i], bytes))
         << "exp_avg_sq " << i;
+    if (ref.quantized) {
+      const std::size_t blocks = ref.sm[i].size();
+      ASSERT_EQ(0, std::memcmp(model.state->exp_avg_scale(i), ref.sm[i].data(), 4 * blocks))
+          << "exp_avg scales " << i;
+      ASSERT_EQ(0, std::memcmp(model.state->exp_avg_sq_scale(i), ref.sv[i].data(), 4 * blocks))
+          << "exp_avg_sq scales " << i;
+    }
     ASSERT_EQ(model.device_params(i), ref.copy[i]) << "device weights " << i;
   }
 }

@@ -13,9 +13,11 @@ namespace {
 constexpr std::uint64_t kHeadroom = std::uint64_t{1} << 30;
 
 void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare,
-               Dtype state_dtype = Dtype::kFloat32) {
+               Dtype state_dtype = Dtype::kFloat32,
+               kernels::StateFormat format = kernels::StateFormat::kDtype) {
   driver::PrimaryContext context;
-  Model model({3000, 4096, 777, 10000, 1, 2048, 5000}, /*split_every=*/2, 3, true, state_dtype);
+  Model model({3000, 4096, 777, 10000, 1, 2048, 5000}, /*split_every=*/2, 3, true, state_dtype,
+              format);
   Reference ref(*model.state);
   ExecutorOptions options;
   options.rates = test_rates();
@@ -104,6 +106,52 @@ TEST(ExecutorNumerics, Bf16MomentsHalveTheMomentsBytes) {
   EXPECT_LT(pb.predicted.phase_s, pa.predicted.phase_s);
 }
 
+// 8-bit moments (codes at 256-byte boundaries of the slot, then the block scales; subgroups of
+// sizes that are not multiples of 256, so partial last blocks): GPU subgroups (tide_adam_step_q8's
+// own source on the stand-in) and the CPU path give the bits of the CPU kernel run directly.
+constexpr auto kQ8 = kernels::StateFormat::kBlockQ8;
+TEST(ExecutorNumerics, Q8MomentsAllCpu) {
+  run_steps(Policy::all_cpu(), false, false, Dtype::kFloat32, kQ8);
+}
+TEST(ExecutorNumerics, Q8MomentsAllGpu) {
+  run_steps(Policy::all_gpu(), false, false, Dtype::kFloat32, kQ8);
+}
+TEST(ExecutorNumerics, Q8MomentsInterleavedK2) {
+  run_steps(Policy::every(2), false, false, Dtype::kFloat32, kQ8);
+}
+TEST(ExecutorNumerics, Q8MomentsPlannedWithGradientsKeptOnGpu) {
+  run_steps(Policy::automatic_policy(), true, true, Dtype::kFloat32, kQ8);
+}
+
+// The 8-bit slot: fp32 weights, each moment's codes at a 256-byte boundary, the scales; the
+// footprint plans 6 state bytes per parameter.
+TEST(ExecutorNumerics, Q8MomentsSlotLayout) {
+  driver::PrimaryContext context;
+  Model q8({4096, 1000}, 0, 3, false, Dtype::kFloat32, kQ8);
+  const OptimizerState& s = *q8.state;
+  EXPECT_EQ(s.state_bytes(), 6u);
+  auto offset = [&](const void* p, std::size_t i) {
+    return static_cast<const char*>(p) - reinterpret_cast<const char*>(s.param(i));
+  };
+  EXPECT_EQ(offset(s.exp_avg(0), 0), 4 * 4096);
+  EXPECT_EQ(offset(s.exp_avg_sq(0), 0), 5 * 4096);
+  EXPECT_EQ(offset(s.exp_avg_scale(0), 0), 6 * 4096);
+  EXPECT_EQ(s.slot_bytes(0), 6u * 4096 + 2 * 4 * 16);
+  // 1000: 4000 bytes of weights padded to 4096, 1000 codes padded to 1024, 4 blocks.
+  EXPECT_EQ(offset(s.exp_avg(1), 1), 4096);
+  EXPECT_EQ(offset(s.exp_avg_sq(1), 1), 4096 + 1024);
+  EXPECT_EQ(offset(s.exp_avg_sq_scale(1), 1), 4096 + 2048 + 16);
+  EXPECT_EQ(s.slot_bytes(1), 4096u + 2048 + 32);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(s.exp_avg(i)) % 256, 0u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(s.exp_avg_sq(i)) % 256, 0u);
+  }
+  ExecutorOptions options;
+  options.rates = test_rates();
+  Executor x(*q8.state, options);
+  EXPECT_EQ(x.footprint(false).state_bytes_per_param, 6u);
+}
+
 TEST(ExecutorNumerics, StateDtypeMustBeFp32OrBf16) {
   driver::PrimaryContext context;
   std::vector<SubgroupSpec> specs(1);
@@ -170,6 +218,82 @@ TEST(ExecutorNumerics, GradientStatsMatchTheGradients) {
   const GradientStats stats = gradient_stats(*model.state, executor.offload());
   EXPECT_EQ(stats.nonfinite, 0u);
   EXPECT_NEAR(stats.sum_squares, expected, expected * 1e-12);
+}
+
+}  // namespace
+}  // namespace tide::scheduler::testing
+
+namespace tide::scheduler::testing {
+namespace {
+
+// Frozen slices with 8-bit moments (scheduler/frozen_blocks.h): their master weights bit for bit;
+// their moments' codes and scales exactly where they fill whole blocks (a frozen subgroup, the
+// blocks inside a frozen slice); in a block shared with updated elements, each frozen element's
+// old value requantized under the block's new scale. The updated elements outside shared blocks
+// have the reference's bits.
+TEST(ExecutorNumerics, Q8MomentsFrozenSlicesKeepTheirState) {
+  for (const Policy& policy : {Policy::all_cpu(), Policy::all_gpu(), Policy::every(2)}) {
+    SCOPED_TRACE(policy_name(policy));
+    driver::PrimaryContext context;
+    // Subgroup 0 in three slices: [0, 1000), [1000, 2000), [2000, 3000); subgroup 1 one slice.
+    Model model({3000, 4096}, /*split_every=*/2, 3, true, Dtype::kFloat32, kQ8);
+    const OptimizerState& s = *model.state;
+    Reference ref(s);
+    std::vector<std::vector<char>> before;
+    for (std::size_t i = 0; i < 2; ++i) {
+      const auto* p = reinterpret_cast<const char*>(s.param(i));
+      before.emplace_back(p, p + s.slot_bytes(i));
+    }
+    std::vector<std::uint8_t> old_m(static_cast<const std::uint8_t*>(s.exp_avg(0)),
+                                    static_cast<const std::uint8_t*>(s.exp_avg(0)) + 3000);
+    std::vector<std::uint8_t> old_v(static_cast<const std::uint8_t*>(s.exp_avg_sq(0)),
+                                    static_cast<const std::uint8_t*>(s.exp_avg_sq(0)) + 3000);
+    std::vector<float> old_p(s.param(0), s.param(0) + 3000);
+    std::vector<float> old_sm(s.exp_avg_scale(0), s.exp_avg_scale(0) + 12);
+    std::vector<float> old_sv(s.exp_avg_sq_scale(0), s.exp_avg_sq_scale(0) + 12);
+    ExecutorOptions options;
+    options.rates = test_rates();
+    options.refine = false;
+    Executor executor(*model.state, options);
+    executor.set_frozen(0, 1, true);
+    executor.set_frozen(1, 0, true);
+    auto grads = model.make_gradients(1);
+    model.offload_all(executor);
+    executor.run(hyper(1), policy, kHeadroom);
+    ref.step(grads, hyper(1));
+
+    const auto* now1 = reinterpret_cast<const char*>(s.param(1));
+    EXPECT_EQ(std::vector<char>(now1, now1 + s.slot_bytes(1)), before[1]);
+    const auto* cm = static_cast<const std::uint8_t*>(s.exp_avg(0));
+    const auto* cv = static_cast<const std::uint8_t*>(s.exp_avg_sq(0));
+    const auto* rm = reinterpret_cast<const std::uint8_t*>(ref.m[0].data() + ref.skip_m[0]);
+    const auto* rv = reinterpret_cast<const std::uint8_t*>(ref.v[0].data() + ref.skip_v[0]);
+    for (std::uint64_t e = 0; e < 3000; ++e) {
+      const bool frozen = e >= 1000 && e < 2000;
+      const std::uint64_t b = e / 256;
+      const bool shared = b == 1000 / 256 || b == 1999 / 256;
+      ASSERT_EQ(s.param(0)[e], frozen ? old_p[e] : ref.p[0][e]) << e;
+      if (frozen && !shared) {
+        ASSERT_EQ(cm[e], old_m[e]) << e;
+        ASSERT_EQ(cv[e], old_v[e]) << e;
+        ASSERT_EQ(s.exp_avg_scale(0)[b], old_sm[b]) << e;
+        ASSERT_EQ(s.exp_avg_sq_scale(0)[b], old_sv[b]) << e;
+      } else if (frozen) {
+        using kernels::HostMath;
+        const auto nm = kernels::q8_normalizer<HostMath>(s.exp_avg_scale(0)[b]);
+        const auto nv = kernels::q8_normalizer<HostMath>(s.exp_avg_sq_scale(0)[b]);
+        ASSERT_EQ(cm[e], kernels::q8_exp_avg_code<HostMath>(
+                             kernels::q8_exp_avg_value<HostMath>(old_m[e], old_sm[b]), nm))
+            << e;
+        ASSERT_EQ(cv[e], kernels::q8_exp_avg_sq_code<HostMath>(
+                             kernels::q8_exp_avg_sq_value<HostMath>(old_v[e], old_sv[b]), nv))
+            << e;
+      } else if (!shared) {
+        ASSERT_EQ(cm[e], rm[e]) << e;
+        ASSERT_EQ(cv[e], rv[e]) << e;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -32,38 +32,47 @@ if(NOT rc EQUAL 0 OR NOT table MATCHES "update phase +[0-9.]+ s predicted")
 endif()
 message(STATUS "\n${table}")
 
-# --state-dtype bfloat16 (bf16 moments): 8 state bytes per parameter each way, update rates x1.4
-# (28 bytes an update moves with fp32 state against 20), so all-CPU is the fp32 one / 1.4 and the
-# plan predicts a shorter phase than with fp32 state.
-execute_process(COMMAND ${TIDE} ${args} --state-dtype bfloat16 --json RESULT_VARIABLE rc
-                OUTPUT_VARIABLE bf16_out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "tide plan --state-dtype bfloat16 --json failed (${rc}): ${err}")
-endif()
-string(JSON bf16_state_bytes GET "${bf16_out}" workload state_bytes_per_param)
-string(JSON bf16_phase GET "${bf16_out}" plan predicted phase_s)
-string(JSON bf16_all_cpu GET "${bf16_out}" plan predicted all_cpu_s)
-string(JSON state_bytes GET "${out}" workload state_bytes_per_param)
-message(STATUS "bf16 moments: update phase ${bf16_phase} s (fp32 state ${phase} s), all-CPU "
-               "${bf16_all_cpu} s (fp32 state ${all_cpu} s)")
-if(NOT state_bytes EQUAL 12 OR NOT bf16_state_bytes EQUAL 8)
-  message(FATAL_ERROR "state bytes per parameter ${state_bytes} (fp32), ${bf16_state_bytes} (bf16 moments): not 12 and 8")
-endif()
+# Another state format: `bytes` state bytes per parameter each way and the update rates x 28 /
+# `moved` (the bytes an update moves with fp32 state against this format's), so all-CPU is the
+# fp32 one x moved/28, and the plan predicts a phase shorter than `shorter_than_ms`. Sets
+# <dtype>_phase_ms.
 string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" all_cpu_ms "${all_cpu}")
-string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" bf16_all_cpu_ms "${bf16_all_cpu}")
 string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" phase_ms "${phase}")
-string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" bf16_phase_ms "${bf16_phase}")
-math(EXPR expected_ms "${all_cpu_ms} * 20 / 28")
-math(EXPR low "${expected_ms} - 3")
-math(EXPR high "${expected_ms} + 3")
-if(bf16_all_cpu_ms LESS low OR bf16_all_cpu_ms GREATER high)
-  message(FATAL_ERROR "bf16 all-CPU ${bf16_all_cpu} s is not fp32's ${all_cpu} s x 20/28")
+string(JSON state_bytes GET "${out}" workload state_bytes_per_param)
+if(NOT state_bytes EQUAL 12)
+  message(FATAL_ERROR "fp32 state: ${state_bytes} state bytes per parameter, not 12")
 endif()
-if(NOT bf16_phase_ms LESS phase_ms)
-  message(FATAL_ERROR "bf16 moments predict ${bf16_phase} s, not less than fp32 state's ${phase} s")
-endif()
+function(check_state_format dtype bytes moved shorter_than_ms)
+  execute_process(COMMAND ${TIDE} ${args} --state-dtype ${dtype} --json RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE json ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "tide plan --state-dtype ${dtype} --json failed (${rc}): ${err}")
+  endif()
+  string(JSON got_bytes GET "${json}" workload state_bytes_per_param)
+  string(JSON got_phase GET "${json}" plan predicted phase_s)
+  string(JSON got_all_cpu GET "${json}" plan predicted all_cpu_s)
+  message(STATUS "--state-dtype ${dtype}: update phase ${got_phase} s (fp32 state ${phase} s), "
+                 "all-CPU ${got_all_cpu} s (fp32 state ${all_cpu} s)")
+  string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" all_ms "${got_all_cpu}")
+  string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" got_ms "${got_phase}")
+  math(EXPR expected_ms "${all_cpu_ms} * ${moved} / 28")
+  math(EXPR low "${expected_ms} - 3")
+  math(EXPR high "${expected_ms} + 3")
+  if(NOT got_bytes EQUAL bytes OR all_ms LESS low OR all_ms GREATER high)
+    message(FATAL_ERROR "${dtype}: ${got_bytes} state bytes, all-CPU ${got_all_cpu} s (not "
+                        "${bytes} and fp32's ${all_cpu} s x ${moved}/28)")
+  endif()
+  if(NOT got_ms LESS shorter_than_ms)
+    message(FATAL_ERROR "${dtype} predicts ${got_phase} s, not less than ${shorter_than_ms} ms")
+  endif()
+  set(${dtype}_phase_ms ${got_ms} PARENT_SCOPE)
+endfunction()
+# bf16 moments: 8 state bytes, an update moves 20 bytes instead of 28 (x1.4); 8-bit moments: 6 and
+# 16 (x1.75), shorter than bf16's.
+check_state_format(bfloat16 8 20 ${phase_ms})
+check_state_format(q8 6 16 ${bfloat16_phase_ms})
 execute_process(COMMAND ${TIDE} ${args} --state-dtype fp8 RESULT_VARIABLE rc
                 OUTPUT_VARIABLE ignored ERROR_VARIABLE err)
-if(NOT rc EQUAL 1 OR NOT err MATCHES "--state-dtype=\"fp8\" is not valid: --state-dtype accepts one of: float32 bfloat16")
+if(NOT rc EQUAL 1 OR NOT err MATCHES "--state-dtype=\"fp8\" is not valid: --state-dtype accepts one of: float32 bfloat16 q8")
   message(FATAL_ERROR "tide plan --state-dtype fp8: exit ${rc}, ${err}")
 endif()

@@ -68,21 +68,25 @@ def placement_in_force(option: str | int | None) -> str | int:
     return int(text.lstrip("kK"))
 
 
-STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# "q8": 8-bit block-wise moments (_quant8), kept as torch.uint8 codes.
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "q8": torch.uint8}
 
 
-def state_dtype(option: torch.dtype | None) -> torch.dtype:
-    """The moments' dtype: the argument, else TIDE_STATE_DTYPE, else torch.float32."""
+def state_dtype(option: torch.dtype | str | None) -> torch.dtype:
+    """The moments' format: the argument, else TIDE_STATE_DTYPE, else torch.float32;
+    torch.uint8 stands for "q8" (8-bit block-wise moments)."""
     if option is not None:
-        if option not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16, got "
-                             f"{option!r}")
+        if option == "q8":
+            return torch.uint8
+        if option not in (torch.float32, torch.bfloat16, torch.uint8):
+            raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or \"q8\" "
+                             f"(torch.uint8), got {option!r}")
         return option
     text = os.environ.get("TIDE_STATE_DTYPE")
     if not text:
         return torch.float32
     if text not in STATE_DTYPES:
-        raise ValueError(f"TIDE_STATE_DTYPE={text!r}: expected float32 or bfloat16")
+        raise ValueError(f"TIDE_STATE_DTYPE={text!r}: expected float32, bfloat16 or q8")
     return STATE_DTYPES[text]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from tide import kernels
-from tide.torch import _executor, _layout
+from tide.torch import _executor, _layout, _quant8
 from tide.torch._distributed import local
 
 TIDE_DTYPES = {torch.float32: kernels.FLOAT32, torch.bfloat16: kernels.BFLOAT16,
@@ -37,8 +37,13 @@ class Bucket:
         self.owners = params if owners is None else owners
         self.dtype = params[0].dtype
         self.tide_dtype = TIDE_DTYPES[self.dtype]
-        # The moments' dtype in pinned memory (fp32 or bf16); the master weights are fp32.
+        # The moments' dtype in pinned memory (fp32 or bf16, or torch.uint8 for 8-bit block-wise
+        # moments, _quant8); the master weights are fp32.
         self.state_dtype = state_dtype
+        self.quantized = state_dtype == torch.uint8
+        if self.quantized:
+            # Cuts at block boundaries: every subgroup but the last holds whole blocks.
+            subgroup_size = -(-subgroup_size // _quant8.BLOCK) * _quant8.BLOCK
         self.element_size = params[0].element_size()
         self.sizes, self.pieces = _layout.split([p.numel() for p in params], subgroup_size)
         slices = [(piece.subgroup, piece.sub_offset, piece.count,
@@ -47,7 +52,9 @@ class Bucket:
         self.executor = _executor.Executor(self.sizes, slices, device=device, dtype=self.tide_dtype,
                                            cpu_threads=cpu_threads,
                                            gradients_on_gpu=gradients_on_gpu,
-                                           state_dtype=TIDE_DTYPES[state_dtype])
+                                           state_dtype=(_quant8.TIDE_STATE_BLOCK_Q8
+                                                        if self.quantized
+                                                        else TIDE_DTYPES[state_dtype]))
         # What tide's slices describe: the memory the parameters had when the optimizer was made.
         self.layouts = [layout_of(p) for p in params]
         self.versions = [self.version(i) for i in range(len(params))]
@@ -55,6 +62,9 @@ class Bucket:
         self.frozen: tuple[int, ...] = ()  # the parameters the executor leaves untouched
         self._views: list[dict[str, torch.Tensor]] | None = None
         self._moved = False  # a step ran since the views were made
+        # 8-bit moments written (scatter) and not yet quantized (flush): per (subgroup, key), the
+        # subgroup's fp32 values and which of its blocks were written.
+        self._pending: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
         for i in range(len(params)):
             self.read_master(i)
 
@@ -76,8 +86,9 @@ class Bucket:
     @property
     def views(self) -> list[dict[str, torch.Tensor]]:
         """CPU tensors over each subgroup's pinned buffers (no copy): "param" (the fp32 master
-        weights), "exp_avg", "exp_avg_sq" (of state_dtype), "grad". A step may move a subgroup's state to another
-        buffer (executor.h): after one, those of the subgroups that moved are made again. Each
+        weights), "exp_avg", "exp_avg_sq" (of state_dtype; 8-bit moments: their uint8 codes, and
+        "exp_avg_scale", "exp_avg_sq_scale" their blocks' fp32 scales), "grad". A step may move a
+        subgroup's state to another buffer (executor.h): after one, those of the subgroups that moved are made again. Each
         keeps its buffer allocated while it, or a tensor on its storage, lives
         (Executor.memory)."""
         if self._views is None:
@@ -106,10 +117,16 @@ class Bucket:
             return torch.frombuffer(raw, dtype=dtype, count=b.count)
 
         moment_size = torch.empty(0, dtype=self.state_dtype).element_size()
-        return {"param": view(b.param, torch.float32, 4),
-                "exp_avg": view(b.exp_avg, self.state_dtype, moment_size),
-                "exp_avg_sq": view(b.exp_avg_sq, self.state_dtype, moment_size),
-                "grad": view(b.grad, self.dtype, self.element_size)}
+        views = {"param": view(b.param, torch.float32, 4),
+                 "exp_avg": view(b.exp_avg, self.state_dtype, moment_size),
+                 "exp_avg_sq": view(b.exp_avg_sq, self.state_dtype, moment_size),
+                 "grad": view(b.grad, self.dtype, self.element_size)}
+        if self.quantized:
+            scale_m, scale_v, blocks = self.executor.q8_scales(subgroup)
+            for key, address in (("exp_avg_scale", scale_m), ("exp_avg_sq_scale", scale_v)):
+                raw = self.executor.memory(address, 4 * blocks)
+                views[key] = torch.frombuffer(raw, dtype=torch.float32, count=blocks)
+        return views
 
     def pinned(self, key: str, piece: _layout.Piece) -> torch.Tensor:
         return self.views[piece.subgroup][key][piece.sub_offset:piece.sub_offset + piece.count]
@@ -124,24 +141,109 @@ class Bucket:
 
     def gather(self, i: int, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """Parameter i's `key` state (fp32, on the CPU, shaped like the parameter): a copy, into
-        `out` when given (contiguous, as many elements). bf16 moments are upcast (exactly)."""
+        `out` when given (contiguous, as many elements). bf16 moments are upcast (exactly), 8-bit
+        ones dequantized (bit for bit as the kernels read them)."""
         if out is None:
             out = torch.empty(self.params[i].shape, dtype=torch.float32)
         flat = out.view(-1)
         for piece in self.pieces[i]:
-            flat[piece.param_offset:piece.param_offset + piece.count] = self.pinned(key, piece)
+            part = flat[piece.param_offset:piece.param_offset + piece.count]
+            if self.quantized and key != "param":
+                part.copy_(self._moment(piece.subgroup, key)[
+                    piece.sub_offset:piece.sub_offset + piece.count])
+            else:
+                part.copy_(self.pinned(key, piece))
         return out
 
     def scatter(self, i: int, key: str, value: torch.Tensor) -> None:
         """Parameter i's `key` state from `value` (any float dtype, as many elements): into bf16
-        moments it is rounded to nearest even, once (torch's cast, as the kernels round)."""
+        moments it is rounded to nearest even, once (torch's cast, as the kernels round); 8-bit
+        moments are quantized at the next flush(), once, with the rest of their blocks (which may
+        hold other parameters' elements: those keep their values, requantized under the block's
+        new scale, as the kernels requantize a block)."""
         flat = value.detach().reshape(-1)
         if flat.numel() != self.params[i].numel():
             raise ValueError(f"state {key!r} has {flat.numel()} elements, the parameter "
                              f"{self.params[i].numel()}")
         for piece in self.pieces[i]:
-            self.pinned(key, piece).copy_(
-                flat[piece.param_offset:piece.param_offset + piece.count])
+            part = flat[piece.param_offset:piece.param_offset + piece.count]
+            if self.quantized and key != "param":
+                values = self._moment(piece.subgroup, key, pending=True)
+                values[piece.sub_offset:piece.sub_offset + piece.count] = part
+                _, written = self._pending[(piece.subgroup, key)]
+                written[piece.sub_offset // _quant8.BLOCK:
+                        _quant8.blocks(piece.sub_offset + piece.count)] = True
+            else:
+                self.pinned(key, piece).copy_(part)
+
+    def _moment(self, subgroup: int, key: str, pending: bool = False) -> torch.Tensor:
+        """8-bit moment `key` of a subgroup as fp32 values: what was written and not yet
+        flushed, else the codes dequantized; with `pending`, a buffer that flush() quantizes."""
+        held = self._pending.get((subgroup, key))
+        if held is not None:
+            return held[0]
+        views = self.views[subgroup]
+        values = _quant8.dequantize(key, views[key], views[key + "_scale"])
+        if pending:
+            written = torch.zeros(views[key + "_scale"].numel(), dtype=torch.bool)
+            self._pending[(subgroup, key)] = (values, written)
+        return values
+
+    def flush(self) -> None:
+        """8-bit moments written since the last flush are quantized into the pinned state (the
+        blocks written, each once). Before anything reads the codes: a step, state_dict()."""
+        for (subgroup, key), (values, written) in self._pending.items():
+            views = self.views[subgroup]
+            codes, scales = views[key], views[key + "_scale"]
+            for first, last in _runs(written):
+                begin, end = first * _quant8.BLOCK, min(last * _quant8.BLOCK, codes.numel())
+                codes[begin:end], scales[first:last] = _quant8.quantize(key, values[begin:end])
+        self._pending.clear()
+
+    def q8_state(self, i: int) -> dict[str, torch.Tensor]:
+        """Parameter i's exact 8-bit state (flushed): its codes of each moment ("exp_avg_q8",
+        "exp_avg_sq_q8", uint8, flat) and the scales of every block its pieces touch, piece after
+        piece ("exp_avg_q8_scales", ...), and where its pieces lie ("q8_pieces": subgroup
+        offset and count of each), which a load must find the same to restore them."""
+        out: dict[str, torch.Tensor] = {}
+        pieces = self.pieces[i]
+        for key in ("exp_avg", "exp_avg_sq"):
+            codes, scales = [], []
+            for piece in pieces:
+                views = self.views[piece.subgroup]
+                codes.append(views[key][piece.sub_offset:piece.sub_offset + piece.count].clone())
+                scales.append(views[key + "_scale"][_touched(piece)].clone())
+            out[key + "_q8"] = torch.cat(codes)
+            out[key + "_q8_scales"] = torch.cat(scales)
+        out["q8_pieces"] = torch.tensor([[p.sub_offset, p.count] for p in pieces],
+                                        dtype=torch.int64)
+        return out
+
+    def q8_fits(self, i: int, entry: dict) -> bool:
+        """Whether `entry` holds parameter i's exact 8-bit state for this bucket's layout (fp32
+        scales: a checkpoint that went through torch.optim with a bf16 model has them rounded)."""
+        pieces = entry.get("q8_pieces")
+        want = [[p.sub_offset, p.count] for p in self.pieces[i]]
+        return (self.quantized and isinstance(pieces, torch.Tensor)
+                and pieces.tolist() == want
+                and all(entry[k + "_q8_scales"].dtype == torch.float32
+                        for k in ("exp_avg", "exp_avg_sq")))
+
+    def load_q8_state(self, i: int, entry: dict) -> None:
+        """Parameter i's codes and its blocks' scales, exactly as saved (q8_fits(i, entry))."""
+        for key in ("exp_avg", "exp_avg_sq"):
+            codes = entry[key + "_q8"].detach().cpu().to(torch.uint8)
+            scales = entry[key + "_q8_scales"].detach().cpu().float()
+            done_codes = done_scales = 0
+            for piece in self.pieces[i]:
+                views = self.views[piece.subgroup]
+                views[key][piece.sub_offset:piece.sub_offset + piece.count] = (
+                    codes[done_codes:done_codes + piece.count])
+                touched = _touched(piece)
+                n = touched.stop - touched.start
+                views[key + "_scale"][touched] = scales[done_scales:done_scales + n]
+                done_codes += piece.count
+                done_scales += n
 
     def set_frozen(self, frozen: list[int]) -> None:
         """The parameters (indices) the coming steps leave exactly as they are."""
@@ -163,6 +265,24 @@ class Bucket:
                 if outcome[piece.subgroup] == _executor.UNWRITTEN:
                     flat[piece.param_offset:piece.param_offset + piece.count].copy_(
                         self.pinned("param", piece))
+
+
+def _touched(piece: _layout.Piece) -> slice:
+    """The quantization blocks of its subgroup that a piece has elements in."""
+    return slice(piece.sub_offset // _quant8.BLOCK, _quant8.blocks(piece.sub_offset + piece.count))
+
+
+def _runs(flags: torch.Tensor) -> list[tuple[int, int]]:
+    """[first, last) of each run of True in a bool tensor."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for k, flag in enumerate(flags.tolist() + [False]):
+        if flag and start is None:
+            start = k
+        elif not flag and start is not None:
+            runs.append((start, k))
+            start = None
+    return runs
 
 
 def release(hooks: list, buckets: list[Bucket]) -> None:

@@ -5,6 +5,9 @@ Per parameter: "step", "exp_avg", "exp_avg_sq" (fp32, shaped like the parameter)
 low-precision parameters "master_param" (tide's fp32 master weights; torch.optim ignores it).
 For an FSDP2 parameter (a DTensor) they are DTensors with its placements, and this rank checks
 and loads its local shard of them.
+With 8-bit moments (state_dtype="q8") also Q8_KEYS, the exact quantized state (Bucket.q8_state):
+a load into an optimizer with the same layout restores it bit for bit; any other load quantizes
+the fp32 moments, once.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from typing import Any, Callable
 
 import torch
 
+from tide.torch import _quant8
 from tide.torch._arguments import hyperparameters
 from tide.torch._bucket import Bucket
 from tide.torch._distributed import is_sharded, local
 
-STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"})
+Q8_KEYS = frozenset({"exp_avg_q8", "exp_avg_sq_q8", "exp_avg_q8_scales", "exp_avg_sq_q8_scales",
+                     "q8_pieces"})
+STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"}) | Q8_KEYS
 
 
 def checked_entries(state_dict: Any, param_groups: list[dict[str, Any]],
@@ -115,11 +121,41 @@ def checked_entry(entry: Any, p: torch.Tensor, name: str,
             raise ValueError(f"tide: the saved {key} of {name} has non-finite values")
         if key == "exp_avg_sq" and bool((value < 0).any()):
             raise ValueError(f"tide: the saved exp_avg_sq of {name} has negative values")
-        if (key != "master_param" and state_dtype != torch.float32
+        if (key != "master_param" and state_dtype == torch.bfloat16
                 and not bool(torch.isfinite(value.to(state_dtype)).all())):
             raise ValueError(f"tide: the saved {key} of {name} has values too large for the "
                              f"optimizer's state_dtype {state_dtype}")
+    checked_q8(entry, p, name)
     return int(step)
+
+
+def checked_q8(entry: dict, p: torch.Tensor, name: str) -> None:
+    """The exact 8-bit state of an entry, when it has one: all of Q8_KEYS, codes of the
+    parameter's size, scales finite and >= 0 (those are the absolute maxima of blocks)."""
+    present = Q8_KEYS & set(entry)
+    if not present:
+        return
+    if present != Q8_KEYS:
+        raise ValueError(f"tide: the saved state of {name} has {sorted(present)[0]!r} but not "
+                         f"{sorted(Q8_KEYS - present)[0]!r}")
+    # torch.optim's load_state_dict casts every state tensor to the parameter's dtype: codes and
+    # pieces that went through it are floats (whole numbers, exactly, up to 2^24 in fp32).
+    pieces = entry["q8_pieces"]
+    if (not _whole(pieces) or pieces.dim() != 2 or pieces.shape[1] != 2
+            or bool((pieces < 0).any()) or int(pieces[:, 1].sum()) != p.numel()):
+        raise ValueError(f"tide: the saved q8_pieces of {name} do not describe its elements")
+    for key in ("exp_avg", "exp_avg_sq"):
+        codes, scales = entry[key + "_q8"], entry[key + "_q8_scales"]
+        if not _whole(codes) or codes.numel() != p.numel() or bool((codes > 255).any()):
+            raise ValueError(f"tide: the saved {key}_q8 of {name} is not {p.numel()} uint8 "
+                             "codes")
+        blocks = sum(_quant8.blocks(int(o + n)) - int(o) // _quant8.BLOCK
+                     for o, n in pieces.tolist())
+        if (not isinstance(scales, torch.Tensor) or not scales.is_floating_point()
+                or scales.numel() != blocks or not bool(torch.isfinite(scales).all())
+                or bool((scales < 0).any())):
+            raise ValueError(f"tide: the saved {key}_q8_scales of {name} are not {blocks} "
+                             "finite scales >= 0")
 
 
 def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
@@ -143,3 +179,10 @@ def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
     else:
         bucket.scatter(i, "exp_avg", torch.zeros(p.numel()))
         bucket.scatter(i, "exp_avg_sq", torch.zeros(p.numel()))
+
+
+def _whole(t: Any) -> bool:
+    """A real tensor of whole numbers >= 0."""
+    if not isinstance(t, torch.Tensor) or t.is_complex() or t.dtype == torch.bool:
+        return False
+    return bool(((t >= 0) & (t == t.round() if t.is_floating_point() else t >= 0)).all())

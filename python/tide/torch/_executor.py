@@ -82,6 +82,9 @@ def _cdll() -> c.CDLL:
                                           p(Options), p(opt)],
                 "tide_optimizer_destroy": [opt],
                 "tide_optimizer_buffers": [opt, c.c_size_t, p(SubgroupBuffers)],
+                "tide_optimizer_q8_scales": [opt, c.c_size_t, p(c.c_void_p), p(c.c_void_p),
+                                             p(c.c_uint64)],
+                "tide_q8_code_maps": [p(c.c_void_p)] * 4,
                 "tide_optimizer_offload_gradient": [opt, c.c_size_t, c.c_uint64, c.c_uint64,
                                                     c.c_uint64, c.c_int32, c.c_void_p],
                 "tide_optimizer_offload_stream": [opt, p(c.c_void_p)],
@@ -222,6 +225,14 @@ class Executor:
         out = SubgroupBuffers()
         _lib.check(self._lib.tide_optimizer_buffers(self._handle, subgroup, c.byref(out)))
         return out
+
+    def q8_scales(self, subgroup: int) -> tuple[int, int, int]:
+        """8-bit moments: the addresses of the subgroup's exp_avg and exp_avg_sq block scales
+        (fp32) and how many blocks each has (valid as buffers()' pointers)."""
+        m, v, blocks = c.c_void_p(), c.c_void_p(), c.c_uint64()
+        _lib.check(self._lib.tide_optimizer_q8_scales(self._handle, subgroup, c.byref(m),
+                                                      c.byref(v), c.byref(blocks)))
+        return m.value or 0, v.value or 0, blocks.value
 
     def offload_gradient(self, subgroup: int, offset: int, src: int, count: int, dtype: int,
                          stream: int | None) -> None:

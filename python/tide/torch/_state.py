@@ -12,9 +12,10 @@ low-precision parameter:
   executor.h); the same tensor objects are re-pointed there (Tensor.set_) after every step and
   load, so a tensor held across steps stays the live state. Tensors *derived* from them (t[0],
   t.view(-1)) stay on the buffer they were made on, which the next GPU step may reuse.
-- A parameter across subgroups cannot be one view of one buffer, and bf16 moments
-  (state_dtype=torch.bfloat16) cannot be fp32 views at all. Such tensors are copies (fp32, the
-  bf16 moments upcast exactly), made
+- A parameter across subgroups cannot be one view of one buffer, and bf16 or 8-bit moments
+  (state_dtype=torch.bfloat16 or "q8") cannot be fp32 views at all. Such tensors are copies
+  (fp32: bf16 moments upcast exactly, 8-bit ones dequantized; a write into one is quantized
+  with its blocks when taken), made
   when read through the entry (`entry["exp_avg"]`, get, items, values, copy, repr, pickling),
   written back into the state before the next step (or state_dict) when their version counter
   says they were written. After a step, a copy still referenced outside the entry is refreshed in
@@ -307,3 +308,5 @@ class StateEntries:
                     actions.append(lambda b=bucket, i=i, s=step, e=entry: load(b, i, s, e))
         for action in actions:
             action()
+        for bucket in buckets:
+            bucket.flush()  # 8-bit moments written above: quantized, once

@@ -74,9 +74,14 @@ class AdamW(torch.optim.Optimizer):
                          headroom is what the update phase may use, not the forward pass);
       state_dtype:       the moments' dtype in pinned memory, torch.float32 or torch.bfloat16
                          (half their bytes, rounded to nearest even at every update; the master
-                         weights stay fp32); default TIDE_STATE_DTYPE, else torch.float32. The
-                         argument wins over the variable. opt.state and state_dict() still
-                         show fp32 moments (upcast, exactly).
+                         weights stay fp32), or "q8" (or torch.uint8): 8-bit block-wise moments,
+                         1 byte each plus an fp32 scale per 256 elements (Dettmers et al.
+                         2022's dynamic-tree quantization); default TIDE_STATE_DTYPE, else
+                         torch.float32. The argument wins over the variable. opt.state and
+                         state_dict() still show fp32 moments (bf16 upcast exactly, 8-bit
+                         dequantized: copies, whose writes are quantized at the next step);
+                         with "q8", state_dict() adds the exact codes and scales (keys
+                         "exp_avg_q8", ..., _checkpoint.Q8_KEYS).
     """
 
     _decoupled = True
@@ -92,7 +97,7 @@ class AdamW(torch.optim.Optimizer):
                  differentiable: bool = False, fused: bool | None = None,
                  subgroup_size: int | None = None, placement: str | int | None = None,
                  threads: int | None = None, gradients_on_gpu: bool = False,
-                 keep_buffers: bool = False, state_dtype: torch.dtype | None = None):
+                 keep_buffers: bool = False, state_dtype: torch.dtype | str | None = None):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable),
@@ -426,6 +431,10 @@ class AdamW(torch.optim.Optimizer):
             for key in keys:
                 pinned = "param" if key == "master_param" else key
                 entry[key] = _distributed.shown(p, bucket.gather(i, pinned))
+            if bucket.quantized and not _distributed.is_sharded(p):
+                # The exact 8-bit state is this rank's flat codes and scales, which DCP cannot
+                # reshard: an FSDP2 parameter saves fp32 moments only (quantized once at load).
+                entry.update(bucket.q8_state(i))
         return entry
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -443,6 +452,7 @@ class AdamW(torch.optim.Optimizer):
         super().load_state_dict(groups_only)  # takes the groups' hyperparameters
         self.state = live
         by_bucket: dict[int, list[int]] = {}
+        exact: dict[int, list[tuple[int, dict]]] = {}  # 8-bit moments saved with this layout
         for p, step, entry in entries:
             if id(p) not in self._where:
                 self._empty_shards.set_step(self.state, p, step)
@@ -450,6 +460,18 @@ class AdamW(torch.optim.Optimizer):
             bucket, i = self._where[id(p)]
             self._load_entry(bucket, i, step, entry)
             by_bucket.setdefault(id(bucket), []).append(step)
+            if step > 0:
+                exact.setdefault(id(bucket), []).append(
+                    (i, entry) if bucket.q8_fits(i, entry) else (-1, entry))
+        for bucket in self._buckets:
+            bucket.flush()
+            # Blocks are shared between neighbouring parameters: the saved codes and scales go
+            # back only when every parameter of the bucket has them for this layout.
+            loaded = exact.get(id(bucket), [])
+            if loaded and all(i >= 0 for i, _ in loaded):
+                for i, entry in loaded:
+                    bucket.load_q8_state(i, entry)
+                self._entries.refresh()  # copies the program holds show the exact state
         for bucket in self._buckets:
             steps = by_bucket.get(id(bucket), [])
             if steps:
