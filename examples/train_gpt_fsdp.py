@@ -79,12 +79,17 @@ def main(argv: list[str] | None = None) -> int:
               f"fully_shard, {args.dtype} on {device.type}; tide AdamW lr {args.lr:g}, "
               f"placement {args.placement}, {args.steps} steps", flush=True)
 
+    def say(line: str) -> None:
+        # One write per line: the ranks share torchrun's stdout, which may be unbuffered, and
+        # print() writes the text and its newline apart (lines of two ranks would mix).
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
     def report(step, times):
-        print(f"[rank {rank}] " + train_gpt.iteration_line(step, args.steps, times,
-                                                           opt.last_plan), flush=True)
+        say(f"[rank {rank}] " + train_gpt.iteration_line(step, args.steps, times, opt.last_plan))
         summary = opt.node_summary()  # every rank: one all_gather_object
         if rank == 0:
-            print(node_line(step, summary), flush=True)
+            say(node_line(step, summary))
 
     history = train_gpt.train(model, opt, batches, device, report=report)
     if rank == 0:

@@ -344,3 +344,32 @@ def scenario_fault(rank: int, world: int, out: str, result: dict) -> None:
         standin.tide_standin_device_lost.argtypes = [ctypes.c_uint64]
         standin.tide_standin_device_lost(1)
     train(model, opt, range(1, 3), rank, world)
+
+
+def scenario_q8(rank: int, world: int, out: str, result: dict) -> None:
+    """8-bit moments on FSDP2 shards: trained next to fp32 moments; saved through DCP (fp32
+    moments as DTensors, no exact keys: DCP reshards what it saves, not tide's flat codes) and
+    loaded into a fresh 8-bit optimizer, which goes on."""
+    runs = {}
+    for state_dtype in ("float32", "q8"):
+        model = sharded("gpu")
+        opt = make_opt("tide", model, **({"state_dtype": "q8"} if state_dtype == "q8" else {}))
+        train(model, opt, range(2), rank, world)
+        if state_dtype == "q8":
+            optim_sd = get_optimizer_state_dict(model, opt)
+            result["q8_keys"] = sorted(optim_sd["state"]["a.weight"].keys())
+            result["q8_state_type"] = type(optim_sd["state"]["a.weight"]["exp_avg"]).__name__
+            dcp.save({"model": get_model_state_dict(model), "optim": optim_sd},
+                     checkpoint_id=os.path.join(out, "ckpt_q8"))
+        train(model, opt, range(2, STEPS), rank, world)
+        runs[state_dtype] = full(model)
+    result["q8_trained"] = runs
+    model = sharded("gpu")
+    opt = make_opt("tide", model, state_dtype="q8")
+    model_sd = get_model_state_dict(model)
+    optim_sd = get_optimizer_state_dict(model, opt)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(out, "ckpt_q8"))
+    set_model_state_dict(model, model_sd)
+    set_optimizer_state_dict(model, opt, optim_sd)
+    train(model, opt, range(2, STEPS), rank, world)
+    result["q8_resumed"] = full(model)
