@@ -187,11 +187,12 @@ def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
     gradient scale against a single-process computation; clipping both ways."""
     for regime in ("gpu", "offload", "mixed"):
         runs = {}
-        for kind in ("torch", "tide"):
+        for kind in ("torch", "tide", "tide_backward"):
             model = sharded(regime)
-            opt = make_opt(kind, model)
+            opt = (make_opt("tide", model, sharded_gradients="backward")
+                   if kind == "tide_backward" else make_opt(kind, model))
             norms = train(model, opt, range(STEPS), rank, world,
-                          clip="tide" if kind == "tide" else "reference",
+                          clip="reference" if kind == "torch" else "tide",
                           scheduler=scheduled(opt))
             runs[kind] = {"weights": full(model), "norms": norms,
                           "local_shapes": {
@@ -373,3 +374,62 @@ def scenario_q8(rank: int, world: int, out: str, result: dict) -> None:
     set_optimizer_state_dict(model, opt, optim_sd)
     train(model, opt, range(2, STEPS), rank, world)
     result["q8_resumed"] = full(model)
+
+
+def modify(path: str, model: Net, opt) -> None:
+    """Writes the sharded gradients in place after backward, one way per `path`."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    with torch.no_grad():
+        if path == "mul":
+            for g in grads:
+                g.mul_(0.5)
+        elif path == "div":
+            for g in grads:
+                g.div_(3.0)
+        elif path == "copy":
+            for g in grads:
+                g.copy_(g * -1.0)
+        elif path == "zero":
+            model.a.weight.grad.zero_()
+        elif path == "clip_loop":
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 0.05, foreach=False)
+        elif path in ("clip_foreach", "clip_foreach_unsignalled"):
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 0.05, foreach=True)
+            if path == "clip_foreach" and hasattr(opt, "gradients_changed"):
+                opt.gradients_changed()
+
+
+MODIFIED_PATHS = ("none", "mul", "div", "copy", "zero", "clip_loop", "clip_foreach",
+                  "clip_foreach_unsignalled", "unscale")
+
+
+def scenario_modified(rank: int, world: int, out: str, result: dict) -> None:
+    """tide with sharded_gradients="backward" (gradients offloaded in their hooks) and torch's
+    AdamW, the sharded gradients written in place after backward, one way per path."""
+    for path in MODIFIED_PATHS:
+        runs = {}
+        for kind in ("torch", "tide"):
+            model = sharded("gpu", root=True)
+            opt = (make_opt(kind, model, sharded_gradients="backward") if kind == "tide"
+                   else make_opt(kind, model))
+            scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+            counts = []
+            for step in range(2):
+                opt.zero_grad()
+                x, y = batch(step, rank, world)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                if path == "unscale":
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(opt)
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    modify(path, model, opt)
+                    opt.step()
+                if kind == "tide":
+                    counts.append((opt.last_plan["gradients_offloaded_in_backward"],
+                                   opt.last_plan["gradients_offloaded_at_step"]))
+            runs[kind] = {"weights": full(model), "counts": counts}
+        runs["elements"] = [p.to_local().numel() for p in model.parameters()]
+        result[path] = runs

@@ -97,6 +97,9 @@ def test_training_matches_torch_adamw(trained, regime):
         runs = r[regime]
         diff = rel_diff(runs["tide"]["weights"], runs["torch"]["weights"])
         assert diff <= bound, f"rank {rank}, {regime}: tide differs from torch by {diff:.3g}"
+        # sharded_gradients="backward" (offloaded in the hooks, tide's clipping) steps the same
+        diff = rel_diff(runs["tide_backward"]["weights"], runs["torch"]["weights"])
+        assert diff <= bound, f"rank {rank}, {regime}, in backward: differs by {diff:.3g}"
         # opt.clip_grad_norm_'s norm is the global one, as the reference computes it
         assert runs["tide"]["norms"] == pytest.approx(runs["torch"]["norms"], rel=1e-4)
         assert any(n > fsdp_workers.MAX_NORM for n in runs["torch"]["norms"])  # it clipped
@@ -311,3 +314,59 @@ def test_8bit_moments_on_shards_train_and_checkpoint(tmp_path):
         q8, fp32 = r["q8_trained"]["q8"], r["q8_trained"]["float32"]
         assert 0 < rel_diff(q8, fp32) <= 4e-2
         assert rel_diff(r["q8_resumed"], q8) <= FP32_BOUND
+
+
+@pytest.fixture(scope="module")
+def modified(tmp_path_factory):
+    results = launch("modified", tmp_path_factory.mktemp("modified"), timeout_s=180.0)
+    no_errors(results)
+    return results
+
+
+@pytest.mark.parametrize("path", [p for p in fsdp_workers.MODIFIED_PATHS
+                                  if p != "clip_foreach_unsignalled"])
+def test_gradients_offloaded_in_backward_then_modified(modified, path):
+    """sharded_gradients="backward": the hooks offload the DTensor gradients during backward;
+    written in place afterwards (version counters, scaler.unscale_, opt.gradients_changed()),
+    they are offloaded again and the step is torch's."""
+    for r in modified:
+        runs = r[path]
+        assert rel_diff(runs["tide"]["weights"], runs["torch"]["weights"]) < FP32_BOUND, path
+        sharded_grads = sum(1 for n in runs["elements"] if n > 0)
+        for in_backward, at_step in runs["tide"]["counts"]:
+            # Every non-empty shard's gradient went during backward, before step() ...
+            assert in_backward == sharded_grads
+            # ... and only a modified one again at step().
+            assert at_step == (0 if path == "none" else
+                               1 if path == "zero" else sharded_grads), (path, at_step)
+
+
+def test_unsignalled_foreach_write_is_missed_in_backward_mode(modified):
+    """The documented limit: a foreach write to DTensor gradients (torch's clip_grad_norm_ on
+    CUDA) moves no version counter; without opt.gradients_changed() tide steps the copies taken in
+    the hooks. If this starts failing, torch began bumping a version: the limit can go."""
+    for r in modified:
+        runs = r["clip_foreach_unsignalled"]
+        assert rel_diff(runs["tide"]["weights"], runs["torch"]["weights"]) > 1e-3
+
+
+def test_offload_counts_in_one_process():
+    """Plain gradients go in their hooks (counted in backward); written after, again at step();
+    sharded_gradients accepts 'step' or 'backward' only."""
+    import tide.torch as tt
+    model = fsdp_workers.Net()
+    opt = tt.AdamW(model.parameters(), lr=1e-2, placement="cpu")
+    model(torch.randn(4, 7)).sum().backward()
+    opt.step()
+    n = len(list(model.parameters()))
+    assert (opt.last_plan["gradients_offloaded_in_backward"],
+            opt.last_plan["gradients_offloaded_at_step"]) == (n, 0)
+    opt.zero_grad()
+    model(torch.randn(4, 7)).sum().backward()
+    with torch.no_grad():
+        model.gain.grad.mul_(2.0)
+    opt.step()
+    assert (opt.last_plan["gradients_offloaded_in_backward"],
+            opt.last_plan["gradients_offloaded_at_step"]) == (n, 1)
+    with pytest.raises(ValueError, match="sharded_gradients"):
+        tt.AdamW(model.parameters(), sharded_gradients="hook")

@@ -6,9 +6,17 @@ manual `p.grad.mul_`: seen by their version counter and offloaded again), which 
 written from outside (model.load_state_dict: their master weights are re-read), and which have no
 gradient at all.
 
-A sharded (FSDP2 DTensor) parameter's gradient is read at step(), not in the hook: torch's
-in-place ops on DTensor gradients (clip_grad_norm_'s _foreach_mul_) bump no version counter that
-tide could see, so a copy taken in the hook could miss them.
+A sharded (FSDP2 DTensor) parameter's gradient is read at step() by default, not in its hook:
+torch's foreach ops on DTensor gradients (torch.nn.utils.clip_grad_norm_'s _foreach_mul_, its
+default on CUDA; GradScaler.unscale_'s _amp_foreach_non_finite_check_and_unscale_) bump no version
+counter tide could see, neither the DTensor's nor its local tensor's (DTensor runs the local op
+below autograd, where versions are bumped), so a copy taken in the hook could miss them. With
+sharded_gradients="backward" the hook offloads them too, right after FSDP2's reduce-scatter
+assigned them, and step() offloads one again only on a signal it sees: a new gradient object, a
+moved DTensor version (the non-foreach in-place ops: `p.grad.mul_`, `div_`, `zero_`, `copy_`,
+clip_grad_norm_(foreach=False)), GradScaler.unscale_ (scaler.step then hands step() no
+grad_scale), or `opt.gradients_changed()`, which any other in-place write to DTensor gradients
+after backward needs (torch.nn.utils.clip_grad_norm_ with foreach, any torch._foreach_* op).
 """
 
 from __future__ import annotations
@@ -26,9 +34,19 @@ class GradientOffload:
     """The offload of the gradients of the parameters in `where` (id(param) -> (bucket, index)),
     CUDA tensors, or CPU tensors in CPU mode (`cpu`)."""
 
-    def __init__(self, where: dict[int, tuple[Bucket, int]], cpu: bool):
+    def __init__(self, where: dict[int, tuple[Bucket, int]], cpu: bool,
+                 sharded_gradients: str = "step"):
+        if sharded_gradients not in ("step", "backward"):
+            raise ValueError(f"tide: sharded_gradients={sharded_gradients!r}; it accepts 'step' "
+                             "(read DTensor gradients at step()) or 'backward' (offload them in "
+                             "their hook)")
         self.where = where
         self.cpu = cpu
+        self.sharded_in_backward = sharded_gradients == "backward"
+        self._changed = False  # gradients_changed() was called since the offloads
+        # Gradients offloaded in their hook and at step() (again, or first), this step and the last.
+        self.counts = {"backward": 0, "step": 0}
+        self.last_counts = dict(self.counts)
         self.hooks: list[Any] = []  # the post-accumulate-grad hooks, removed with the optimizer
         self._offloaded: dict[int, tuple[torch.Tensor, int]] = {}  # id(param) -> (grad, version)
         self._keepalive: list[torch.Tensor] = []  # gradients whose offload may be in flight
@@ -43,10 +61,12 @@ class GradientOffload:
 
     def on_grad(self, p: torch.Tensor) -> None:
         """The hook: p's gradient is ready."""
-        if id(p) in self.where and p.grad is not None and not is_sharded(p):
+        if (id(p) in self.where and p.grad is not None
+                and (self.sharded_in_backward or not is_sharded(p))):
             bucket, i = self.where[id(p)]
-            if layout_of(p) == bucket.layouts[i]:
+            if layout_of(local(p)) == bucket.layouts[i]:
                 self.offload(p)
+                self.counts["backward"] += 1
             # else: step() raises, before reading or writing anything through tide's slices
 
     def offload(self, p: torch.Tensor) -> None:
@@ -77,10 +97,16 @@ class GradientOffload:
         self._keepalive.append(source)
         self._offloaded[id(p)] = (grad, grad._version)
 
-    def sync(self, buckets: list[Bucket]) -> list[tuple[Bucket, int]]:
+    def gradients_changed(self) -> None:
+        """Gradients were written in place in a way no version counter shows: every one is
+        offloaded again before it is used."""
+        self._changed = True
+
+    def sync(self, buckets: list[Bucket], unscaled: bool = False) -> list[tuple[Bucket, int]]:
         """Before the gradients are used: offloads again every gradient changed since its hook
-        ran (or never offloaded), re-reads master weights of parameters written from outside,
-        and returns the parameters that have no gradient."""
+        ran (or never offloaded; every sharded one when `unscaled`: GradScaler.unscale_ ran),
+        re-reads master weights of parameters written from outside, and returns the parameters
+        that have no gradient."""
         for bucket in buckets:
             for i in range(len(bucket.params)):
                 bucket.check_layout(i)
@@ -94,12 +120,18 @@ class GradientOffload:
                     missing.append((bucket, i))
                     continue
                 seen = self._offloaded.get(id(p))
+                unseen = is_sharded(p) and (unscaled or not self.sharded_in_backward)
                 if (seen is None or seen[0] is not grad or seen[1] != grad._version
-                        or is_sharded(p)):
+                        or unseen or self._changed):
                     self.offload(p)
+                    self.counts["step"] += 1
+        self._changed = False  # until the gradients change again, what was offloaded holds
         return missing
 
     def release_gradients(self) -> None:
         """After a wait on every offload (grad_stats or step): the gradients may go."""
         self._keepalive.clear()
         self._offloaded.clear()
+        self._changed = False
+        self.last_counts = self.counts
+        self.counts = {"backward": 0, "step": 0}

@@ -81,7 +81,11 @@ class AdamW(torch.optim.Optimizer):
                          state_dict() still show fp32 moments (bf16 upcast exactly, 8-bit
                          dequantized: copies, whose writes are quantized at the next step);
                          with "q8", state_dict() adds the exact codes and scales (keys
-                         "exp_avg_q8", ..., _checkpoint.Q8_KEYS).
+                         "exp_avg_q8", ..., _checkpoint.Q8_KEYS);
+      sharded_gradients: when FSDP2 (DTensor) gradients are offloaded: "step" (default: read
+                         at step()) or "backward" (in their hooks, after FSDP2's reduce-scatter,
+                         overlapping backward; foreach in-place writes to them afterwards, e.g.
+                         torch.nn.utils.clip_grad_norm_ on CUDA, need opt.gradients_changed()).
     """
 
     _decoupled = True
@@ -97,7 +101,8 @@ class AdamW(torch.optim.Optimizer):
                  differentiable: bool = False, fused: bool | None = None,
                  subgroup_size: int | None = None, placement: str | int | None = None,
                  threads: int | None = None, gradients_on_gpu: bool = False,
-                 keep_buffers: bool = False, state_dtype: torch.dtype | str | None = None):
+                 keep_buffers: bool = False, state_dtype: torch.dtype | str | None = None,
+                 sharded_gradients: str = "step"):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable),
@@ -121,7 +126,7 @@ class AdamW(torch.optim.Optimizer):
             _runtime.ensure_cpu_mode_driver()
         self._buckets: list[Bucket] = []
         self._where: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, index)
-        self._gradients = GradientOffload(self._where, self._cpu)
+        self._gradients = GradientOffload(self._where, self._cpu, sharded_gradients)
         self._entries = StateEntries()  # what tide put in self.state
         self._empty_shards = _distributed.EmptyShards()  # FSDP2 parameters empty on this rank
         self._process_groups: list[_distributed.Group] = []  # those sharding the parameters
@@ -224,6 +229,12 @@ class AdamW(torch.optim.Optimizer):
         self._clip_coef = coef if math.isfinite(norm) and coef < 1.0 else 1.0
         return norm
 
+    def gradients_changed(self) -> None:
+        """Says that gradients were written in place after backward in a way tide cannot see
+        (with sharded_gradients="backward": a foreach op on DTensor gradients, such as
+        torch.nn.utils.clip_grad_norm_'s default on CUDA): they are offloaded again."""
+        self._gradients.gradients_changed()
+
     # ---- the step ----
 
     def _headroom(self, device: int, *, held: bool = False) -> int:
@@ -294,9 +305,12 @@ class AdamW(torch.optim.Optimizer):
                 ) -> tuple[list[dict[str, Any]], list[Exception], dict[int, int], bool]:
         """The update phase of step() on `devices`: (per bucket reports, errors to raise after
         the step, headroom per device, whether GradScaler skipped it)."""
-        missing = self._gradients.sync(self._buckets)
         found_inf = getattr(self, "found_inf", None)
         grad_scale = getattr(self, "grad_scale", None)
+        # scaler.step hands found_inf without grad_scale when scaler.unscale_ ran: it changed
+        # the gradients in place.
+        missing = self._gradients.sync(self._buckets,
+                                       unscaled=found_inf is not None and grad_scale is None)
         skipped = found_inf is not None and float(found_inf) != 0.0
         if found_inf is not None and self._process_groups:
             # GradScaler's check covers what torch sees of the gradients on this rank: a step is
@@ -374,6 +388,9 @@ class AdamW(torch.optim.Optimizer):
             "t_start_ns": t_start,
             "t_end_ns": t_end,
             "rss_bytes": _rss_bytes(),
+            # Gradients offloaded during backward (in their hooks) and at step() (first or again).
+            "gradients_offloaded_in_backward": self._gradients.last_counts["backward"],
+            "gradients_offloaded_at_step": self._gradients.last_counts["step"],
         }
         self.stats.append(stat)
 
