@@ -102,24 +102,19 @@ def _cdll() -> ctypes.CDLL:
                 ctypes.POINTER(CpuOptions),
                 ctypes.POINTER(AdamResult),
             ]
-            cdll.tide_cpu_adam_step_q8.restype = status
-            cdll.tide_cpu_adam_step_q8.argtypes = [
-                ctypes.POINTER(AdamSubgroup),
-                ctypes.c_void_p,
-                ctypes.c_void_p,
-                ctypes.POINTER(AdamHyper),
-                ctypes.POINTER(CpuOptions),
-                ctypes.POINTER(AdamResult),
-            ]
-            cdll.tide_cpu_adam_step_bf16_master.restype = status
-            cdll.tide_cpu_adam_step_bf16_master.argtypes = [
-                ctypes.POINTER(AdamSubgroup),
-                ctypes.c_void_p,
-                ctypes.c_void_p,
-                ctypes.POINTER(AdamHyper),
-                ctypes.POINTER(CpuOptions),
-                ctypes.POINTER(AdamResult),
-            ]
+            # The steps that take two more buffers next to the subgroup: 8-bit moments' scales,
+            # bf16 master weights and their compensation.
+            for step_with_two_buffers in (cdll.tide_cpu_adam_step_q8,
+                                          cdll.tide_cpu_adam_step_bf16_master):
+                step_with_two_buffers.restype = status
+                step_with_two_buffers.argtypes = [
+                    ctypes.POINTER(AdamSubgroup),
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                    ctypes.POINTER(AdamHyper),
+                    ctypes.POINTER(CpuOptions),
+                    ctypes.POINTER(AdamResult),
+                ]
             cdll.tide_cpu_count_nonfinite.restype = status
             cdll.tide_cpu_count_nonfinite.argtypes = [
                 ctypes.c_void_p,
