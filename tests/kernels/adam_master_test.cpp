@@ -80,7 +80,8 @@ struct MasterState {
     return d == Dtype::kFloat32 ? wide[i] : to_float(narrow.data(), d, i);
   }
   static bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
   }
 };
 
