@@ -1,11 +1,14 @@
-// bench_cpu_adam_q8: the CPU Adam step with 8-bit block-wise moments (kernels/quant8.h) against
-// the same step with fp32 moments, and both against the host's memory bandwidth in the bytes each
-// actually moves (`make bench BENCH=cpu_adam_q8`). One JSON line per case, after one with the
+// bench_cpu_adam_q8: the CPU Adam step with 8-bit block-wise moments (kernels/quant8.h), and with
+// bf16 master weights (kernels/adam_math.h, adam_master_element), against the same step with fp32
+// state, and all against the host's memory bandwidth in the bytes each actually moves
+// (`make bench BENCH=cpu_adam_q8`). One JSON line per case, after one with the
 // bandwidth (build/bin/tide_membw, same threads, run first).
 //
 // Both cases are the offloaded step: bf16 gradients in, fp32 master weights updated, bf16 weights
 // out. Bytes per parameter: fp32 moments 28 (2 gradient, 4 + 4 weight, 8 + 8 moments, 2 copy);
 // 8-bit moments 16.06 (2 gradient, 4 + 4 weight, 2 + 2 codes, 2 copy, 2 · 8 / 256 scales).
+// bf16 master weights have no copy (the bf16 weight is the model's): 26 with fp32 moments
+// (2 gradient, 2 + 2 weight, 2 + 2 compensation, 8 + 8 moments) and 18 with bf16 moments.
 // The 8-bit case runs with each instruction set forced (scalar, AVX2, AVX-512 where the CPU has
 // them) and the fp32 case with the default one. Repetitions go round-robin over the cases (so
 // that load that comes and goes hits all alike); `seconds` is the best, `median_seconds` the
@@ -69,9 +72,25 @@ double measured_bandwidth(unsigned threads, std::string& line) {
   return tide::bench::run_membw("--threads " + std::to_string(threads), line);
 }
 
+enum class Format { kFp32, kQ8, kBf16Master, kBf16MasterBf16State };
+
+double bytes_per_param(Format f) {
+  switch (f) {
+    case Format::kQ8:
+      return 16.0 + 2.0 * 8.0 / static_cast<double>(tide::kernels::kQuantBlock);
+    case Format::kBf16Master:
+      return 26.0;
+    case Format::kBf16MasterBf16State:
+      return 18.0;
+    case Format::kFp32:
+      break;
+  }
+  return 28.0;
+}
+
 struct Case {
   std::string name;
-  bool quantized;
+  Format format;
   CpuIsa isa;
   bool force;
   std::vector<double> seconds;
@@ -108,6 +127,10 @@ int main(int argc, char** argv) {
   auto v8 = allocate<std::uint8_t>(params);
   auto sm = allocate<float>(blocks);
   auto sv = allocate<float>(blocks);
+  auto w16 = allocate<std::uint16_t>(params);
+  auto c16 = allocate<std::uint16_t>(params);
+  auto m16 = allocate<std::uint16_t>(params);
+  auto v16 = allocate<std::uint16_t>(params);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (std::size_t i = 0; i < params; ++i) {
@@ -115,15 +138,23 @@ int main(int argc, char** argv) {
     param[i] = normal(rng);
     m32[i] = 0.1f * normal(rng);
     v32[i] = 1e-3f * (1.0f + std::abs(normal(rng)));
+    w16[i] = tide::kernels::float_to_bf16(param[i]);
+    m16[i] = tide::kernels::float_to_bf16(m32[i]);
+    v16[i] = tide::kernels::float_to_bf16(v32[i]);
     m8[i] = static_cast<std::uint8_t>(rng());
     v8[i] = static_cast<std::uint8_t>(rng());
   }
   for (std::size_t b = 0; b < blocks; ++b) sm[b] = 0.3f, sv[b] = 3e-3f;
 
-  std::vector<Case> cases{{"adam_fp32_state", false, CpuIsa::kScalar, false, {}}};
+  std::vector<Case> cases{{"adam_fp32_state", Format::kFp32, CpuIsa::kScalar, false, {}}};
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (tide::kernels::cpu_supports(isa)) cases.push_back({"adam_8bit_state", true, isa, true, {}});
+    if (tide::kernels::cpu_supports(isa)) {
+      cases.push_back({"adam_8bit_state", Format::kQ8, isa, true, {}});
+      cases.push_back({"adam_bf16_master", Format::kBf16Master, isa, true, {}});
+    }
   }
+  cases.push_back(
+      {"adam_bf16_master_bf16_state", Format::kBf16MasterBf16State, CpuIsa::kScalar, false, {}});
   AdamHyper h;
   h.weight_decay = 0.01;
   for (int r = 0; r <= reps; ++r) {  // repetition 0 warms up
@@ -135,7 +166,18 @@ int main(int argc, char** argv) {
       s.count = params;
       s.grad_dtype = Dtype::kBFloat16;
       s.copy_dtype = Dtype::kBFloat16;
-      if (c.quantized) {
+      if (c.format == Format::kBf16Master || c.format == Format::kBf16MasterBf16State) {
+        s.master_dtype = Dtype::kBFloat16;
+        s.param = nullptr;
+        s.param_copy = nullptr;
+        s.param_bf16 = w16.get();
+        s.param_comp = c16.get();
+      }
+      if (c.format == Format::kBf16MasterBf16State) {
+        s.state_dtype = Dtype::kBFloat16;
+        s.exp_avg = m16.get();
+        s.exp_avg_sq = v16.get();
+      } else if (c.format == Format::kQ8) {
         s.state_format = tide::kernels::StateFormat::kBlockQ8;
         s.exp_avg = m8.get();
         s.exp_avg_sq = v8.get();
@@ -159,8 +201,7 @@ int main(int argc, char** argv) {
   const double base_best = *std::min_element(base.seconds.begin(), base.seconds.end());
   for (const Case& c : cases) {
     const double best = *std::min_element(c.seconds.begin(), c.seconds.end());
-    const double bytes =
-        c.quantized ? 16.0 + 2.0 * 8.0 / static_cast<double>(tide::kernels::kQuantBlock) : 28.0;
+    const double bytes = bytes_per_param(c.format);
     const double rate = static_cast<double>(params) / best;
     std::vector<double> paired;
     for (std::size_t r = 0; r < c.seconds.size(); ++r) {

@@ -56,13 +56,18 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
           "moments must be fp32 or bf16");
   require(!dtypes.copy || *dtypes.copy == Dtype::kBFloat16 || *dtypes.copy == Dtype::kFloat16,
           "the weight copy must be bf16 or fp16");
+  const bool bf16_master = dtypes.master == Dtype::kBFloat16;
+  require(dtypes.master == Dtype::kFloat32 || bf16_master, "master weights must be fp32 or bf16");
+  require(!bf16_master || (!quantized && !dtypes.copy),
+          "bf16 master weights take no weight copy and no 8-bit moments");
   if (subgroups.empty()) return;
   require(nonfinite != 0 && nonfinite % 8 == 0, "null or misaligned counters");
   for (std::size_t i = 0; i < subgroups.size(); ++i) {
     const AdamGpuSubgroup& s = subgroups[i];
     if (s.count == 0) continue;
     require_aligned(s.grad, dtype_size(dtypes.grad), "grad", i);
-    require_aligned(s.param, 4, "param", i);
+    require_aligned(s.param, bf16_master ? 2 : 4, "param", i);
+    if (bf16_master) require_aligned(s.param_comp, 2, "param_comp", i);
     if (quantized) {
       // A block never straddles subgroups (kernels/quant8.h).
       for (const auto& [codes, name] :
@@ -90,6 +95,7 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
   p.has_copy = dtypes.copy ? 1 : 0;
   p.copy_dtype = dtypes.copy.value_or(Dtype::kBFloat16);
   p.state_format = dtypes.state_format;
+  p.master_dtype = dtypes.master;
   TIDE_CU(cuMemsetD8Async, nonfinite, 0, subgroups.size() * sizeof(std::uint64_t), stream.get());
   for (std::size_t first = 0; first < subgroups.size(); first += kMaxAdamKernelSubgroups) {
     const auto rows = static_cast<unsigned>(
@@ -97,8 +103,8 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
     std::uint64_t max_count = 0;
     for (unsigned r = 0; r < rows; ++r) {
       const AdamGpuSubgroup& s = subgroups[first + r];
-      p.subgroups[r] = {s.grad,       s.param, s.exp_avg,       s.exp_avg_sq,
-                        s.param_copy, s.count, s.exp_avg_scale, s.exp_avg_sq_scale};
+      p.subgroups[r] = {s.grad,  s.param,         s.exp_avg,          s.exp_avg_sq, s.param_copy,
+                        s.count, s.exp_avg_scale, s.exp_avg_sq_scale, s.param_comp};
       max_count = std::max(max_count, s.count);
     }
     p.subgroup_count = rows;

@@ -35,6 +35,9 @@ struct AdamGpuSubgroup {
   // codes each at a kQuantBlock-byte boundary, these quant_blocks(count) fp32 scales each.
   CUdeviceptr exp_avg_scale = 0;
   CUdeviceptr exp_avg_sq_scale = 0;
+  // bf16 master weights (AdamGpuDtypes::master kBFloat16): `param` holds the bf16 weights and
+  // this their bf16 compensation (kernels/adam_math.h, adam_master_element).
+  CUdeviceptr param_comp = 0;
 };
 
 // The dtypes every subgroup of one launch shares.
@@ -43,6 +46,8 @@ struct AdamGpuDtypes {
   Dtype state = Dtype::kFloat32;
   std::optional<Dtype> copy = Dtype::kBFloat16;    // nullopt: no low-precision copy
   StateFormat state_format = StateFormat::kDtype;  // kBlockQ8: `state` is ignored
+  // kBFloat16: bf16 master weights with compensation; no copy, not with kBlockQ8.
+  Dtype master = Dtype::kFloat32;
 };
 
 class AdamGpu {

@@ -17,7 +17,9 @@ std::vector<KernelRange> adam_ranges(const HostGrid& grid, const void* params) {
   for (std::uint32_t r = 0; r < rows && r < kMaxAdamKernelSubgroups; ++r) {
     const AdamKernelSubgroup& s = p.subgroups[r];
     out.push_back({s.grad, s.count * dtype_size(p.grad_dtype), false});
-    out.push_back({s.param, s.count * 4, true});
+    const bool bf16_master = p.master_dtype == Dtype::kBFloat16;
+    out.push_back({s.param, s.count * (bf16_master ? 2 : 4), true});
+    if (bf16_master) out.push_back({s.param_comp, s.count * 2, true});
     if (p.state_format == StateFormat::kBlockQ8) {
       out.push_back({s.exp_avg, s.count, true});
       out.push_back({s.exp_avg_sq, s.count, true});

@@ -18,13 +18,14 @@ namespace tide::kernels {
 // One subgroup in device memory (CUdeviceptr addresses): `count` elements of each buffer.
 struct AdamKernelSubgroup {
   std::uint64_t grad;        // grad_dtype
-  std::uint64_t param;       // float
+  std::uint64_t param;       // float; bf16 with master_dtype kBFloat16
   std::uint64_t exp_avg;     // state_dtype
   std::uint64_t exp_avg_sq;  // state_dtype
   std::uint64_t param_copy;  // copy_dtype; unused when has_copy is 0
   std::uint64_t count;
   std::uint64_t exp_avg_scale;     // float[quant_blocks(count)]; with state_format kBlockQ8 only
   std::uint64_t exp_avg_sq_scale;  // float[quant_blocks(count)]; with state_format kBlockQ8 only
+  std::uint64_t param_comp;        // bf16; with master_dtype kBFloat16 only
 };
 
 inline constexpr unsigned kMaxAdamKernelSubgroups = 32;
@@ -43,6 +44,9 @@ struct AdamKernelParams {
   // each quantization block stepped by one warp (blockDim.x must be a multiple of 32);
   // state_dtype is ignored.
   StateFormat state_format;
+  // kBFloat16: bf16 master weights with compensation (adam_master_element): param holds the bf16
+  // weights and param_comp their compensation; no copy, state_format kDtype (tide_adam_step).
+  Dtype master_dtype;
   AdamKernelSubgroup subgroups[kMaxAdamKernelSubgroups];
 };
 

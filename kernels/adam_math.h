@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "kernels/dtype.h"
 #include "kernels/host_device.h"
 
 #if !defined(__CUDACC__)
@@ -119,6 +120,28 @@ TIDE_HOST_DEVICE bool adam_element(const AdamCoefficients& t, float grad, float&
   adam_update<Math, kBounded>(t, grad, np, nm, nv);
   if (!(Math::finite(np) && Math::finite(nm) && Math::finite(nv))) return false;
   p = np;
+  m = nm;
+  v = nv;
+  return true;
+}
+
+// One element with bf16 master weights (master_dtype bf16): there is no fp32 master, the weight
+// is the pair w + c of two bf16 values, the model's bf16 weight w and its compensation c, the
+// part of the fp32 weight that rounding to bf16 lost (Kahan-style: updates smaller than half an
+// ulp of w accumulate in c until they move w, instead of vanishing). w and c are passed as the
+// fp32 values of their bf16 patterns; the caller stores them back with float_to_bf16, which is
+// exact for both. The step runs adam_update on p = w + c, then w = bf16(p), c = bf16(p − w).
+// The update is rejected (nothing changes, returns false) when the new w or a moment is not
+// finite: a finite p that rounds to a bf16 infinity is an overflow like any other.
+template <typename Math>
+TIDE_HOST_DEVICE bool adam_master_element(const AdamCoefficients& t, float grad, float& w, float& c,
+                                          float& m, float& v) {
+  float p = Math::add(w, c), nm = m, nv = v;
+  adam_update<Math>(t, grad, p, nm, nv);
+  const float nw = bf16_to_float(float_to_bf16(p));
+  if (!(Math::finite(nw) && Math::finite(nm) && Math::finite(nv))) return false;
+  w = nw;
+  c = bf16_to_float(float_to_bf16(Math::sub(p, nw)));
   m = nm;
   v = nv;
   return true;

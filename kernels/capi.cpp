@@ -112,6 +112,29 @@ TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, f
   });
 }
 
+TIDE_API tide_status tide_cpu_adam_step_bf16_master(const tide_adam_subgroup* subgroup,
+                                                    uint16_t* param_bf16, uint16_t* param_comp,
+                                                    const tide_adam_hyper* hyper,
+                                                    const tide_cpu_options* options,
+                                                    tide_adam_result* result) {
+  return guard([&] {
+    k::require(subgroup != nullptr && hyper != nullptr,
+               "tide_cpu_adam_step_bf16_master: null argument");
+    k::require(subgroup->param == nullptr,
+               "tide_cpu_adam_step_bf16_master: subgroup->param must be NULL (the weights are "
+               "param_bf16 and param_comp)");
+    k::require(subgroup->state_dtype != TIDE_STATE_BLOCK_Q8,
+               "tide_cpu_adam_step_bf16_master: bf16 master weights with 8-bit moments are not "
+               "supported (use fp32 or bf16 moments)");
+    k::AdamSubgroup s = k::subgroup_from_c(*subgroup);
+    s.master_dtype = k::Dtype::kBFloat16;
+    s.param_bf16 = param_bf16;
+    s.param_comp = param_comp;
+    const k::AdamResult r = k::cpu_adam_step(s, k::hyper_from_c(*hyper), k::options_of(options));
+    if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
+  });
+}
+
 TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype, uint64_t count,
                                               const tide_cpu_options* options,
                                               uint64_t* nonfinite) {

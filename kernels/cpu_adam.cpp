@@ -81,12 +81,26 @@ void validate(const AdamSubgroup& s) {
   require(s.param_copy == nullptr || s.copy_dtype == Dtype::kBFloat16 ||
               s.copy_dtype == Dtype::kFloat16,
           "the weight copy must be bf16 or fp16");
+  const bool bf16_master = s.master_dtype == Dtype::kBFloat16;
+  require(s.master_dtype == Dtype::kFloat32 || bf16_master, "master weights must be fp32 or bf16");
+  require(!bf16_master || !quantized,
+          "bf16 master weights with 8-bit moments are not supported (use fp32 or bf16 moments)");
+  require(!bf16_master || s.param_copy == nullptr,
+          "bf16 master weights are the model's weights: no weight copy (param_copy must be null)");
   if (s.count == 0) return;
-  require(
-      s.grad != nullptr && s.param != nullptr && s.exp_avg != nullptr && s.exp_avg_sq != nullptr,
-      "null subgroup buffer (grad, param, exp_avg and exp_avg_sq are required)");
+  require(s.grad != nullptr && s.exp_avg != nullptr && s.exp_avg_sq != nullptr,
+          "null subgroup buffer (grad, param, exp_avg and exp_avg_sq are required)");
   require_aligned(s.grad, dtype_size(s.grad_dtype), "grad");
-  require_aligned(s.param, 4, "param");
+  if (bf16_master) {
+    require(s.param_bf16 != nullptr && s.param_comp != nullptr,
+            "null subgroup buffer (bf16 master weights need param_bf16 and param_comp)");
+    require_aligned(s.param_bf16, 2, "param_bf16");
+    require_aligned(s.param_comp, 2, "param_comp");
+  } else {
+    require(s.param != nullptr,
+            "null subgroup buffer (grad, param, exp_avg and exp_avg_sq are required)");
+    require_aligned(s.param, 4, "param");
+  }
   if (quantized) {
     require(s.exp_avg_scale != nullptr && s.exp_avg_sq_scale != nullptr,
             "null scale buffer (8-bit moments need exp_avg_scale and exp_avg_sq_scale)");

@@ -48,6 +48,12 @@ struct AdamSubgroup {
   StateFormat state_format = StateFormat::kDtype;
   float* exp_avg_scale = nullptr;     // kBlockQ8: the first moment's block scales
   float* exp_avg_sq_scale = nullptr;  // kBlockQ8: the second moment's block scales
+  // kBFloat16: bf16 master weights with compensation (adam_master_element): param is nullptr,
+  // param_bf16 holds the bf16 weights (the model's, no copy: param_copy must be nullptr) and
+  // param_comp their bf16 compensation, both updated in place. Not with kBlockQ8 moments.
+  Dtype master_dtype = Dtype::kFloat32;
+  std::uint16_t* param_bf16 = nullptr;
+  std::uint16_t* param_comp = nullptr;
 };
 
 // Instruction sets of the CPU implementation.

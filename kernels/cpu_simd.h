@@ -126,9 +126,67 @@ std::uint64_t simd_adam_part(const AdamCoefficients& c, const AdamTerms<typename
   }
 }
 
+// bf16 master weights (adam_master_element): one vector from element i. The bf16 roundings of
+// the new weight and of its remainder go through a stack line (store as bf16, load back), the
+// variant's own conversion, which equals float_to_bf16. The compensation follows the decision
+// keep_finite takes on the weight and moments: z is +0 where they are all finite and NaN where
+// not, and c1 − z is c1 (signs of zeros included) or NaN, which keep_finite then rejects.
+template <typename V, Dtype G, Dtype S, bool kTail>
+unsigned simd_master_step(const AdamTerms<typename V::Wide>& t, const AdamSubgroup& s,
+                          std::size_t i, typename V::Lanes k) {
+  using Reg = typename V::Reg;
+  using Wide = typename V::Wide;
+  using M = typename V::Math;
+  constexpr Dtype kB = Dtype::kBFloat16;
+  alignas(64) std::uint16_t rounded[V::kWidth];
+  const Reg g = V::template load<G, kTail>(s.grad, i, k);
+  Reg w = V::template load<kB, kTail>(s.param_bf16, i, k);
+  Reg c = V::template load<kB, kTail>(s.param_comp, i, k);
+  Reg m = V::template load<S, kTail>(s.exp_avg, i, k);
+  Reg v = V::template load<S, kTail>(s.exp_avg_sq, i, k);
+  Wide p1 = M::add(Wide{w}, Wide{c}), m1{m}, v1{v};
+  adam_update<M>(t, Wide{g}, p1, m1, v1);
+  V::template store<kB, kTail>(rounded, 0, k, p1.x);
+  const Wide w1{V::template load<kB, kTail>(rounded, 0, k)};
+  V::template store<kB, kTail>(rounded, 0, k, M::sub(p1, w1).x);
+  const Wide c1{V::template load<kB, kTail>(rounded, 0, k)};
+  const Wide z = M::add(M::add(M::sub(w1, w1), M::sub(m1, m1)), M::sub(v1, v1));
+  const Wide c2 = M::sub(c1, z);
+  const unsigned rejected = V::keep_finite(w1, m1, v1, k, w, m, v);
+  Reg unused_m = c, unused_v = c;
+  V::keep_finite(c2, c2, c2, k, c, unused_m, unused_v);
+  V::template store<kB, kTail>(s.param_bf16, i, k, w);
+  V::template store<kB, kTail>(s.param_comp, i, k, c);
+  V::template store<S, kTail>(s.exp_avg, i, k, m);
+  V::template store<S, kTail>(s.exp_avg_sq, i, k, v);
+  return rejected;
+}
+
+template <typename V, Dtype G, Dtype S>
+std::uint64_t simd_master_range(const AdamCoefficients& c, const AdamSubgroup& subgroup,
+                                std::size_t begin, std::size_t end) {
+  constexpr std::size_t kW = V::kWidth;
+  const AdamSubgroup s = subgroup;
+  const AdamTerms<typename V::Wide> t = simd_broadcast<V>(c);
+  std::uint64_t rejected = 0;
+  std::size_t i = begin;
+  for (; i + kW <= end; i += kW) rejected += simd_master_step<V, G, S, false>(t, s, i, V::kAll);
+  if (i == end) return rejected;
+  if constexpr (V::kMaskedTails) {
+    return rejected + simd_master_step<V, G, S, true>(t, s, i, V::first_lanes(end - i));
+  } else {
+    return rejected + adam_scalar_range<G, S, kNoCopy>(c, s, i, end);
+  }
+}
+
 template <typename V, Dtype G, Dtype S, Dtype C>
 std::uint64_t simd_adam_range(const AdamCoefficients& c, const AdamSubgroup& subgroup,
                               std::size_t begin, std::size_t end) {
+  if constexpr (C == kNoCopy) {
+    if (subgroup.master_dtype == Dtype::kBFloat16) {
+      return simd_master_range<V, G, S>(c, subgroup, begin, end);
+    }
+  }
   constexpr std::size_t kW = V::kWidth;
   // A local copy: the stores (through may-alias vector pointers) cannot touch it, so the
   // buffer addresses stay in registers instead of being reloaded every step.

@@ -87,7 +87,7 @@ std::uint64_t adam_for_dtypes(const AdamCoefficients& t, const AdamSubgroup& s, 
 
 // The scalar loop: the scalar variant, and the tails of the AVX2 variant. Stores every element
 // (old values where the update is rejected), so a rejected element's copy is the cast of its
-// unchanged weight.
+// unchanged weight. With bf16 master weights (never with a copy) the same over the weight pair.
 template <Dtype G, Dtype S, Dtype C>
 std::uint64_t adam_scalar_range(const AdamCoefficients& t, const AdamSubgroup& s, std::size_t begin,
                                 std::size_t end) {
@@ -98,6 +98,22 @@ std::uint64_t adam_scalar_range(const AdamCoefficients& t, const AdamSubgroup& s
   auto* v = static_cast<typename ST::Storage*>(s.exp_avg_sq);
   float* param = s.param;
   std::uint64_t rejected = 0;
+  if constexpr (C == kNoCopy) {
+    if (s.master_dtype == Dtype::kBFloat16) {
+      for (std::size_t i = begin; i < end; ++i) {
+        float w = bf16_to_float(s.param_bf16[i]);
+        float c = bf16_to_float(s.param_comp[i]);
+        float mi = ST::to_float(m[i]);
+        float vi = ST::to_float(v[i]);
+        if (!adam_master_element<HostMath>(t, GT::to_float(grad[i]), w, c, mi, vi)) ++rejected;
+        s.param_bf16[i] = float_to_bf16(w);
+        s.param_comp[i] = float_to_bf16(c);
+        m[i] = ST::from_float(mi);
+        v[i] = ST::from_float(vi);
+      }
+      return rejected;
+    }
+  }
   for (std::size_t i = begin; i < end; ++i) {
     float p = param[i];
     float mi = ST::to_float(m[i]);

@@ -241,6 +241,18 @@ TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, f
                                            const tide_cpu_options* options,
                                            tide_adam_result* result);
 
+/* The same step with bf16 master weights with compensation (no fp32 master): subgroup->param and
+ * param_copy NULL; param_bf16 are the bf16 weights (uint16_t bit patterns, the model's: there is
+ * no separate copy) and param_comp their bf16 compensation, the part of the fp32 weight that
+ * rounding to bf16 lost. Each element steps p = w + c, then w = bf16(p), c = bf16(p - w): updates
+ * too small to move w accumulate in c (about 16 significant bits in all, against fp32's 24).
+ * Moments fp32 or bf16, not TIDE_STATE_BLOCK_Q8. A rejected element keeps w, c and its moments. */
+TIDE_API tide_status tide_cpu_adam_step_bf16_master(const tide_adam_subgroup* subgroup,
+                                                    uint16_t* param_bf16, uint16_t* param_comp,
+                                                    const tide_adam_hyper* hyper,
+                                                    const tide_cpu_options* options,
+                                                    tide_adam_result* result);
+
 /* The number of NaN and infinite values among `count` values of `dtype` (a loss scaler's
  * check, e.g. of each subgroup's gradients as they arrive). */
 TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype, uint64_t count,

@@ -281,9 +281,40 @@ __device__ void with_q8_copy(const AdamKernelParams& p, const AdamKernelSubgroup
   return adam_q8_subgroup<G, Dtype::kBFloat16>(p.terms, s, nonfinite);
 }
 
+// bf16 master weights (adam_master_element), one element per thread and step: consecutive
+// threads touch consecutive 2-byte values, so each warp's loads and stores stay coalesced.
+template <Dtype G, Dtype S>
+__device__ void adam_master_subgroup(const AdamCoefficients& t, const AdamKernelSubgroup& s,
+                                     unsigned long long* nonfinite) {
+  const std::uint64_t thread = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::uint64_t threads = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  auto* w_bits = reinterpret_cast<u16*>(s.param);
+  auto* c_bits = reinterpret_cast<u16*>(s.param_comp);
+  auto* m_out = reinterpret_cast<typename DtypeTraits<S>::Storage*>(s.exp_avg);
+  auto* v_out = reinterpret_cast<typename DtypeTraits<S>::Storage*>(s.exp_avg_sq);
+  unsigned rejected = 0;
+  for (std::uint64_t i = thread; i < s.count; i += threads) {
+    float w = bf16_to_float(w_bits[i]);
+    float c = bf16_to_float(c_bits[i]);
+    float m = load_one<S>(reinterpret_cast<const void*>(s.exp_avg), i);
+    float v = load_one<S>(reinterpret_cast<const void*>(s.exp_avg_sq), i);
+    const float g = load_one<G>(reinterpret_cast<const void*>(s.grad), i);
+    if (!adam_master_element<DeviceMath>(t, g, w, c, m, v)) ++rejected;
+    w_bits[i] = float_to_bf16(w);
+    c_bits[i] = float_to_bf16(c);
+    m_out[i] = DtypeTraits<S>::from_float(m);
+    v_out[i] = DtypeTraits<S>::from_float(v);
+  }
+  const unsigned warp_total = __reduce_add_sync(0xffffffffu, rejected);
+  if ((threadIdx.x & 31u) == 0 && warp_total != 0) atomicAdd(nonfinite, warp_total);
+}
+
 template <Dtype G, Dtype S>
 __device__ void with_copy(const AdamKernelParams& p, const AdamKernelSubgroup& s,
                           unsigned long long* nonfinite) {
+  if (p.master_dtype == Dtype::kBFloat16) {
+    return adam_master_subgroup<G, S>(p.terms, s, nonfinite);
+  }
   if (!p.has_copy) return adam_subgroup<G, S, Dtype::kFloat32>(p.terms, s, nonfinite);
   if (p.copy_dtype == Dtype::kFloat16) {
     return adam_subgroup<G, S, Dtype::kFloat16>(p.terms, s, nonfinite);

@@ -102,15 +102,19 @@ def _cdll() -> ctypes.CDLL:
                 ctypes.POINTER(CpuOptions),
                 ctypes.POINTER(AdamResult),
             ]
-            cdll.tide_cpu_adam_step_q8.restype = status
-            cdll.tide_cpu_adam_step_q8.argtypes = [
-                ctypes.POINTER(AdamSubgroup),
-                ctypes.c_void_p,
-                ctypes.c_void_p,
-                ctypes.POINTER(AdamHyper),
-                ctypes.POINTER(CpuOptions),
-                ctypes.POINTER(AdamResult),
-            ]
+            # The steps that take two more buffers next to the subgroup: 8-bit moments' scales,
+            # bf16 master weights and their compensation.
+            for step_with_two_buffers in (cdll.tide_cpu_adam_step_q8,
+                                          cdll.tide_cpu_adam_step_bf16_master):
+                step_with_two_buffers.restype = status
+                step_with_two_buffers.argtypes = [
+                    ctypes.POINTER(AdamSubgroup),
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                    ctypes.POINTER(AdamHyper),
+                    ctypes.POINTER(CpuOptions),
+                    ctypes.POINTER(AdamResult),
+                ]
             cdll.tide_cpu_count_nonfinite.restype = status
             cdll.tide_cpu_count_nonfinite.argtypes = [
                 ctypes.c_void_p,
@@ -185,6 +189,7 @@ def cpu_adam_step(
     skip_subgroup_on_nonfinite: bool = False,
     exp_avg_scale: Any = None,
     exp_avg_sq_scale: Any = None,
+    param_comp: Any = None,
 ) -> StepResult:
     """One Adam/AdamW step, in place, over one flat subgroup.
 
@@ -194,9 +199,22 @@ def cpu_adam_step(
     exp_avg_sq_scale, one per 256 elements. param_copy: optional bfloat16/float16 output, written
     with the updated weights in the same pass. grad_scale: the loss scale the gradients carry
     (they are multiplied by 1/grad_scale). threads: 0 for the pool's (TIDE_CPU_THREADS).
+
+    bf16 master weights with compensation (tide_cpu_adam_step_bf16_master): param bfloat16 (the
+    weights themselves, no param_copy) and param_comp its bfloat16 compensation, both updated in
+    place; fp32 or bf16 moments.
     """
     count = param.numel()
-    _dtype_of(param, (FLOAT32,), "param")
+    bf16_master = param_comp is not None
+    if bf16_master:
+        _dtype_of(param, (BFLOAT16,), "param (with param_comp: bf16 master weights)")
+        _dtype_of(param_comp, (BFLOAT16,), "param_comp")
+        _check_buffer(param_comp, count, "param_comp")
+        if param_copy is not None:
+            raise TypeError("bf16 master weights (param_comp) take no param_copy: param is the "
+                            "bf16 weight")
+    else:
+        _dtype_of(param, (FLOAT32,), "param")
     for name, tensor in (("param", param), ("grad", grad), ("exp_avg", exp_avg),
                          ("exp_avg_sq", exp_avg_sq)):
         _check_buffer(tensor, count, name)
@@ -212,9 +230,11 @@ def cpu_adam_step(
             _check_buffer(tensor, blocks, name)
     if exp_avg_sq.dtype != exp_avg.dtype:
         raise TypeError("exp_avg and exp_avg_sq must have the same dtype")
+    if q8 and bf16_master:
+        raise TypeError("bf16 master weights (param_comp) with 8-bit moments are not supported")
     subgroup = AdamSubgroup(
         grad=grad.data_ptr(),
-        param=param.data_ptr(),
+        param=None if bf16_master else param.data_ptr(),
         exp_avg=exp_avg.data_ptr(),
         exp_avg_sq=exp_avg_sq.data_ptr(),
         param_copy=None,
@@ -240,7 +260,11 @@ def cpu_adam_step(
     )
     options = _options(threads, isa, skip_subgroup_on_nonfinite)
     result = AdamResult()
-    if q8:
+    if bf16_master:
+        _lib.check(_cdll().tide_cpu_adam_step_bf16_master(
+            ctypes.byref(subgroup), param.data_ptr(), param_comp.data_ptr(),
+            ctypes.byref(hyper), ctypes.byref(options), ctypes.byref(result)))
+    elif q8:
         _lib.check(_cdll().tide_cpu_adam_step_q8(
             ctypes.byref(subgroup), exp_avg_scale.data_ptr(), exp_avg_sq_scale.data_ptr(),
             ctypes.byref(hyper), ctypes.byref(options), ctypes.byref(result)))

@@ -267,6 +267,90 @@ TEST_F(AdamGpuTest, EightBitMomentsMatchTheCpuPathBitForBit) {
   }
 }
 
+// bf16 master weights with compensation (AdamGpuDtypes::master): grad bf16, weight and
+// compensation bf16, moments fp32, several subgroups in one launch, some gradients non-finite.
+TEST_F(AdamGpuTest, Bf16MasterWeightsMatchTheCpuPathBitForBit) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const AdamGpu adam;
+  driver::Stream stream;
+  const AdamHyper h = random_hyper(rng);
+  SCOPED_TRACE(describe(h));
+  constexpr int kBuffers = 5;  // grad, weight, compensation, exp_avg, exp_avg_sq
+  const std::size_t sizes[kBuffers] = {2, 2, 2, 4, 4};
+  struct Place {
+    std::size_t n, offset[kBuffers];
+  };
+  std::vector<Place> places;
+  std::vector<unsigned char> host;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t n : {0, 1, 7, 9, 100, 4097}) {
+    Place pl{n, {}};
+    for (int k = 0; k < kBuffers; ++k) {
+      pl.offset[k] = (host.size() + 255) / 256 * 256 + (n % 2 == 1 ? sizes[k] : 0);
+      host.resize(pl.offset[k] + n * sizes[k] + 1);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const float p = normal(rng), m = 0.1f * normal(rng), v = 1e-3f * std::abs(normal(rng));
+      const std::uint16_t w = float_to_bf16(p), c = float_to_bf16(p - bf16_to_float(w));
+      const std::uint16_t g = float_to_bf16(i == n / 2 && n > 8 ? NAN : normal(rng));
+      std::memcpy(&host[pl.offset[0] + 2 * i], &g, 2);
+      std::memcpy(&host[pl.offset[1] + 2 * i], &w, 2);
+      std::memcpy(&host[pl.offset[2] + 2 * i], &c, 2);
+      std::memcpy(&host[pl.offset[3] + 4 * i], &m, 4);
+      std::memcpy(&host[pl.offset[4] + 4 * i], &v, 4);
+    }
+    places.push_back(pl);
+  }
+  std::vector<unsigned char> cpu = host;
+  std::vector<std::uint64_t> expected;
+  for (const Place& pl : places) {
+    AdamSubgroup s;
+    s.grad = &cpu[pl.offset[0]];
+    s.param_bf16 = reinterpret_cast<std::uint16_t*>(&cpu[pl.offset[1]]);
+    s.param_comp = reinterpret_cast<std::uint16_t*>(&cpu[pl.offset[2]]);
+    s.exp_avg = &cpu[pl.offset[3]];
+    s.exp_avg_sq = &cpu[pl.offset[4]];
+    s.count = pl.n;
+    s.grad_dtype = Dtype::kBFloat16;
+    s.master_dtype = Dtype::kBFloat16;
+    expected.push_back(cpu_adam_step(s, h).nonfinite);
+  }
+  driver::DeviceBuffer device(host.size());
+  driver::copy_to_device(device.get(), host.data(), host.size());
+  std::vector<AdamGpuSubgroup> views;
+  for (const Place& pl : places) {
+    AdamGpuSubgroup v;
+    const CUdeviceptr b = device.get();
+    v.grad = b + pl.offset[0];
+    v.param = b + pl.offset[1];
+    v.param_comp = b + pl.offset[2];
+    v.exp_avg = b + pl.offset[3];
+    v.exp_avg_sq = b + pl.offset[4];
+    v.count = pl.n;
+    views.push_back(v);
+  }
+  driver::DeviceBuffer counts(views.size() * sizeof(std::uint64_t));
+  AdamGpuDtypes dtypes{Dtype::kBFloat16, Dtype::kFloat32, std::nullopt};
+  dtypes.master = Dtype::kBFloat16;
+  adam.step(views, dtypes, h, counts.get(), stream);
+  stream.synchronize();
+  driver::copy_to_host(host.data(), device.get(), host.size());
+  std::vector<std::uint64_t> got(views.size());
+  driver::copy_to_host(got.data(), counts.get(), got.size() * sizeof(std::uint64_t));
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(host, cpu);
+  EXPECT_GE(expected.back(), 1u);
+
+  // No weight copy and no 8-bit moments with bf16 master weights.
+  dtypes.copy = Dtype::kBFloat16;
+  EXPECT_THROW(adam.step(views, dtypes, h, counts.get(), stream), std::invalid_argument);
+  dtypes.copy = std::nullopt;
+  dtypes.state_format = StateFormat::kBlockQ8;
+  EXPECT_THROW(adam.step(views, dtypes, h, counts.get(), stream), std::invalid_argument);
+}
+
 TEST_F(AdamGpuTest, RefusesEightBitSubgroupsThatDoNotStartOnABlock) {
   const AdamGpu adam;
   driver::Stream stream;

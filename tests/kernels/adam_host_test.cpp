@@ -117,6 +117,7 @@ class AdamHostTest : public ::testing::Test {
                         layout.copy ? address(s.copy) : 0,
                         s.count,
                         0,
+                        0,
                         0};
     }
     const HostKernelEntry* adam = find_host_kernel(kAdamKernel);

@@ -248,7 +248,8 @@ struct Q8Subgroup {
             layout.copy ? address(copy.data()) : 0,
             count,
             address(sm.data()),
-            address(sv.data())};
+            address(sv.data()),
+            0};
   }
 
   std::size_t count;

@@ -115,7 +115,7 @@ void misaligned_adam() {
   p.subgroup_count = 1;
   p.grad_dtype = kernels::Dtype::kFloat32;
   p.state_dtype = kernels::Dtype::kFloat32;
-  p.subgroups[0] = {b, b + 4096, b + 8192, b + 12288, 0, 64, 0, 0};
+  p.subgroups[0] = {b, b + 4096, b + 8192, b + 12288, 0, 64, 0, 0, 0};
   void* args[] = {&p};
   ASSERT_EQ(
       cuLaunchKernel(kernel(kernels::kAdamKernel), 1, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr),
