@@ -115,9 +115,9 @@ struct Q8SearchTable {
   // The map's midpoints, then +inf up to 256 entries.
   float midpoint[256];
   bool one_midpoint_per_bucket;
-  // The same search without gathers (the AVX-512 variant): q8_count_below's binary search, its
-  // pivots laid out by step. Step l (of log2(count + 1)) compares y with the midpoint at
-  // code + 2^(steps−1−l) − 1, where code, the count so far, is a multiple of 2^(steps−l): so
+  // The same search without gathers (the AVX-512 variant, for exp_avg): q8_count_below's binary
+  // search, its pivots laid out by step. Step l (of log2(count + 1)) compares y with the midpoint
+  // at code + 2^(steps−1−l) − 1, where code, the count so far, is a multiple of 2^(steps−l): so
   // step l's 2^l possible pivots, indexed by code >> (steps − l), are small enough tables for
   // in-register permutes (one register up to 16 entries, vpermi2ps pairs above).
   float pivot[8][128];
