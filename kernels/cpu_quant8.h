@@ -115,6 +115,12 @@ struct Q8SearchTable {
   // The map's midpoints, then +inf up to 256 entries.
   float midpoint[256];
   bool one_midpoint_per_bucket;
+  // The same search without gathers (the AVX-512 variant, for exp_avg): q8_count_below's binary
+  // search, its pivots laid out by step. Step l (of log2(count + 1)) compares y with the midpoint
+  // at code + 2^(steps−1−l) − 1, where code, the count so far, is a multiple of 2^(steps−l): so
+  // step l's 2^l possible pivots, indexed by code >> (steps − l), are small enough tables for
+  // in-register permutes (one register up to 16 entries, vpermi2ps pairs above).
+  float pivot[8][128];
 };
 
 constexpr Q8SearchTable make_q8_search_table(const float* midpoints, unsigned count) {
@@ -137,6 +143,12 @@ constexpr Q8SearchTable make_q8_search_table(const float* midpoints, unsigned co
     while (inside_end < count && midpoints[inside_end] < hi) ++inside_end;
     t.base[b] = static_cast<std::uint8_t>(below);
     if (inside_end - below > 1) t.one_midpoint_per_bucket = false;
+  }
+  const unsigned steps = std::bit_width(count);
+  for (unsigned l = 0; l < steps; ++l) {
+    const unsigned stride = 1u << (steps - l);  // between the codes step l starts from
+    for (unsigned j = 0; j < (1u << l); ++j)
+      t.pivot[l][j] = t.midpoint[j * stride + stride / 2 - 1];
   }
   return t;
 }
