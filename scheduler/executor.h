@@ -210,7 +210,8 @@ class Executor {
   void save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks);
   bool needs_staging(bool gradients_on_gpu) const;
   void restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks);
-  std::array<std::pair<char*, unsigned>, 3> state_parts(std::size_t i) const;
+  std::array<std::pair<char*, unsigned>, 4> state_parts(std::size_t i) const;
+  std::size_t state_part_count() const;
   std::uint64_t capped(std::uint64_t headroom) const;
   Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu) const;
   allocator::DeviceMemoryResource& memory();

@@ -25,7 +25,8 @@ using Faults = allocator::testing::DeviceStandin;
 
 // A model whose bf16 parameters are host memory (HMM); gradients are produced in device memory.
 struct HostModel {
-  explicit HostModel(const std::vector<std::uint64_t>& sizes, Dtype state_dtype = Dtype::kFloat32)
+  explicit HostModel(const std::vector<std::uint64_t>& sizes, Dtype state_dtype = Dtype::kFloat32,
+                     Dtype master_dtype = Dtype::kFloat32)
       : sizes_(sizes) {
     std::vector<SubgroupSpec> specs(sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -43,13 +44,22 @@ struct HostModel {
     }
     StateOptions options;
     options.state_dtype = state_dtype;
+    options.master_dtype = master_dtype;
     state = std::make_unique<OptimizerState>(std::move(specs), options);
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       for (std::uint64_t e = 0; e < sizes[i]; ++e) {
-        state->param(i)[e] = value_at(i, e, 1.0f);
+        const float w = value_at(i, e, 1.0f);
+        if (state->bf16_master()) {
+          // bf16 weights and a compensation holding what their rounding lost.
+          state->master_bf16(i)[e] = kernels::float_to_bf16(w);
+          state->master_comp(i)[e] =
+              kernels::float_to_bf16(w - kernels::bf16_to_float(state->master_bf16(i)[e]));
+        } else {
+          state->param(i)[e] = w;
+        }
         set_moment(state->exp_avg(i), state_dtype, e, value_at(i + 100, e, 0.01f));
         set_moment(state->exp_avg_sq(i), state_dtype, e, std::abs(value_at(i + 200, e, 0.001f)));
-        params[i][e] = kernels::float_to_bf16(state->param(i)[e]);
+        params[i][e] = kernels::float_to_bf16(w);
       }
     }
   }
@@ -141,9 +151,10 @@ struct StepFaultTest : ::testing::Test {
 // Counts what one fault-free phase of `policy` does, from `field` of the stand-in's counters.
 template <typename Field>
 std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Field field,
-                                Dtype state_dtype = Dtype::kFloat32) {
+                                Dtype state_dtype = Dtype::kFloat32,
+                                Dtype master_dtype = Dtype::kFloat32) {
   driver::PrimaryContext context;
-  HostModel model(kSizes, state_dtype);
+  HostModel model(kSizes, state_dtype, master_dtype);
   Executor executor(*model.state, options_for_test());
   model.make_gradients(1);
   model.offload_all(executor);
@@ -156,10 +167,11 @@ std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Fiel
 // One step with the fault armed by `arm` right before it; checks the outcome, then a second
 // step without fault.
 void step_with_fault(const Faults& faults, const Policy& policy, const std::function<void()>& arm,
-                     const std::string& what, Dtype state_dtype = Dtype::kFloat32) {
+                     const std::string& what, Dtype state_dtype = Dtype::kFloat32,
+                     Dtype master_dtype = Dtype::kFloat32) {
   SCOPED_TRACE(policy_name(policy) + ", " + what);
   driver::PrimaryContext context;
-  HostModel model(kSizes, state_dtype);
+  HostModel model(kSizes, state_dtype, master_dtype);
   Reference ref = reference_of(model);
   Executor executor(*model.state, options_for_test());
   auto grads = model.make_gradients(1);
@@ -190,10 +202,12 @@ void step_with_fault(const Faults& faults, const Policy& policy, const std::func
   EXPECT_TRUE(Snapshot::of(model, false) == state_at_return)
       << "the state changed after run() returned";
   // The caller writes what the executor could not (tide.torch does, with torch): the bf16
-  // rounding of the committed master weights.
+  // rounding of the committed master weights, or bf16 master weights as they are.
   for (std::size_t s : report.unwritten) {
     for (std::uint64_t e = 0; e < kSizes[s]; ++e) {
-      model.params[s][e] = kernels::float_to_bf16(model.state->param(s)[e]);
+      model.params[s][e] = model.state->bf16_master()
+                               ? model.state->master_bf16(s)[e]
+                               : kernels::float_to_bf16(model.state->param(s)[e]);
     }
   }
   const Snapshot now = Snapshot::of(model);
@@ -255,6 +269,42 @@ TEST_F(StepFaultTest, DeviceLostAtEachCallWithBf16MomentsEndsInOneOfTheTwoStates
     step_with_fault(
         faults, policy, [&] { faults.device_lost(n); },
         "bf16 moments, device lost at call " + std::to_string(n), Dtype::kBFloat16);
+  }
+}
+
+// bf16 master weights with compensation: the model's parameters are the master weights, so a
+// step that fails must leave them (and the compensation and moments: the whole slot) as they
+// were, or complete them exactly. Every copy failing in turn, and the device lost at each call,
+// under the placements that copy, with fp32 and bf16 moments.
+TEST_F(StepFaultTest, EveryCopyFailingInTurnWithBf16MasterWeightsStillCompletesTheStep) {
+  for (const Dtype moments : {Dtype::kFloat32, Dtype::kBFloat16}) {
+    for (const Policy& policy : {Policy::all_gpu(), Policy::every(2)}) {
+      const std::uint64_t copies = events_in_a_phase(
+          faults, policy,
+          [](const tide_standin_stats& s) { return s.copies_h2d + s.copies_d2h + s.copies_d2d; },
+          moments, Dtype::kBFloat16);
+      ASSERT_GT(copies, 0u);
+      for (std::uint64_t n = 1; n <= copies + 1; ++n) {
+        step_with_fault(
+            faults, policy, [&] { faults.fail_copy(n); },
+            "bf16 master, copy " + std::to_string(n), moments, Dtype::kBFloat16);
+      }
+    }
+  }
+}
+
+TEST_F(StepFaultTest, DeviceLostAtEachCallWithBf16MasterWeightsEndsInOneOfTheTwoStates) {
+  for (const Policy& policy : kPolicies) {
+    const std::uint64_t calls = events_in_a_phase(
+        faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; },
+        Dtype::kFloat32, Dtype::kBFloat16);
+    ASSERT_GT(calls, 0u);
+    for (std::uint64_t n = 1; n <= calls + 1; ++n) {
+      step_with_fault(
+          faults, policy, [&] { faults.device_lost(n); },
+          "bf16 master, device lost at call " + std::to_string(n), Dtype::kFloat32,
+          Dtype::kBFloat16);
+    }
   }
 }
 

@@ -5,7 +5,8 @@ tensor), "exp_avg" and "exp_avg_sq" (shaped like the parameter). Programs read a
 between steps (loggers, LR finders, state surgery, trainers' resume logic) and expect the next
 step to use what they wrote. tide keeps that state in pinned host memory cut into subgroups; an
 entry's tensors are CPU tensors over it, plus "master_param" (the fp32 master weights) for a
-low-precision parameter:
+low-precision parameter, or with bf16 master weights (master_dtype=torch.bfloat16) "master_comp"
+(their bf16 compensation; the weights are the parameter itself):
 
 - A parameter inside one subgroup: its tensors are views of the subgroup's pinned buffers (no
   copy). A step may move a subgroup's state to another buffer (the commit point's spare slots,
@@ -47,7 +48,8 @@ from tide.torch import _checkpoint
 from tide.torch._bucket import Bucket
 from tide.torch._distributed import local, shown
 
-_PINNED = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "master_param": "param"}
+_PINNED = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "master_param": "param",
+           "master_comp": "comp"}
 
 
 def _references(tensors: dict[str, torch.Tensor], key: str) -> int:
@@ -79,13 +81,12 @@ class ParamState(dict):
         super().__init__(step=torch.tensor(step, dtype=torch.float32))
         self._bucket = bucket
         self._index = index
-        keys = ["exp_avg", "exp_avg_sq"] + (["master_param"] if bucket.dtype != torch.float32
-                                            else [])
+        keys = bucket.entry_keys
         # Copies, not views: every key of a parameter across subgroups, and moments kept in
         # another dtype than the fp32 that torch shows (state_dtype).
         split = len(bucket.pieces[index]) > 1
         self._copied = {key for key in keys
-                        if split or (key != "master_param"
+                        if split or (key in ("exp_avg", "exp_avg_sq")
                                      and bucket.state_dtype != torch.float32)}
         owner = bucket.owners[index]
         # The tensor of each key that tide keeps true, and for an FSDP2 parameter the DTensor
