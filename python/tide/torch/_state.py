@@ -50,6 +50,10 @@ from tide.torch._distributed import local, shown
 
 _PINNED = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "master_param": "param",
            "master_comp": "comp"}
+# The dtype an entry shows, where it is not fp32: the compensation of bf16 master weights is
+# bf16 (an fp32 copy would double it, and torch's load_state_dict casts it to the bf16
+# parameter's dtype anyway).
+_DTYPES = {"master_comp": torch.bfloat16}
 
 
 def _references(tensors: dict[str, torch.Tensor], key: str) -> int:
@@ -92,7 +96,8 @@ class ParamState(dict):
         # The tensor of each key that tide keeps true, and for an FSDP2 parameter the DTensor
         # over it that the entry shows (_face). Only the DTensor holds a second reference to it
         # (refresh counts them).
-        shown_ = {key: shown(owner, torch.empty(0)) for key in keys}
+        shown_ = {key: shown(owner, torch.empty(0, dtype=_DTYPES.get(key, torch.float32)))
+                  for key in keys}
         self._tensors = {key: local(t) for key, t in shown_.items()}
         self._dtensors = {key: t for key, t in shown_.items() if t is not self._tensors[key]}
         self._stale: set[str] = set()  # copies that do not hold the state as it is now
