@@ -84,6 +84,7 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
   d2h_ = std::make_unique<driver::Stream>();
   params_ = std::make_unique<driver::Stream>();
   upload_ = std::make_unique<driver::Stream>();
+  stale_params_.assign(state_.size(), 1);
   frozen_.resize(state_.size());
   for (std::size_t i = 0; i < state_.size(); ++i)
     frozen_[i].assign(state_.spec(i).slices.size(), 0);
@@ -259,6 +260,7 @@ void Executor::write_params(std::size_t s) {
     driver::copy_to_device(slices[k].device_ptr, src + slices[k].offset * size,
                            slices[k].count * size);
   }
+  stale_params_[s] = 0;
 }
 
 allocator::DeviceMemoryResource& Executor::memory() {
@@ -280,6 +282,10 @@ Footprint Executor::footprint(bool gradients_on_gpu) const {
   f.state_bytes_per_param = state_.state_bytes();
   f.gradient_bytes_per_param = state_.grad_bytes();
   f.weight_bytes_per_param = state_.param_bytes();  // what a CPU subgroup uploads
+  if (state_.bf16_master()) {
+    f.weights_in_state = true;
+    f.state_bytes_on_gpu = state_.param_bytes();  // GPU subgroups take them from the model
+  }
   f.gradients_on_gpu = gradients_on_gpu;
   return f;
 }

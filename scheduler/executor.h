@@ -233,6 +233,10 @@ class Executor {
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
   std::vector<std::vector<char>> frozen_;  // per subgroup, per slice
+  // bf16 master weights: per subgroup, whether the model's parameters may not hold the state's
+  // weights (never written yet, or their last write failed). A GPU subgroup whose parameters do
+  // hold them copies them on the device instead of from host memory.
+  std::vector<char> stale_params_;
   bool ready_ = false;                     // ready() ran, with no offload since
   std::uint64_t ready_offloads_ = 0;       // the offload count it saw
   // Left by a phase whose streams could not be waited for: what its queued work may still write.

@@ -345,8 +345,22 @@ void Executor::Phase::copy_state_in(const GpuTask& t) {
   if (lane.copied_out) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
   if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
   ev[kH2dStart].record(*x.h2d_);
-  driver::copy_to_device_async(buffer[t.buffer].get(), state.param(t.subgroup),
-                               state.slot_bytes(t.subgroup), *x.h2d_);
+  const std::size_t s = t.subgroup;
+  const CUdeviceptr base = buffer[t.buffer].get();
+  if (bf16_master && !x.stale_params_[s]) {
+    // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only
+    // the compensation and the moments come over the link (2 bytes per parameter less).
+    const std::vector<ParamSlice>& slices = state.spec(s).slices;
+    for (const ParamSlice& slice : slices) {
+      driver::copy_on_device_async(base + 2 * slice.offset, slice.device_ptr, 2 * slice.count,
+                                   *x.h2d_);
+    }
+    const std::uint64_t skip = 2 * state.params(s);
+    driver::copy_to_device_async(base + skip, reinterpret_cast<const char*>(state.param(s)) + skip,
+                                 state.slot_bytes(s) - skip, *x.h2d_);
+  } else {
+    driver::copy_to_device_async(base, state.param(s), state.slot_bytes(s), *x.h2d_);
+  }
   ev[kStateIn].record(*x.h2d_);
 }
 
@@ -761,6 +775,8 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   phase.run();
   report.seconds = seconds_since(start);
   restore_frozen(frozen_state, frozen_blocks);
+  for (std::size_t s : phase.written) stale_params_[s] = 0;
+  for (std::size_t s : report.unwritten) stale_params_[s] = 1;
 
   // What ran, under the model (the fallback subgroups among the CPU's).
   Workload w;
