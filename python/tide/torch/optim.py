@@ -145,7 +145,8 @@ class AdamW(torch.optim.Optimizer):
         self._where: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, index)
         self._gradients = GradientOffload(self._where, self._cpu, sharded_gradients)
         self._entries = StateEntries()  # what tide put in self.state
-        self._empty_shards = _distributed.EmptyShards()  # FSDP2 parameters empty on this rank
+        # FSDP2 parameters empty on this rank
+        self._empty_shards = _distributed.EmptyShards(self._master_dtype == torch.bfloat16)
         self._process_groups: list[_distributed.Group] = []  # those sharding the parameters
         # Released when this optimizer goes, never through another object: wrappers that take on
         # its class and forward attributes to it (Lightning's LightningOptimizer) would run a
