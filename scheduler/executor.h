@@ -237,8 +237,8 @@ class Executor {
   // weights (never written yet, or their last write failed). A GPU subgroup whose parameters do
   // hold them copies them on the device instead of from host memory.
   std::vector<char> stale_params_;
-  bool ready_ = false;                     // ready() ran, with no offload since
-  std::uint64_t ready_offloads_ = 0;       // the offload count it saw
+  bool ready_ = false;                // ready() ran, with no offload since
+  std::uint64_t ready_offloads_ = 0;  // the offload count it saw
   // Left by a phase whose streams could not be waited for: what its queued work may still write.
   bool unconfirmed_ = false;
   std::vector<UpdateBuffer> quarantined_;

@@ -116,11 +116,12 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     require(o.master_dtype == TIDE_FLOAT32 || o.master_dtype == TIDE_BFLOAT16,
             "tide_optimizer_create: master_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16 (the "
             "master weights' format)");
-    require(o.master_dtype == TIDE_FLOAT32 ||
-                (o.param_dtype == TIDE_BFLOAT16 && o.state_dtype != TIDE_STATE_BLOCK_Q8),
-            "tide_optimizer_create: master_dtype TIDE_BFLOAT16 needs param_dtype TIDE_BFLOAT16 (the "
-            "model's parameters are the master weights) and state_dtype TIDE_FLOAT32 or "
-            "TIDE_BFLOAT16 (no 8-bit moments)");
+    require(
+        o.master_dtype == TIDE_FLOAT32 ||
+            (o.param_dtype == TIDE_BFLOAT16 && o.state_dtype != TIDE_STATE_BLOCK_Q8),
+        "tide_optimizer_create: master_dtype TIDE_BFLOAT16 needs param_dtype TIDE_BFLOAT16 (the "
+        "model's parameters are the master weights) and state_dtype TIDE_FLOAT32 or "
+        "TIDE_BFLOAT16 (no 8-bit moments)");
     so.master_dtype = dtype_of(o.master_dtype, "master_dtype");
     ExecutorOptions eo;
     eo.device = o.device;
@@ -166,9 +167,9 @@ TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t su
                                             std::to_string(o.state->size()));
     // No fp32 master with bf16 master weights: tide_optimizer_master_bf16 has them.
     float* param = o.state->bf16_master() ? nullptr : o.state->param(subgroup);
-    *buffers = tide_subgroup_buffers{param, o.state->exp_avg(subgroup),
-                                     o.state->exp_avg_sq(subgroup), o.state->grad(subgroup),
-                                     o.state->params(subgroup)};
+    *buffers =
+        tide_subgroup_buffers{param, o.state->exp_avg(subgroup), o.state->exp_avg_sq(subgroup),
+                              o.state->grad(subgroup), o.state->params(subgroup)};
   });
 }
 

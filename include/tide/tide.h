@@ -532,13 +532,13 @@ typedef struct tide_optimizer_options {
   int32_t use_rates;        /* 1: start from `rates`; 0: tide_rates_resolve(NULL) */
   int32_t refine;           /* 1: measured subgroup times refine the rates (default) */
   tide_rates rates;
-  int32_t cpu_threads; /* threads for the CPU subgroups' updates; 0: the pool's all (the pool
-                          has TIDE_CPU_THREADS, default: the CPUs this process may run on) */
-  int32_t state_dtype; /* tide_dtype of the moments (exp_avg, exp_avg_sq): TIDE_FLOAT32 (default)
-                          or TIDE_BFLOAT16 (rounded to nearest even at every update; a GPU
-                          subgroup then copies 8 instead of 12 bytes per parameter each way),
-                          or TIDE_STATE_BLOCK_Q8 (8-bit codes and block scales: 6 bytes and the
-                          scales; see tide_optimizer_q8_scales). */
+  int32_t cpu_threads;  /* threads for the CPU subgroups' updates; 0: the pool's all (the pool
+                           has TIDE_CPU_THREADS, default: the CPUs this process may run on) */
+  int32_t state_dtype;  /* tide_dtype of the moments (exp_avg, exp_avg_sq): TIDE_FLOAT32 (default)
+                           or TIDE_BFLOAT16 (rounded to nearest even at every update; a GPU
+                           subgroup then copies 8 instead of 12 bytes per parameter each way),
+                           or TIDE_STATE_BLOCK_Q8 (8-bit codes and block scales: 6 bytes and the
+                           scales; see tide_optimizer_q8_scales). */
   int32_t master_dtype; /* tide_dtype of the master weights: TIDE_FLOAT32 (default: an fp32
                            copy in pinned memory) or TIDE_BFLOAT16 (bf16 master weights with
                            compensation, tide_cpu_adam_step_bf16_master: the model's bf16
@@ -577,8 +577,11 @@ TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t su
 /* With master_dtype TIDE_BFLOAT16: a subgroup's bf16 master weights (the values its model
  * parameters hold after every step, and what tide_optimizer_write_params writes) and their bf16
  * compensation, `count` uint16_t bit patterns each, valid as long as tide_optimizer_buffers'
- * pointers. A step updates both (w + c is the weight, kept to about 16 significant bits).
- * Other master dtypes: NULL. */
+ * pointers. A step updates both (w + c is the weight, kept to about 16 significant bits). A GPU
+ * subgroup takes the weights from the model's parameters (device to device; only the
+ * compensation and the moments are copied in), so those must hold these weights at each step:
+ * after writing the weights here (a load), call tide_optimizer_write_params. Other master
+ * dtypes: NULL. */
 TIDE_API tide_status tide_optimizer_master_bf16(tide_optimizer* optimizer, size_t subgroup,
                                                 uint16_t** weights, uint16_t** compensation);
 

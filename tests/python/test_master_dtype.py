@@ -280,3 +280,15 @@ def test_a_parameter_written_outside_restarts_its_compensation():
     step_with(params, opt, [3])
     assert torch.equal(params[1].detach().cpu().reshape(-1), w)
     assert torch.equal(opt.state[params[1]]["master_comp"].reshape(-1), c)
+
+
+def test_a_bf16_master_checkpoint_gives_an_fp32_master_its_sum():
+    params = make_params()
+    opt = make_opt(params)
+    step_with(params, opt, [1, 2])
+    saved = opt.state_dict()
+    sums = [p.detach().cpu().float() + opt.state[p]["master_comp"].float() for p in params]
+    fp32 = make_opt(params, master_dtype=torch.float32)
+    fp32.load_state_dict(saved)
+    for p, total in zip(params, sums):
+        assert torch.equal(fp32.state[p]["master_param"], total)

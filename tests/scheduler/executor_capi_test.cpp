@@ -172,8 +172,7 @@ TEST(ExecutorCapi, RejectsBadArguments) {
   options.state_dtype = TIDE_STATE_BLOCK_Q8;
   EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
             TIDE_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(tide::capi::last_error_text()).find("no 8-bit moments"),
-            std::string::npos)
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("no 8-bit moments"), std::string::npos)
       << tide::capi::last_error_text();
   options.state_dtype = TIDE_FLOAT32;
   // Accepted: no fp32 master, the bf16 weights and their compensation instead.

@@ -135,7 +135,9 @@ struct Model {
 // vectors, `skip` bytes in, and their scales).
 struct Reference {
   explicit Reference(const OptimizerState& s)
-      : state_dtype(s.options().state_dtype), quantized(s.quantized()), bf16_master(s.bf16_master()) {
+      : state_dtype(s.options().state_dtype),
+        quantized(s.quantized()),
+        bf16_master(s.bf16_master()) {
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::uint64_t n = s.params(i);
       const auto* mb = static_cast<const char*>(s.exp_avg(i));

@@ -301,8 +301,8 @@ TEST_F(StepFaultTest, EveryCopyFailingInTurnWithBf16MasterWeightsStillCompletesT
         for (std::uint64_t n = 1; n <= copies + 1; ++n) {
           step_with_fault(
               faults, policy, [&] { faults.fail_copy(n); },
-              "bf16 master, step " + std::to_string(first) + ", copy " + std::to_string(n),
-              moments, Dtype::kBFloat16, first);
+              "bf16 master, step " + std::to_string(first) + ", copy " + std::to_string(n), moments,
+              Dtype::kBFloat16, first);
         }
       }
     }
@@ -332,10 +332,10 @@ TEST_F(StepFaultTest, DeviceLostAtEachCallWithBf16MasterWeightsEndsInOneOfTheTwo
 TEST_F(StepFaultTest, Bf16MasterWeightsComeFromTheModelOnTheDevice) {
   const auto h2d = [](const tide_standin_stats& s) { return s.bytes_h2d; };
   const Policy gpu = Policy::all_gpu();
-  const std::uint64_t first = events_in_a_phase(faults, gpu, h2d, Dtype::kFloat32,
-                                                Dtype::kBFloat16, 1);
-  const std::uint64_t second = events_in_a_phase(faults, gpu, h2d, Dtype::kFloat32,
-                                                 Dtype::kBFloat16, 2);
+  const std::uint64_t first =
+      events_in_a_phase(faults, gpu, h2d, Dtype::kFloat32, Dtype::kBFloat16, 1);
+  const std::uint64_t second =
+      events_in_a_phase(faults, gpu, h2d, Dtype::kFloat32, Dtype::kBFloat16, 2);
   std::uint64_t params = 0;
   for (std::uint64_t n : kSizes) params += n;
   EXPECT_EQ(first - second, 2 * params);
