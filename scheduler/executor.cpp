@@ -84,6 +84,7 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
   d2h_ = std::make_unique<driver::Stream>();
   params_ = std::make_unique<driver::Stream>();
   upload_ = std::make_unique<driver::Stream>();
+  stale_params_.assign(state_.size(), 1);
   frozen_.resize(state_.size());
   for (std::size_t i = 0; i < state_.size(); ++i)
     frozen_[i].assign(state_.spec(i).slices.size(), 0);
@@ -160,7 +161,7 @@ void Executor::save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks) {
   }
   if (total == 0) return;
   // 8-bit moments: the master weights here, the moments' blocks in `blocks`.
-  const std::size_t parts = state_.quantized() ? 1 : 3;
+  const std::size_t parts = state_part_count();
   saved.resize((state_.quantized() ? 4 : state_.state_bytes()) * total);  // may throw
   char* out = saved.data();
   std::vector<ParamSlice> frozen;
@@ -191,7 +192,7 @@ void Executor::save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks) {
 
 void Executor::restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks) {
   if (saved.empty()) return;
-  const std::size_t parts = state_.quantized() ? 1 : 3;
+  const std::size_t parts = state_part_count();
   const char* in = saved.data();
   for (std::size_t i = 0; i < state_.size(); ++i) {
     for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
@@ -208,16 +209,31 @@ void Executor::restore_frozen(const std::vector<char>& saved, const FrozenQ8Bloc
   blocks.restore(state_);
 }
 
-// Subgroup i's master weights and moments, each with its element size.
-std::array<std::pair<char*, unsigned>, 3> Executor::state_parts(std::size_t i) const {
+// Subgroup i's master weights (fp32; or bf16 weights, then their compensation) and moments,
+// each with its element size; the first state_part_count() are used.
+std::array<std::pair<char*, unsigned>, 4> Executor::state_parts(std::size_t i) const {
+  if (state_.bf16_master()) {
+    return {{{reinterpret_cast<char*>(state_.master_bf16(i)), 2u},
+             {reinterpret_cast<char*>(state_.master_comp(i)), 2u},
+             {static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes()},
+             {static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes()}}};
+  }
   return {{{reinterpret_cast<char*>(state_.param(i)), 4u},
            {static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes()},
-           {static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes()}}};
+           {static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes()},
+           {nullptr, 0u}}};
+}
+
+// 8-bit moments: only the master weights (FrozenQ8Blocks keeps the moments' blocks).
+std::size_t Executor::state_part_count() const {
+  if (state_.quantized()) return 1;
+  return state_.bf16_master() ? 4 : 3;
 }
 
 void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
-  const char* src = state_.low_precision_params() ? static_cast<const char*>(state_.weight_copy(s))
-                                                  : reinterpret_cast<const char*>(state_.param(s));
+  // fp32 parameters and bf16 master weights are the state itself.
+  const char* src = state_.separate_weights() ? static_cast<const char*>(state_.weight_copy(s))
+                                              : reinterpret_cast<const char*>(state_.param(s));
   const unsigned size = state_.param_bytes();
   const std::vector<ParamSlice>& slices = state_.spec(s).slices;
   for (std::size_t k = 0; k < slices.size(); ++k) {
@@ -231,7 +247,7 @@ void Executor::write_params(std::size_t s) {
   context_.make_current();
   settle();  // no queued write of an earlier phase may land after this one
   const char* src = reinterpret_cast<const char*>(state_.param(s));
-  if (state_.low_precision_params()) {
+  if (state_.separate_weights()) {
     // The cast the update would have written (round to nearest even, as every kernel does).
     kernels::cpu_cast(state_.param(s), state_.weight_copy(s), state_.options().param_dtype,
                       state_.params(s), kernels::CpuAdamOptions{.threads = options_.cpu_threads});
@@ -244,6 +260,7 @@ void Executor::write_params(std::size_t s) {
     driver::copy_to_device(slices[k].device_ptr, src + slices[k].offset * size,
                            slices[k].count * size);
   }
+  stale_params_[s] = 0;
 }
 
 allocator::DeviceMemoryResource& Executor::memory() {
@@ -265,6 +282,10 @@ Footprint Executor::footprint(bool gradients_on_gpu) const {
   f.state_bytes_per_param = state_.state_bytes();
   f.gradient_bytes_per_param = state_.grad_bytes();
   f.weight_bytes_per_param = state_.param_bytes();  // what a CPU subgroup uploads
+  if (state_.bf16_master()) {
+    f.weights_in_state = true;
+    f.state_bytes_on_gpu = state_.param_bytes();  // GPU subgroups take them from the model
+  }
   f.gradients_on_gpu = gradients_on_gpu;
   return f;
 }
@@ -274,7 +295,7 @@ std::uint64_t Executor::capped(std::uint64_t headroom) const {
 }
 
 bool Executor::needs_staging(bool gradients_on_gpu) const {
-  return state_.low_precision_params() &&
+  return state_.separate_weights() &&
          (gradients_on_gpu || state_.grad_bytes() != state_.param_bytes());
 }
 

@@ -33,6 +33,13 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
           "the moments' dtype must be float32 or bfloat16");
   require(quantized() || options_.state_format == kernels::StateFormat::kDtype,
           "unknown state format");
+  require(options_.master_dtype == kernels::Dtype::kFloat32 || bf16_master(),
+          "the master weights' dtype must be float32 or bfloat16");
+  require(!bf16_master() || options_.param_dtype == kernels::Dtype::kBFloat16,
+          "bf16 master weights are the model's parameters: they must be bfloat16");
+  require(!bf16_master() || !quantized(),
+          "bf16 master weights with 8-bit moments are not supported (use float32 or bfloat16 "
+          "moments)");
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     SubgroupSpec& s = specs_[i];
     const std::string which = "subgroup " + std::to_string(i);
@@ -63,7 +70,7 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
       std::memset(b.state, 0, slot_bytes(i));
       b.grad = arena_->allocate(n * grad_bytes());
       std::memset(b.grad, 0, n * grad_bytes());
-      if (low_precision_params()) {
+      if (separate_weights()) {
         b.copy = arena_->allocate(n * param_bytes());
         std::memset(b.copy, 0, n * param_bytes());
       }

@@ -316,6 +316,21 @@ def test_8bit_moments_on_shards_train_and_checkpoint(tmp_path):
         assert rel_diff(r["q8_resumed"], q8) <= FP32_BOUND
 
 
+def test_bf16_master_weights_on_shards_train_and_checkpoint(tmp_path):
+    """master_dtype=torch.bfloat16 on bf16 FSDP2 shards: training follows an fp32 master on the
+    same bf16 model within the bf16 bound (the weights are bf16 either way), the DCP checkpoint
+    holds torch's keys and the bf16 compensation as DTensors, and a resumed run gives the
+    uninterrupted run's weights bit for bit."""
+    results = launch("bf16_master", tmp_path)
+    no_errors(results)
+    for r in results:
+        assert r["keys"] == ["exp_avg", "exp_avg_sq", "master_comp", "step"]
+        assert r["comp_type"] == ("DTensor", "torch.bfloat16")
+        ours, fp32 = r["trained"]["bfloat16"], r["trained"]["float32"]
+        assert rel_diff(ours, fp32) <= BF16_BOUND
+        assert all(torch.equal(a, b) for a, b in zip(r["resumed"], ours))
+
+
 @pytest.fixture(scope="module")
 def modified(tmp_path_factory):
     results = launch("modified", tmp_path_factory.mktemp("modified"), timeout_s=180.0)

@@ -20,7 +20,8 @@ zero_grad(), state dicts, stats. The machinery under it, each readable alone:
   _step        one step over all buckets, exactly or not at all;
   _checkpoint  state dicts in torch.optim.AdamW's layout: checked, then loaded;
   _state       opt.state[p] as torch keeps it ("step", "exp_avg", "exp_avg_sq", and
-               "master_param"): CPU tensors over the pinned state, kept true across steps.
+               "master_param", or "master_comp" with bf16 master weights): CPU tensors over the
+               pinned state, kept true across steps.
 
 The model's parameters stay where they are, in their dtype; tide writes the updated weights into
 them at the end of step(). A parameter written outside the optimizer (model.load_state_dict) is
@@ -82,6 +83,16 @@ class AdamW(torch.optim.Optimizer):
                          dequantized: copies, whose writes are quantized at the next step);
                          with "q8", state_dict() adds the exact codes and scales (keys
                          "exp_avg_q8", ..., _checkpoint.Q8_KEYS);
+      master_dtype:      the master weights, torch.float32 (an fp32 copy in pinned memory) or
+                         torch.bfloat16: bf16 master weights with Kahan-style compensation, for
+                         bfloat16 parameters only (others: ValueError) and fp32 or bf16 moments
+                         (not "q8"). The model's bf16 parameters are then the master weights, as
+                         in torch.optim: no fp32 master, and a bf16 compensation per element
+                         keeps what rounding lost (the weight is w + c, about 16 significant
+                         bits). opt.state and state_dict() show torch's keys and
+                         "master_comp" (bf16) instead of "master_param"; a torch state dict
+                         loads with zero compensation. Default TIDE_MASTER_DTYPE, else
+                         torch.float32;
       sharded_gradients: when FSDP2 (DTensor) gradients are offloaded: "step" (default: read
                          at step()) or "backward" (in their hooks, after FSDP2's reduce-scatter,
                          overlapping backward; foreach in-place writes to them afterwards, e.g.
@@ -102,7 +113,8 @@ class AdamW(torch.optim.Optimizer):
                  subgroup_size: int | None = None, placement: str | int | None = None,
                  threads: int | None = None, gradients_on_gpu: bool = False,
                  keep_buffers: bool = False, state_dtype: torch.dtype | str | None = None,
-                 sharded_gradients: str = "step"):
+                 sharded_gradients: str = "step",
+                 master_dtype: torch.dtype | str | None = None):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable),
@@ -119,6 +131,11 @@ class AdamW(torch.optim.Optimizer):
         self._placement_option = placement
         self._threads = _arguments.threads(threads)
         self._state_dtype = _arguments.state_dtype(state_dtype)
+        self._master_dtype = _arguments.master_dtype(master_dtype)
+        if self._master_dtype == torch.bfloat16 and self._state_dtype == torch.uint8:
+            raise ValueError("tide: master_dtype=torch.bfloat16 with 8-bit moments "
+                             "(state_dtype=\"q8\") is not supported: use torch.float32 or "
+                             "torch.bfloat16 moments")
         self._gradients_on_gpu = bool(gradients_on_gpu)
         self._keep_buffers = bool(keep_buffers)
         self._cpu = _runtime.cpu_mode()
@@ -128,7 +145,8 @@ class AdamW(torch.optim.Optimizer):
         self._where: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, index)
         self._gradients = GradientOffload(self._where, self._cpu, sharded_gradients)
         self._entries = StateEntries()  # what tide put in self.state
-        self._empty_shards = _distributed.EmptyShards()  # FSDP2 parameters empty on this rank
+        # FSDP2 parameters empty on this rank
+        self._empty_shards = _distributed.EmptyShards(self._master_dtype == torch.bfloat16)
         self._process_groups: list[_distributed.Group] = []  # those sharding the parameters
         # Released when this optimizer goes, never through another object: wrappers that take on
         # its class and forward attributes to it (Lightning's LightningOptimizer) would run a
@@ -193,7 +211,8 @@ class AdamW(torch.optim.Optimizer):
             params = [_distributed.local(p) for p in owners]
             bucket = Bucket(group_index, params, self._subgroup_size, device=device,
                             cpu_threads=self._threads, gradients_on_gpu=self._gradients_on_gpu,
-                            state_dtype=self._state_dtype, owners=owners)
+                            state_dtype=self._state_dtype, master_dtype=self._master_dtype,
+                            owners=owners)
             self._buckets.append(bucket)
             for i, p in enumerate(owners):
                 self._where[id(p)] = (bucket, i)
@@ -443,10 +462,8 @@ class AdamW(torch.optim.Optimizer):
         entry = {"step": ours["step"].clone()}
         if int(entry["step"]) > 0:
             # DTensors with p's placements for an FSDP2 parameter, as torch keeps them
-            keys = ["exp_avg", "exp_avg_sq"] + (["master_param"]
-                                                if bucket.dtype != torch.float32 else [])
-            for key in keys:
-                pinned = "param" if key == "master_param" else key
+            for key in bucket.entry_keys:
+                pinned = {"master_param": "param", "master_comp": "comp"}.get(key, key)
                 entry[key] = _distributed.shown(p, bucket.gather(i, pinned))
             if bucket.quantized and not _distributed.is_sharded(p):
                 # The exact 8-bit state is this rank's flat codes and scales, which DCP cannot
