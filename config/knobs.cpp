@@ -97,6 +97,11 @@ void state_dtype(std::string_view name, std::string_view value) {
   parse_choice(name, value, {"float32", "bfloat16", "q8"});
 }
 
+// As tide.torch reads it (python/tide/torch/_arguments.py).
+void state_rounding(std::string_view name, std::string_view value) {
+  parse_choice(name, value, {"nearest", "stochastic"});
+}
+
 // As tide.torch reads it: an integer >= 1 with an optional K, M or G suffix (x1024^n).
 void subgroup_size(std::string_view name, std::string_view value) {
   static constexpr std::string_view kAccepts =
@@ -290,6 +295,13 @@ std::span<const Knob> knobs() {
        "even at every update), q8 keeps them as 8-bit block-wise codes (1 byte each and an fp32 "
        "scale per 256 elements); the master weights stay fp32 (default float32)",
        &state_dtype},
+      {"TIDE_STATE_ROUNDING", "nearest or stochastic",
+       "tide.torch.AdamW/Adam: how bf16 moments are rounded at every update when the "
+       "state_rounding argument is not given: nearest (even), or stochastic (unbiased: rounded "
+       "up with the probability of the ulp's fraction lost; random bits hashed from a seed, the "
+       "step and each element's index, so every kernel and placement gives the same bits); "
+       "stochastic with fp32 or q8 moments is an error (default nearest)",
+       &state_rounding},
   };
   return kKnobs;
 }
