@@ -123,6 +123,30 @@ def test_the_kernel_refuses_other_moments():
                          torch.zeros(n, dtype=torch.bfloat16), step=1, state_rounding="up")
 
 
+def test_the_kernel_rounds_by_global_index():
+    """tide.kernels (tide_cpu_adam_step_sr): a tensor stepped whole equals its two halves
+    stepped with their first elements' global indices; the seed changes the bits."""
+    n = 10_007
+    g = torch.Generator().manual_seed(5)
+    start = [torch.randn(n, generator=g), torch.randn(n, generator=g).to(torch.bfloat16),
+             (torch.randn(n, generator=g) * 0.1).to(torch.bfloat16),
+             (torch.rand(n, generator=g) * 0.01).to(torch.bfloat16)]
+
+    def run(cuts, seed=9, index=1000):
+        p, grad, m, v = (t.clone() for t in start)
+        for a, b in zip(cuts, cuts[1:]):
+            tk.cpu_adam_step(p[a:b], grad[a:b], m[a:b], v[a:b], step=3,
+                             state_rounding="stochastic", rounding_seed=seed,
+                             rounding_index=index + a)
+        return p, m, v
+
+    whole = run([0, n])
+    for got, want in zip(run([0, 4321, n]), whole):
+        assert torch.equal(got, want)
+    assert not torch.equal(run([0, n], seed=10)[2], whole[2])
+    assert not torch.equal(run([0, n], index=1001)[2], whole[2])
+
+
 # ---- bits ----
 
 @pytest.mark.numerics
