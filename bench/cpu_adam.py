@@ -25,6 +25,10 @@ Cases:
                 16 bytes per parameter (and 8 bytes of scales per 256), against tide's fp32-state
                 offload step in the same round-robin and the bandwidth bound, as adam_bf16_state.
                 bitsandbytes' 8-bit AdamW and torchao's low-bit AdamW need CUDA: not run here.
+  adam_bf16_state_sr  adam_bf16_state with stochastically rounded moments (state_rounding=
+                "stochastic"; kernels/stochastic_round.h): the same 20 bytes, plus a hash per
+                element. Against tide's bf16-state step with nearest rounding ("tide_bf16_nearest",
+                same round-robin): speedup_vs_bf16_nearest is the rounding's cost (below 1).
 
 The bandwidth line comes first; its "gbps" is the best of the measurements taken before, between
 and after the sizes ("measurements_gbps").
@@ -74,8 +78,9 @@ import torch  # noqa: E402
 from tide import kernels  # noqa: E402
 
 BYTES_PER_PARAM = {"adam_fp32": 28, "offload_step": 28, "adam_bf16_state": 20,
-                   "adam_8bit_state": 16}
+                   "adam_8bit_state": 16, "adam_bf16_state_sr": 20}
 STATE_CASES = ("adam_bf16_state", "adam_8bit_state")  # tide against its own fp32 state
+SR_CASE = "adam_bf16_state_sr"  # tide against its own bf16 state rounded to nearest
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
 
 
@@ -174,8 +179,10 @@ class Buffers:
 
 def make_tide(buffers: Buffers, case: str, threads: int):
     step = [0]
-    offload = case in ("offload_step",) + STATE_CASES
+    offload = case in ("offload_step", SR_CASE) + STATE_CASES
+    rounding = ({"state_rounding": "stochastic", "rounding_seed": 1} if case == SR_CASE else {})
     moments = {"adam_bf16_state": (buffers.exp_avg16, buffers.exp_avg_sq16),
+               SR_CASE: (buffers.exp_avg16, buffers.exp_avg_sq16),
                "adam_8bit_state": (buffers.exp_avg8, buffers.exp_avg_sq8)}.get(
                    case, (buffers.exp_avg, buffers.exp_avg_sq))
     scales = ({"exp_avg_scale": buffers.scales[0], "exp_avg_sq_scale": buffers.scales[1]}
@@ -188,7 +195,8 @@ def make_tide(buffers: Buffers, case: str, threads: int):
             buffers.grad16 if offload else buffers.grad32,
             *moments,
             step=step[0], lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY,
-            param_copy=buffers.copy16 if offload else None, threads=threads, **scales)
+            param_copy=buffers.copy16 if offload else None, threads=threads, **scales,
+            **rounding)
 
     return run
 
@@ -265,8 +273,12 @@ def main() -> None:
     for size in (int(float(s)) for s in args.sizes.split(",")):
         reps = args.reps or (15 if size < 5e7 else 8)
         buffers = Buffers(size)
-        for case in ("adam_fp32", "offload_step") + STATE_CASES:
-            if case in STATE_CASES:
+        for case in ("adam_fp32", "offload_step") + STATE_CASES + (SR_CASE,):
+            if case == SR_CASE:
+                impls = {"tide": lambda: make_tide(buffers, case, threads),
+                         "tide_bf16_nearest": lambda: make_tide(buffers, "adam_bf16_state",
+                                                                threads)}
+            elif case in STATE_CASES:
                 impls = {"tide": lambda: make_tide(buffers, case, threads),
                          "tide_fp32_state": lambda: make_tide(buffers, "offload_step", threads)}
             else:
@@ -301,7 +313,7 @@ def main() -> None:
                     times[name].append(time.perf_counter() - start)
             base = {"bench": "cpu_adam", "case": case, "params": size, "threads": threads,
                     "bytes_per_param": BYTES_PER_PARAM[case]}
-            for name in impls if case in STATE_CASES else (
+            for name in impls if case in STATE_CASES + (SR_CASE,) else (
                     "tide", "torch_foreach", "torch_fused", "deepspeed"):
                 if name == "tide_fp32_state":
                     base = {**base, "bytes_per_param": BYTES_PER_PARAM["offload_step"]}
@@ -336,6 +348,10 @@ def main() -> None:
                 # hardly touched by load that comes and goes over the run.
                 record["paired_speedup_vs_fastest_peer"] = statistics.median(
                     peer / mine for peer, mine in zip(fastest["times"], record["times"]))
+                if record["case"] == SR_CASE:  # its one "peer": nearest rounding
+                    record["speedup_vs_bf16_nearest"] = record["speedup_vs_fastest_peer"]
+                    record["paired_speedup_vs_bf16_nearest"] = record[
+                        "paired_speedup_vs_fastest_peer"]
                 if record["case"] in STATE_CASES:  # its one "peer": fp32 state
                     record["speedup_vs_fp32_state"] = record["speedup_vs_fastest_peer"]
                     record["paired_speedup_vs_fp32_state"] = record[

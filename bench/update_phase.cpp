@@ -380,9 +380,9 @@ int main(int argc, char** argv) {
       const Best& tide = setup.best["auto"];
       // The measured CPU rate is fp32 state's. Another format's: as its all-CPU phases ran
       // against fp32 state's in the same rounds when both ran (the kernel here is one scalar
-      // thread, not bandwidth-bound: bf16 moments cost conversions and save little), else scaled
-      // by its bytes, as the model assumes (Footprint::update_rate_scale).
-      double scale = setup.executor->footprint(false).update_rate_scale();
+      // thread, not bandwidth-bound: bf16 moments cost conversions and save little), else as the
+      // model assumes (Footprint::cpu_update_scale: the bytes' ratio, 8-bit moments' 0.35).
+      double scale = setup.executor->footprint(false).cpu_update_scale();
       if (fp32 != nullptr && &setup != fp32) {
         scale = fp32->best.at("cpu").seconds / setup.best.at("cpu").seconds;
       }

@@ -102,6 +102,11 @@ void master_dtype(std::string_view name, std::string_view value) {
   parse_choice(name, value, {"float32", "bfloat16"});
 }
 
+// As tide.torch reads it (python/tide/torch/_arguments.py).
+void state_rounding(std::string_view name, std::string_view value) {
+  parse_choice(name, value, {"nearest", "stochastic"});
+}
+
 // As tide.torch reads it: an integer >= 1 with an optional K, M or G suffix (x1024^n).
 void subgroup_size(std::string_view name, std::string_view value) {
   static constexpr std::string_view kAccepts =
@@ -301,6 +306,13 @@ std::span<const Knob> knobs() {
        "the master weights with a bf16 compensation each (Kahan-style, no fp32 master; bf16 "
        "parameters and float32 or bfloat16 moments only) (default float32)",
        &master_dtype},
+      {"TIDE_STATE_ROUNDING", "nearest or stochastic",
+       "tide.torch.AdamW/Adam: how bf16 moments are rounded at every update when the "
+       "state_rounding argument is not given: nearest (even), or stochastic (unbiased: rounded "
+       "up with the probability of the ulp's fraction lost; random bits hashed from a seed, the "
+       "step and each element's index, so every kernel and placement gives the same bits); "
+       "stochastic with fp32 or q8 moments is an error (default nearest)",
+       &state_rounding},
   };
   return kKnobs;
 }

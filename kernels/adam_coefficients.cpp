@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "kernels/adam_math.h"
+#include "kernels/stochastic_round.h"
 
 namespace tide::kernels {
 namespace {
@@ -61,6 +62,7 @@ AdamCoefficients adam_coefficients(const AdamHyper& h) {
                 : std::numeric_limits<float>::max();
   c.m_bound = static_cast<float>(std::min<double>(bound, std::numeric_limits<float>::max()));
   c.neg_m_bound = -c.m_bound;
+  c.rounding_key = rounding_step_key(h.rounding_seed, h.step);
   return c;
 }
 

@@ -60,6 +60,10 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
   require(dtypes.master == Dtype::kFloat32 || bf16_master, "master weights must be fp32 or bf16");
   require(!bf16_master || (!quantized && !dtypes.copy),
           "bf16 master weights take no weight copy and no 8-bit moments");
+  const bool stochastic = dtypes.rounding == MomentRounding::kStochastic;
+  require(stochastic || dtypes.rounding == MomentRounding::kNearest, "unknown moment rounding");
+  require(!stochastic || (!quantized && dtypes.state == Dtype::kBFloat16 && !bf16_master),
+          "stochastic rounding applies to bf16 moments with fp32 master weights only");
   if (subgroups.empty()) return;
   require(nonfinite != 0 && nonfinite % 8 == 0, "null or misaligned counters");
   for (std::size_t i = 0; i < subgroups.size(); ++i) {
@@ -102,6 +106,7 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
   p.copy_dtype = dtypes.copy.value_or(Dtype::kBFloat16);
   p.state_format = dtypes.state_format;
   p.master_dtype = dtypes.master;
+  p.moment_rounding = dtypes.rounding;
   TIDE_CU(cuMemsetD8Async, nonfinite, 0, subgroups.size() * sizeof(std::uint64_t), stream.get());
   for (std::size_t first = 0; first < subgroups.size(); first += kMaxAdamKernelSubgroups) {
     const auto rows = static_cast<unsigned>(
@@ -111,8 +116,9 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
       const AdamGpuSubgroup& s = subgroups[first + r];
       // The kernel's one weight pointer: fp32 or, with bf16 master weights, bf16.
       const CUdeviceptr weights = bf16_master ? s.param_bf16 : s.param;
-      p.subgroups[r] = {s.grad,  weights,         s.exp_avg,          s.exp_avg_sq, s.param_copy,
-                        s.count, s.exp_avg_scale, s.exp_avg_sq_scale, s.param_comp};
+      p.subgroups[r] = {s.grad,       weights,         s.exp_avg,       s.exp_avg_sq,
+                        s.param_copy, s.count,         s.exp_avg_scale, s.exp_avg_sq_scale,
+                        s.param_comp, s.rounding_index};
       max_count = std::max(max_count, s.count);
     }
     p.subgroup_count = rows;

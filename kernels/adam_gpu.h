@@ -40,6 +40,9 @@ struct AdamGpuSubgroup {
   // (kernels/adam_math.h, adam_master_element), both updated in place; `param` is then 0.
   CUdeviceptr param_bf16 = 0;
   CUdeviceptr param_comp = 0;
+  // With AdamGpuDtypes::rounding kStochastic: the global index of element 0 in the optimizer's
+  // flat state (kernels/stochastic_round.h).
+  std::uint64_t rounding_index = 0;
 };
 
 // The dtypes every subgroup of one launch shares.
@@ -50,6 +53,9 @@ struct AdamGpuDtypes {
   StateFormat state_format = StateFormat::kDtype;  // kBlockQ8: `state` is ignored
   // kBFloat16: bf16 master weights with compensation; no copy, not with kBlockQ8.
   Dtype master = Dtype::kFloat32;
+  // kStochastic: bf16 moments rounded stochastically (kernels/stochastic_round.h; the key from
+  // AdamHyper::rounding_seed and step). Needs state kBFloat16, kDtype and fp32 master weights.
+  MomentRounding rounding = MomentRounding::kNearest;
 };
 
 class AdamGpu {

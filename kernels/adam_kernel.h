@@ -12,6 +12,7 @@
 #include "kernels/adam_math.h"
 #include "kernels/dtype.h"
 #include "kernels/quant8.h"
+#include "kernels/stochastic_round.h"
 
 namespace tide::kernels {
 
@@ -26,6 +27,8 @@ struct AdamKernelSubgroup {
   std::uint64_t exp_avg_scale;     // float[quant_blocks(count)]; with state_format kBlockQ8 only
   std::uint64_t exp_avg_sq_scale;  // float[quant_blocks(count)]; with state_format kBlockQ8 only
   std::uint64_t param_comp;        // bf16; with master_dtype kBFloat16 only
+  // The global index of element 0, for stochastic rounding (kernels/stochastic_round.h).
+  std::uint64_t rounding_index = 0;
 };
 
 inline constexpr unsigned kMaxAdamKernelSubgroups = 32;
@@ -47,6 +50,9 @@ struct AdamKernelParams {
   // kBFloat16: bf16 master weights with compensation (adam_master_element): param holds the bf16
   // weights and param_comp their compensation; no copy, state_format kDtype (tide_adam_step).
   Dtype master_dtype;
+  // kStochastic: bf16 moments (state_dtype kBFloat16, kDtype, fp32 master) rounded with
+  // terms.rounding_key and each subgroup's rounding_index (kernels/stochastic_round.h).
+  MomentRounding moment_rounding;
   AdamKernelSubgroup subgroups[kMaxAdamKernelSubgroups];
 };
 

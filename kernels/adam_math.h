@@ -53,6 +53,9 @@ struct AdamHyper {
   // The loss-scale factor the gradients carry: they are multiplied by (float)(1/grad_scale), as
   // torch.amp.GradScaler.unscale_ does. 1 means unscaled.
   double grad_scale = 1.0;
+  // Stochastic rounding of bf16 moments (kernels/stochastic_round.h): the optimizer's seed, which
+  // with `step` keys the rounding (AdamTerms::rounding_key). Unused with nearest rounding.
+  std::uint64_t rounding_seed = 0;
 };
 
 // The per-step terms of the formula, as values of V (float, or a vector of floats).
@@ -79,6 +82,9 @@ struct AdamTerms {
   // PyTorch's lerp changes formula at weight 0.5: for 1 − β1 ≥ 0.5 it computes
   // fma(w − 1, g − m, g), i.e. lerp_w holds w − 1 and the base is g.
   bool lerp_from_grad;
+  // rounding_step_key(rounding_seed, step): what stochastic rounding of bf16 moments hashes with
+  // each element's global index (kernels/stochastic_round.h).
+  std::uint64_t rounding_key = 0;
 };
 
 // The terms in fp32: what the host computes once per step and every implementation broadcasts.

@@ -135,6 +135,30 @@ TIDE_API tide_status tide_cpu_adam_step_bf16_master(const tide_adam_subgroup* su
   });
 }
 
+TIDE_API tide_status tide_cpu_adam_step_sr(const tide_adam_subgroup* subgroup, int32_t rounding,
+                                           uint64_t seed, uint64_t first_index,
+                                           const tide_adam_hyper* hyper,
+                                           const tide_cpu_options* options,
+                                           tide_adam_result* result) {
+  return guard([&] {
+    k::require(subgroup != nullptr && hyper != nullptr, "tide_cpu_adam_step_sr: null argument");
+    k::require(
+        rounding == TIDE_STATE_ROUNDING_NEAREST || rounding == TIDE_STATE_ROUNDING_STOCHASTIC,
+        "tide_cpu_adam_step_sr: rounding must be TIDE_STATE_ROUNDING_NEAREST (0) or "
+        "TIDE_STATE_ROUNDING_STOCHASTIC (1)");
+    k::require(subgroup->state_dtype == TIDE_BFLOAT16,
+               "tide_cpu_adam_step_sr: the moments must be bf16 (state_dtype TIDE_BFLOAT16)");
+    k::AdamSubgroup s = k::subgroup_from_c(*subgroup);
+    s.moment_rounding = rounding == TIDE_STATE_ROUNDING_STOCHASTIC ? k::MomentRounding::kStochastic
+                                                                   : k::MomentRounding::kNearest;
+    s.rounding_index = first_index;
+    k::AdamHyper h = k::hyper_from_c(*hyper);
+    h.rounding_seed = seed;
+    const k::AdamResult r = k::cpu_adam_step(s, h, k::options_of(options));
+    if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
+  });
+}
+
 TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype, uint64_t count,
                                               const tide_cpu_options* options,
                                               uint64_t* nonfinite) {

@@ -87,6 +87,13 @@ void validate(const AdamSubgroup& s) {
           "bf16 master weights with 8-bit moments are not supported (use fp32 or bf16 moments)");
   require(!bf16_master || s.param_copy == nullptr,
           "bf16 master weights are the model's weights: no weight copy (param_copy must be null)");
+  const bool stochastic = s.moment_rounding == MomentRounding::kStochastic;
+  require(stochastic || s.moment_rounding == MomentRounding::kNearest, "unknown moment rounding");
+  require(!stochastic || (!quantized && s.state_dtype == Dtype::kBFloat16),
+          "stochastic rounding applies to bf16 moments only (fp32 moments are not rounded, 8-bit "
+          "moments have their own rounding)");
+  require(!stochastic || !bf16_master,
+          "stochastic rounding of the moments is not supported with bf16 master weights");
   if (s.count == 0) return;
   require(s.grad != nullptr && s.exp_avg != nullptr && s.exp_avg_sq != nullptr,
           "null subgroup buffer (grad, param, exp_avg and exp_avg_sq are required)");

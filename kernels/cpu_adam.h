@@ -26,6 +26,7 @@
 #include "kernels/adam_math.h"
 #include "kernels/dtype.h"
 #include "kernels/quant8.h"
+#include "kernels/stochastic_round.h"
 
 namespace tide::kernels {
 
@@ -54,6 +55,12 @@ struct AdamSubgroup {
   Dtype master_dtype = Dtype::kFloat32;
   std::uint16_t* param_bf16 = nullptr;
   std::uint16_t* param_comp = nullptr;
+  // How bf16 moments are rounded (kernels/stochastic_round.h). kStochastic needs state_dtype
+  // kBFloat16 (fp32 moments are not rounded, 8-bit ones have their own rounding) and fp32 master
+  // weights; the hash key is AdamHyper::rounding_seed and step, and rounding_index, the global
+  // index of element 0 in the optimizer's flat state.
+  MomentRounding moment_rounding = MomentRounding::kNearest;
+  std::uint64_t rounding_index = 0;
 };
 
 // Instruction sets of the CPU implementation.

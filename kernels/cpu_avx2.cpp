@@ -55,6 +55,17 @@ __m128i to_bf16(__m256 x) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
+// fp32 → bf16 rounded by adding r (16 random bits a lane) before truncating: kernels/
+// stochastic_round.h's float_to_bf16_stochastic.
+__m128i to_bf16_rounded(__m256 x, __m256i r) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, r), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i b = _mm256_blendv_epi8(rounded, quiet, nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+}
+
 __m128i to_fp16(__m256 x) {
   return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -94,6 +105,27 @@ struct Avx2 : SimdShape<F8, Avx2Math, /*kMasked=*/false> {
   static void stream(void* base, std::size_t i, __m256 x) {
     auto* q = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(base) + i);
     _mm_stream_si128(q, D == Dtype::kBFloat16 ? to_bf16(x) : to_fp16(x));
+  }
+
+  // Stochastic rounding (kernels/stochastic_round.h): rounding_mix32 on 8 lanes.
+  using Bits = __m256i;
+  static __m256i rounding_bits(std::uint32_t key, std::uint32_t first) {
+    __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)),
+                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    x = _mm256_xor_si256(x, _mm256_set1_epi32(static_cast<int>(key)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x85ebca6bu)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  }
+  static __m256i low16(__m256i h) { return _mm256_and_si256(h, _mm256_set1_epi32(0xffff)); }
+  static __m256i high16(__m256i h) { return _mm256_srli_epi32(h, 16); }
+  template <bool kTail>
+  static void store_bf16_rounded(void* base, std::size_t i, Lanes /*k*/, __m256 x, __m256i r) {
+    static_assert(!kTail);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(base) + i),
+                     to_bf16_rounded(x, r));
   }
 
   // 8-bit moments (kernels/cpu_simd.h): the code maps by 32-bit gathers from L1.
@@ -181,6 +213,12 @@ struct AdamRange {
   [[gnu::flatten]] static std::uint64_t run(const AdamCoefficients& c, const AdamSubgroup& s,
                                             std::size_t begin, std::size_t end) {
     return simd_adam_range<Avx2, G, S, C>(c, s, begin, end);
+  }
+  template <Dtype G, Dtype C>
+  [[gnu::flatten]] static std::uint64_t run_sr(const AdamCoefficients& c, const AdamSubgroup& s,
+                                               std::size_t begin, std::size_t end,
+                                               std::uint32_t span_key) {
+    return simd_adam_range<Avx2, G, Dtype::kBFloat16, C, true>(c, s, begin, end, span_key);
   }
   template <Dtype G, Dtype C>
   [[gnu::flatten]] static std::uint64_t run_q8(const AdamCoefficients& c, const AdamSubgroup& s,

@@ -58,6 +58,16 @@ __m256i to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
+// fp32 → bf16 rounded by adding r (16 random bits a lane) before truncating: kernels/
+// stochastic_round.h's float_to_bf16_stochastic.
+__m256i to_bf16_rounded(__m512 x, __m512i r) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, r), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
 // fp32 → fp16 with the immediate round-to-nearest-even mode, whatever MXCSR says.
 __m256i to_fp16(__m512 x) {
   return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -111,6 +121,32 @@ struct Avx512 : SimdShape<F16, Avx512Math, /*kMasked=*/true, __mmask16, 0xffff> 
   static void stream(void* base, std::size_t i, __m512 x) {
     auto* q = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i);
     _mm256_stream_si256(q, D == Dtype::kBFloat16 ? to_bf16(x) : to_fp16(x));
+  }
+
+  // Stochastic rounding (kernels/stochastic_round.h): rounding_mix32 on 16 lanes.
+  using Bits = __m512i;
+  static __m512i rounding_bits(std::uint32_t key, std::uint32_t first) {
+    __m512i x =
+        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first)),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    x = _mm512_xor_si512(x, _mm512_set1_epi32(static_cast<int>(key)));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0x85ebca6bu)));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32(static_cast<int>(0xc2b2ae35u)));
+    return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  }
+  static __m512i low16(__m512i h) { return _mm512_and_si512(h, _mm512_set1_epi32(0xffff)); }
+  static __m512i high16(__m512i h) { return _mm512_srli_epi32(h, 16); }
+  template <bool kTail>
+  static void store_bf16_rounded(void* base, std::size_t i, Lanes k, __m512 x, __m512i r) {
+    auto* p = static_cast<std::uint16_t*>(base) + i;
+    const __m256i h = to_bf16_rounded(x, r);
+    if constexpr (kTail) {
+      _mm256_mask_storeu_epi16(p, k, h);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+    }
   }
 
   // table[index] for a table of 32·kPairs floats, in registers: vpermi2ps picks from each pair
@@ -248,6 +284,12 @@ struct AdamRange {
   [[gnu::flatten]] static std::uint64_t run(const AdamCoefficients& c, const AdamSubgroup& s,
                                             std::size_t begin, std::size_t end) {
     return simd_adam_range<Avx512, G, S, C>(c, s, begin, end);
+  }
+  template <Dtype G, Dtype C>
+  [[gnu::flatten]] static std::uint64_t run_sr(const AdamCoefficients& c, const AdamSubgroup& s,
+                                               std::size_t begin, std::size_t end,
+                                               std::uint32_t span_key) {
+    return simd_adam_range<Avx512, G, Dtype::kBFloat16, C, true>(c, s, begin, end, span_key);
   }
   template <Dtype G, Dtype C>
   [[gnu::flatten]] static std::uint64_t run_q8(const AdamCoefficients& c, const AdamSubgroup& s,

@@ -14,6 +14,11 @@ struct AdamRange {
     return adam_scalar_range<G, S, C>(c, s, begin, end);
   }
   template <Dtype G, Dtype C>
+  static std::uint64_t run_sr(const AdamCoefficients& c, const AdamSubgroup& s, std::size_t begin,
+                              std::size_t end, std::uint32_t span_key) {
+    return adam_scalar_range<G, Dtype::kBFloat16, C, true>(c, s, begin, end, span_key);
+  }
+  template <Dtype G, Dtype C>
   static std::uint64_t run_q8(const AdamCoefficients& c, const AdamSubgroup& s, std::size_t begin,
                               std::size_t end) {
     return adam_q8_scalar_range<G, C>(c, s, begin, end);

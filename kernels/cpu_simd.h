@@ -19,6 +19,11 @@
 //                               three are finite, and keep their old values elsewhere; returns
 //                               how many lanes kept their old values
 //   fence()                     orders the streaming stores before what follows
+// and, for stochastically rounded bf16 moments (kernels/stochastic_round.h), with Bits an
+// integer register of kWidth 32-bit lanes:
+//   rounding_bits(key, first)   lane j: rounding_bits(key, first + j)
+//   low16(h), high16(h)         each lane's low and high 16 bits
+//   store_bf16_rounded<kTail>(p, i, k, x, r)  x as bf16 rounded up by adding r (16 bits a lane)
 #pragma once
 
 #include <algorithm>
@@ -58,18 +63,28 @@ inline constexpr int kSimdBurst = 8;
 // The coefficients, in every lane.
 template <typename V>
 AdamTerms<typename V::Wide> simd_broadcast(const AdamCoefficients& c) {
-  return {V::splat(c.grad_mul),     V::splat(c.decay),       V::splat(c.l2),
-          V::splat(c.lerp_w),       V::splat(c.beta2),       V::splat(c.one_minus_beta2),
-          V::splat(c.inv_bc2_sqrt), V::splat(c.eps),         V::splat(c.neg_step_size),
-          V::splat(c.m_bound),      V::splat(c.neg_m_bound), c.lerp_from_grad};
+  return {V::splat(c.grad_mul),
+          V::splat(c.decay),
+          V::splat(c.l2),
+          V::splat(c.lerp_w),
+          V::splat(c.beta2),
+          V::splat(c.one_minus_beta2),
+          V::splat(c.inv_bc2_sqrt),
+          V::splat(c.eps),
+          V::splat(c.neg_step_size),
+          V::splat(c.m_bound),
+          V::splat(c.neg_m_bound),
+          c.lerp_from_grad,
+          c.rounding_key};
 }
 
 // kU vectors from element i (kTail: one vector, the lanes in k). Returns how many elements were
-// rejected as non-finite.
-template <typename V, int kU, Dtype G, Dtype S, Dtype C, bool kTail>
+// rejected as non-finite. kSr: bf16 moments rounded stochastically with span_key's bits.
+template <typename V, int kU, Dtype G, Dtype S, Dtype C, bool kTail, bool kSr = false>
 unsigned simd_adam_step(const AdamTerms<typename V::Wide>& t, const AdamSubgroup& s, std::size_t i,
-                        typename V::Lanes k) {
+                        typename V::Lanes k, std::uint32_t span_key = 0) {
   static_assert(!kTail || kU == 1);
+  static_assert(!kSr || S == Dtype::kBFloat16);
   using Reg = typename V::Reg;
   using Wide = typename V::Wide;
   constexpr std::size_t kW = V::kWidth;
@@ -96,10 +111,20 @@ unsigned simd_adam_step(const AdamTerms<typename V::Wide>& t, const AdamSubgroup
   for (int u = 0; u < kU; ++u) {
     V::template store<Dtype::kFloat32, kTail>(s.param, i + kW * u, k, p[u]);
   }
+  if constexpr (kSr) {
 #pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) V::template store<S, kTail>(s.exp_avg, i + kW * u, k, m[u]);
+    for (int u = 0; u < kU; ++u) {
+      const auto h =
+          V::rounding_bits(span_key, static_cast<std::uint32_t>(s.rounding_index + i + kW * u));
+      V::template store_bf16_rounded<kTail>(s.exp_avg, i + kW * u, k, m[u], V::low16(h));
+      V::template store_bf16_rounded<kTail>(s.exp_avg_sq, i + kW * u, k, v[u], V::high16(h));
+    }
+  } else {
 #pragma GCC unroll 8
-  for (int u = 0; u < kU; ++u) V::template store<S, kTail>(s.exp_avg_sq, i + kW * u, k, v[u]);
+    for (int u = 0; u < kU; ++u) V::template store<S, kTail>(s.exp_avg, i + kW * u, k, m[u]);
+#pragma GCC unroll 8
+    for (int u = 0; u < kU; ++u) V::template store<S, kTail>(s.exp_avg_sq, i + kW * u, k, v[u]);
+  }
   if constexpr (C != kNoCopy) {
     // The weight copy is written and not read: a streaming store of its full lines saves the read
     // a normal store makes first (2 of 30 bytes per element).
@@ -116,13 +141,16 @@ unsigned simd_adam_step(const AdamTerms<typename V::Wide>& t, const AdamSubgroup
 }
 
 // Elements [i, end), fewer than a vector's: one masked step, or the scalar loop.
-template <typename V, Dtype G, Dtype S, Dtype C>
+template <typename V, Dtype G, Dtype S, Dtype C, bool kSr>
 std::uint64_t simd_adam_part(const AdamCoefficients& c, const AdamTerms<typename V::Wide>& t,
-                             const AdamSubgroup& s, std::size_t i, std::size_t end) {
+                             const AdamSubgroup& s, std::size_t i, std::size_t end,
+                             std::uint32_t span_key) {
   if constexpr (V::kMaskedTails) {
-    return i < end ? simd_adam_step<V, 1, G, S, C, true>(t, s, i, V::first_lanes(end - i)) : 0;
+    return i < end ? simd_adam_step<V, 1, G, S, C, true, kSr>(t, s, i, V::first_lanes(end - i),
+                                                              span_key)
+                   : 0;
   } else {
-    return adam_scalar_range<G, S, C>(c, s, i, end);
+    return adam_scalar_range<G, S, C, kSr>(c, s, i, end, span_key);
   }
 }
 
@@ -179,10 +207,11 @@ std::uint64_t simd_master_range(const AdamCoefficients& c, const AdamSubgroup& s
   }
 }
 
-template <typename V, Dtype G, Dtype S, Dtype C>
+// kSr: [begin, end) within one span of stochastic rounding (kernels/cpu_variant.h).
+template <typename V, Dtype G, Dtype S, Dtype C, bool kSr = false>
 std::uint64_t simd_adam_range(const AdamCoefficients& c, const AdamSubgroup& subgroup,
-                              std::size_t begin, std::size_t end) {
-  if constexpr (C == kNoCopy) {
+                              std::size_t begin, std::size_t end, std::uint32_t span_key = 0) {
+  if constexpr (C == kNoCopy && !kSr) {
     if (subgroup.master_dtype == Dtype::kBFloat16) {
       return simd_master_range<V, G, S>(c, subgroup, begin, end);
     }
@@ -201,16 +230,18 @@ std::uint64_t simd_adam_range(const AdamCoefficients& c, const AdamSubgroup& sub
         reinterpret_cast<std::uintptr_t>(static_cast<std::uint16_t*>(s.param_copy) + i);
     const std::size_t head =
         std::min<std::size_t>((kAlign - address % kAlign) % kAlign / 2, end - i);
-    rejected += simd_adam_part<V, G, S, C>(c, t, s, i, i + head);
+    rejected += simd_adam_part<V, G, S, C, kSr>(c, t, s, i, i + head, span_key);
     i += head;
   }
   for (; i + kW * kSimdBurst <= end; i += kW * kSimdBurst) {
-    rejected += simd_adam_step<V, kSimdBurst, G, S, C, false>(t, s, i, V::kAll);
+    rejected += simd_adam_step<V, kSimdBurst, G, S, C, false, kSr>(t, s, i, V::kAll, span_key);
   }
-  for (; i + kW <= end; i += kW) rejected += simd_adam_step<V, 1, G, S, C, false>(t, s, i, V::kAll);
+  for (; i + kW <= end; i += kW) {
+    rejected += simd_adam_step<V, 1, G, S, C, false, kSr>(t, s, i, V::kAll, span_key);
+  }
   // Streaming stores are weakly ordered: fence them before the caller hands the copy on.
   if constexpr (C != kNoCopy) V::fence();
-  return rejected + simd_adam_part<V, G, S, C>(c, t, s, i, end);
+  return rejected + simd_adam_part<V, G, S, C, kSr>(c, t, s, i, end, span_key);
 }
 
 // 8-bit moments (kernels/cpu_quant8.h), one quantization block at a time: a vector pass that

@@ -10,12 +10,14 @@
 // without it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/adam_math.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/dtype.h"
+#include "kernels/stochastic_round.h"
 
 namespace tide::kernels {
 
@@ -71,9 +73,26 @@ decltype(auto) dispatch_dtypes(const AdamSubgroup& s, Fn&& fn) {
 // The table's adam entry for a variant whose loop over [begin, end) is Range::run<G, S, C>, and
 // Range::run_q8<G, C> for 8-bit moments (kernels/cpu_quant8.h; begin a multiple of kQuantBlock):
 // the subgroup's dtypes picked once, outside the loop.
+// With stochastically rounded bf16 moments, Range::run_sr<G, C>(..., span_key) over pieces of
+// [begin, end) whose global indices share their high 32 bits (kernels/stochastic_round.h).
 template <typename Range>
 std::uint64_t adam_for_dtypes(const AdamCoefficients& t, const AdamSubgroup& s, std::size_t begin,
                               std::size_t end) {
+  if (s.moment_rounding == MomentRounding::kStochastic) {
+    return dispatch_dtypes(s, [&](auto g, auto, auto c) {
+      std::uint64_t rejected = 0;
+      for (std::size_t i = begin; i < end;) {
+        const std::uint64_t index = s.rounding_index + i;
+        const std::uint64_t span_left = (std::uint64_t{1} << 32) - (index & 0xffffffffu);
+        const std::size_t piece_end =
+            i + static_cast<std::size_t>(std::min<std::uint64_t>(end - i, span_left));
+        rejected += Range::template run_sr<decltype(g)::value, decltype(c)::value>(
+            t, s, i, piece_end, rounding_span_key(t.rounding_key, index));
+        i = piece_end;
+      }
+      return rejected;
+    });
+  }
   if (s.state_format == StateFormat::kBlockQ8) {
     return dispatch_dtypes(s, [&](auto g, auto, auto c) {
       return Range::template run_q8<decltype(g)::value, decltype(c)::value>(t, s, begin, end);
@@ -88,9 +107,12 @@ std::uint64_t adam_for_dtypes(const AdamCoefficients& t, const AdamSubgroup& s, 
 // The scalar loop: the scalar variant, and the tails of the AVX2 variant. Stores every element
 // (old values where the update is rejected), so a rejected element's copy is the cast of its
 // unchanged weight. With bf16 master weights (never with a copy) the same over the weight pair.
-template <Dtype G, Dtype S, Dtype C>
+// kSr: bf16 moments rounded stochastically with the bits of span_key (kernels/stochastic_round.h;
+// [begin, end) within one span).
+template <Dtype G, Dtype S, Dtype C, bool kSr = false>
 std::uint64_t adam_scalar_range(const AdamCoefficients& t, const AdamSubgroup& s, std::size_t begin,
-                                std::size_t end) {
+                                std::size_t end, std::uint32_t span_key = 0) {
+  static_assert(!kSr || S == Dtype::kBFloat16);
   using GT = DtypeTraits<G>;
   using ST = DtypeTraits<S>;
   const auto* grad = static_cast<const typename GT::Storage*>(s.grad);
@@ -120,8 +142,15 @@ std::uint64_t adam_scalar_range(const AdamCoefficients& t, const AdamSubgroup& s
     float vi = ST::to_float(v[i]);
     if (!adam_element<HostMath>(t, GT::to_float(grad[i]), p, mi, vi)) ++rejected;
     param[i] = p;
-    m[i] = ST::from_float(mi);
-    v[i] = ST::from_float(vi);
+    if constexpr (kSr) {
+      const std::uint32_t h =
+          rounding_bits(span_key, static_cast<std::uint32_t>(s.rounding_index + i));
+      m[i] = float_to_bf16_stochastic(mi, h & 0xffffu);
+      v[i] = float_to_bf16_stochastic(vi, h >> 16);
+    } else {
+      m[i] = ST::from_float(mi);
+      v[i] = ST::from_float(vi);
+    }
     if constexpr (C != kNoCopy) {
       static_cast<std::uint16_t*>(s.param_copy)[i] = DtypeTraits<C>::from_float(p);
     }

@@ -280,6 +280,7 @@ allocator::DeviceMemoryResource& Executor::memory() {
 Footprint Executor::footprint(bool gradients_on_gpu) const {
   Footprint f;
   f.state_bytes_per_param = state_.state_bytes();
+  f.quantized_moments = state_.quantized();
   f.gradient_bytes_per_param = state_.grad_bytes();
   f.weight_bytes_per_param = state_.param_bytes();  // what a CPU subgroup uploads
   if (state_.bf16_master()) {

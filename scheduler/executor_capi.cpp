@@ -187,6 +187,21 @@ TIDE_API tide_status tide_optimizer_master_bf16(tide_optimizer* optimizer, size_
   });
 }
 
+TIDE_API tide_status tide_optimizer_set_state_rounding(tide_optimizer* optimizer, int32_t rounding,
+                                                       uint64_t seed) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(
+        rounding == TIDE_STATE_ROUNDING_NEAREST || rounding == TIDE_STATE_ROUNDING_STOCHASTIC,
+        "tide_optimizer_set_state_rounding: rounding must be TIDE_STATE_ROUNDING_NEAREST (0) or "
+        "TIDE_STATE_ROUNDING_STOCHASTIC (1)");
+    o.state->set_moment_rounding(rounding == TIDE_STATE_ROUNDING_STOCHASTIC
+                                     ? tide::kernels::MomentRounding::kStochastic
+                                     : tide::kernels::MomentRounding::kNearest,
+                                 seed);
+  });
+}
+
 TIDE_API tide_status tide_optimizer_q8_scales(tide_optimizer* optimizer, size_t subgroup,
                                               float** exp_avg_scale, float** exp_avg_sq_scale,
                                               uint64_t* blocks) {

@@ -183,12 +183,16 @@ std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
   sub.exp_avg_scale = state.exp_avg_scale(s);
   sub.exp_avg_sq_scale = state.exp_avg_sq_scale(s);
   sub.copy_dtype = low ? state.options().param_dtype : kernels::Dtype::kBFloat16;
+  sub.moment_rounding = state.moment_rounding();
+  sub.rounding_index = state.first_index(s);
   kernels::CpuAdamOptions options{.threads = x.options_.cpu_threads};
   if (x.options_.cpu_isa) {
     options.force_isa = true;
     options.isa = *x.options_.cpu_isa;
   }
-  return kernels::cpu_adam_step(sub, hyper, options).nonfinite;
+  kernels::AdamHyper h = hyper;
+  h.rounding_seed = state.rounding_seed();
+  return kernels::cpu_adam_step(sub, h, options).nonfinite;
 }
 
 void Executor::Phase::fault(const std::exception_ptr& error) {
@@ -409,13 +413,17 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   }
   sub.param_copy = low ? t.weights : 0;
   sub.count = n;
+  sub.rounding_index = state.first_index(s);
   kernels::AdamGpuDtypes dtypes;
   dtypes.grad = state.options().grad_dtype;
   dtypes.state = state.options().state_dtype;
   dtypes.state_format = state.options().state_format;
   dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
   dtypes.master = state.options().master_dtype;
-  x.adam_->step({&sub, 1}, dtypes, hyper, counters.get() + 8 * t.position, *x.compute_);
+  dtypes.rounding = state.moment_rounding();
+  kernels::AdamHyper h = hyper;
+  h.rounding_seed = state.rounding_seed();
+  x.adam_->step({&sub, 1}, dtypes, h, counters.get() + 8 * t.position, *x.compute_);
   ev[kUpdateEnd].record(*x.compute_);
 
   x.d2h_->wait(ev[kUpdateEnd]);

@@ -60,6 +60,11 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
     require(next == s.params, which + ": its parameter slices cover " + std::to_string(next) +
                                   " of " + std::to_string(s.params) + " elements");
   }
+  std::uint64_t index = 0;
+  for (const SubgroupSpec& s : specs_) {
+    first_index_.push_back(index);
+    index += s.params;
+  }
   arena_ = std::make_unique<allocator::pinned::PinnedArena>();
   buffers_.resize(specs_.size());
   try {
@@ -153,5 +158,19 @@ float* OptimizerState::commit(std::size_t i, float* slot) {
 }
 
 std::size_t OptimizerState::spares() const { return spares_.size(); }
+
+void OptimizerState::set_moment_rounding(kernels::MomentRounding rounding, std::uint64_t seed) {
+  require(rounding == kernels::MomentRounding::kNearest ||
+              rounding == kernels::MomentRounding::kStochastic,
+          "unknown moment rounding");
+  require(rounding == kernels::MomentRounding::kNearest ||
+              (!quantized() && options_.state_dtype == kernels::Dtype::kBFloat16),
+          "stochastic rounding applies to bf16 moments only (fp32 moments are not rounded, 8-bit "
+          "moments have their own rounding)");
+  require(rounding == kernels::MomentRounding::kNearest || !bf16_master(),
+          "stochastic rounding of the moments is not supported with bf16 master weights");
+  rounding_ = rounding;
+  rounding_seed_ = seed;
+}
 
 }  // namespace tide::scheduler

@@ -47,6 +47,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/quant8.h"
+#include "kernels/stochastic_round.h"
 
 namespace tide::allocator::pinned {
 class PinnedArena;
@@ -155,6 +156,15 @@ class OptimizerState {
   // destruction, leak every buffer (and the arena) instead of freeing it under that work.
   void abandon() { abandoned_ = true; }
 
+  // How bf16 moments are rounded at each update (kernels/stochastic_round.h): nearest even, or
+  // stochastically with `seed` (throws std::invalid_argument unless the moments are bf16). Each
+  // element's bits hash its global index: subgroup i's element 0 is first_index(i), the sizes of
+  // the subgroups before it summed, the same for any split of the same flat state.
+  void set_moment_rounding(kernels::MomentRounding rounding, std::uint64_t seed);
+  kernels::MomentRounding moment_rounding() const { return rounding_; }
+  std::uint64_t rounding_seed() const { return rounding_seed_; }
+  std::uint64_t first_index(std::size_t i) const { return first_index_.at(i); }
+
  private:
   void* at(std::size_t i, std::uint64_t offset) const {
     return static_cast<char*>(buffers_.at(i).state) + offset;
@@ -175,6 +185,9 @@ class OptimizerState {
   std::vector<Buffers> buffers_;
   std::vector<std::pair<std::uint64_t, float*>> spares_;  // (elements, slot)
   bool abandoned_ = false;
+  kernels::MomentRounding rounding_ = kernels::MomentRounding::kNearest;
+  std::uint64_t rounding_seed_ = 0;
+  std::vector<std::uint64_t> first_index_;
 };
 
 }  // namespace tide::scheduler

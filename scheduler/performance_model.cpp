@@ -11,10 +11,9 @@ PerformanceModel::PerformanceModel(const Rates& rates, const Footprint& footprin
   if (footprint_.state_bytes_per_param == 0) {
     throw std::invalid_argument("performance model: state_bytes_per_param must be > 0");
   }
-  const double scale = footprint_.update_rate_scale();
-  rates_.cpu_update *= scale;
-  rates_.cpu_update_contended *= scale;
-  rates_.gpu_update *= scale;
+  rates_.cpu_update *= footprint_.cpu_update_scale();
+  rates_.cpu_update_contended *= footprint_.cpu_update_scale();
+  rates_.gpu_update *= footprint_.gpu_update_scale();
 }
 
 double PerformanceModel::h2d_time(double params, bool duplex) const {

@@ -11,7 +11,8 @@
 // 2 for bf16, which the CPU computes and the model's parameters on the GPU need). With bf16
 // moments the state is 8 bytes (a = b = 8), and r_c, r_cc and r_g, measured with fp32 state, are
 // scaled by the bytes each update moves (Footprint::update_rate_scale: 28/20 with bf16 gradients
-// and weights).
+// and weights). 8-bit moments: a = b = 6 and the block scales; the GPU update scaled by its bytes
+// (28/16), the CPU update, compute-bound, by Footprint::kQ8CpuUpdateFactor.
 //
 // The host→GPU link carries both the GPU subgroups' copy-ins and the CPU subgroups' weight
 // uploads. The uploads are small and steady (each CPU subgroup's weights as soon as it is
@@ -61,6 +62,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/quant8.h"
 #include "scheduler/rates.h"
 
 namespace tide::scheduler {
@@ -81,12 +83,23 @@ struct Footprint {
   // state not copied in), and an update writes no separate weight copy.
   bool weights_in_state = false;
   std::uint32_t state_bytes_on_gpu = 0;  // of state_bytes_per_param, not copied in
+  // 8-bit block-wise moments (kernels/quant8.h; state_bytes_per_param 6): the state also holds
+  // each moment's fp32 scale per kQuantBlock parameters (8 bytes per block, 0.5% more than the 6
+  // bytes), copied with it, and the CPU update runs at kQ8CpuUpdateFactor of fp32 state's rate.
+  // (8-bit moments and bf16 master weights do not go together: the kernels have no such variant.)
+  bool quantized_moments = false;
+  static constexpr std::uint32_t kScaleBytesPerBlock = 8;
 
-  std::uint64_t h2d_bytes_per_param() const {
-    return state_bytes_per_param - state_bytes_on_gpu +
+  // The state's bytes per parameter on the links: state_bytes_per_param and the scales.
+  double state_copy_bytes_per_param() const {
+    return state_bytes_per_param +
+           (quantized_moments ? double{kScaleBytesPerBlock} / kernels::kQuantBlock : 0.0);
+  }
+  double h2d_bytes_per_param() const {
+    return state_copy_bytes_per_param() - state_bytes_on_gpu +
            (gradients_on_gpu ? 0u : gradient_bytes_per_param);
   }
-  std::uint64_t d2h_bytes_per_param() const { return state_bytes_per_param; }
+  double d2h_bytes_per_param() const { return state_copy_bytes_per_param(); }
   // The update rates (CPU and GPU) are measured with fp32 state (kCalibratedStateBytes). Both
   // updates are memory-bound: per parameter they read and write the state and read the gradient
   // and write the low-precision weights, at a rate in bytes/s that does not depend on the state
@@ -100,10 +113,30 @@ struct Footprint {
     const double mine = weights_in_state ? gradient_bytes_per_param : others;
     return (2.0 * kCalibratedStateBytes + others) / (2.0 * state_bytes_per_param + mine);
   }
+  // The CPU update's rate with 8-bit moments against fp32 state's. The 8-bit CPU kernels are
+  // compute-bound (code-map lookups and searches per vector), not memory-bound: their bytes
+  // would give 28/16 = 1.75, but `make bench BENCH=cpu_adam` measured 0.36-0.66 of the fp32-state
+  // step at 1e7-1e8 parameters with AVX-512 and 0.32-0.35 with AVX2 (README, "8-bit moments").
+  // The planner starts from the low end, so that it does not put on the CPU what the CPU cannot
+  // do in time; the executor's refinement (scheduler/refine.h) then learns the real rate.
+  static constexpr double kQ8CpuUpdateFactor = 0.35;
+  double cpu_update_scale() const {
+    return quantized_moments ? kQ8CpuUpdateFactor : update_rate_scale();
+  }
+  // The GPU update stays memory-bound (HBM bandwidth against its arithmetic): the bytes' ratio.
+  double gpu_update_scale() const { return update_rate_scale(); }
   std::uint64_t upload_bytes_per_param() const { return weight_bytes_per_param; }
-  // One buffer holds the state and what is copied in.
+  // One buffer holds the state and what is copied in: with 8-bit moments, the state slot's
+  // layout (scheduler/optimizer_state.h: fp32 weights, each moment's codes from a
+  // kQuantBlock-byte boundary, then the scales).
   std::uint64_t buffer_bytes(std::uint64_t params) const {
-    return params * (h2d_bytes_per_param() + state_bytes_on_gpu);
+    const std::uint64_t gradient = gradients_on_gpu ? 0 : params * gradient_bytes_per_param;
+    if (!quantized_moments) return params * state_bytes_per_param + gradient;
+    auto aligned = [](std::uint64_t bytes) {
+      return (bytes + kernels::kQuantBlock - 1) / kernels::kQuantBlock * kernels::kQuantBlock;
+    };
+    return aligned(4 * params) + 2 * aligned(params) +
+           kernels::quant_blocks(params) * kScaleBytesPerBlock + gradient;
   }
   // Held on the GPU for the whole phase by a GPU subgroup.
   std::uint64_t resident_bytes(std::uint64_t params) const {

@@ -27,6 +27,11 @@ void validate(const Workload& workload) {
   if (f.state_bytes_per_param < 1 || f.state_bytes_per_param > 64) {
     throw std::invalid_argument("workload: state_bytes_per_param must be from 1 to 64");
   }
+  if (f.quantized_moments && f.state_bytes_per_param != 6) {
+    throw std::invalid_argument(
+        "workload: 8-bit moments' state is 6 bytes per parameter (fp32 weights and two 1-byte "
+        "moments) and their scales");
+  }
   if (f.gradient_bytes_per_param > 64) {
     throw std::invalid_argument("workload: gradient_bytes_per_param must be from 0 to 64");
   }

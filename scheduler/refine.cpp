@@ -49,7 +49,8 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
   const double d2h_bytes = static_cast<double>(footprint.d2h_bytes_per_param());
   // The update rates are kept for fp32 state (the model scales them to the footprint's): an
   // update of `params` parameters in this format counts as params / scale of fp32 state.
-  const double fp32_equivalent = 1.0 / footprint.update_rate_scale();
+  const double cpu_fp32_equivalent = 1.0 / footprint.cpu_update_scale();
+  const double gpu_fp32_equivalent = 1.0 / footprint.gpu_update_scale();
   // The CPU subgroups' weight uploads share the host→GPU link with the copy-ins (the model's
   // flow, scheduler/performance_model.h): a copy-in that ran while they did moved its own bytes
   // and the flow's share of the link, which is what its link's rate is measured on.
@@ -64,9 +65,10 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
       // runs after; one that straddles the end of the GPU side measures neither.
       const double gpu_end = plan.predicted.gpu_side_s;
       if (g > 0 && sub.end_s <= gpu_end) {
-        used += observe(RateKind::cpu_update_contended, params * fp32_equivalent, t.cpu_update_s);
+        used +=
+            observe(RateKind::cpu_update_contended, params * cpu_fp32_equivalent, t.cpu_update_s);
       } else if (g == 0 || sub.start_s >= gpu_end) {
-        used += observe(RateKind::cpu_update, params * fp32_equivalent, t.cpu_update_s);
+        used += observe(RateKind::cpu_update, params * cpu_fp32_equivalent, t.cpu_update_s);
       }
       continue;
     }
@@ -83,7 +85,7 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
     used +=
         observe(h2d_kind, params * h2d_bytes + PerformanceModel::upload_share(flow, link) * shared,
                 t.h2d_s);
-    used += observe(RateKind::gpu_update, params * fp32_equivalent, t.gpu_update_s);
+    used += observe(RateKind::gpu_update, params * gpu_fp32_equivalent, t.gpu_update_s);
     used += observe(duplex && !last ? RateKind::d2h_duplex : RateKind::d2h, params * d2h_bytes,
                     t.d2h_s);
   }

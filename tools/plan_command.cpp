@@ -48,8 +48,9 @@ workload:
   --state-dtype float32|bfloat16|q8
                            the moments' dtype: float32 (default; 12 state bytes per parameter:
                            fp32 p, m, v), bfloat16 (8: fp32 p, bf16 m, v) or q8 (6: fp32 p,
-                           8-bit block-wise m, v); the update rates, measured with fp32 state,
-                           scale with the bytes an update moves
+                           8-bit block-wise m, v, and 8 bytes of scales per 256); the update
+                           rates, measured with fp32 state, scale with the bytes an update
+                           moves, except q8's CPU update (compute-bound: x0.35)
   --master-dtype float32|bfloat16
                            the master weights: float32 (default: an fp32 copy, and the
                            update writes a separate bf16 weight copy) or bfloat16 (bf16
@@ -354,11 +355,12 @@ int plan_command(int argc, char** argv) {
         static_cast<std::uint32_t>(config::parse_int("--gradient-bytes", *v, 0, 64));
   }
   if (auto v = args.get("--state-dtype")) {
-    // fp32 master weights and two moments of 4, 2 or 1 bytes (q8's block scales, 8 bytes per
-    // 256 parameters, are left out of the integer count).
+    // fp32 master weights and two moments of 4, 2 or 1 bytes (q8: and their block scales).
     constexpr std::uint32_t kStateBytes[] = {12, 8, 6};
-    workload.footprint.state_bytes_per_param =
-        kStateBytes[config::parse_choice("--state-dtype", *v, {"float32", "bfloat16", "q8"})];
+    const std::size_t choice =
+        config::parse_choice("--state-dtype", *v, {"float32", "bfloat16", "q8"});
+    workload.footprint.state_bytes_per_param = kStateBytes[choice];
+    workload.footprint.quantized_moments = choice == 2;
   }
   if (auto v = args.get("--master-dtype")) {
     if (config::parse_choice("--master-dtype", *v, {"float32", "bfloat16"}) == 1) {
@@ -375,6 +377,7 @@ int plan_command(int argc, char** argv) {
   if (auto v = args.get("--state-bytes")) {
     workload.footprint.state_bytes_per_param =
         static_cast<std::uint32_t>(config::parse_int("--state-bytes", *v, 1, 64));
+    workload.footprint.quantized_moments = false;  // a format of its own, memory-bound
   }
   PlannerOptions options;
   if (auto v = args.get("--max-buffers")) {
@@ -516,16 +519,21 @@ int plan_command(int argc, char** argv) {
         workload.footprint.state_bytes_per_param, workload.footprint.gradient_bytes_per_param,
         workload.footprint.gradients_on_gpu ? "kept on the GPU" : "copied in from host");
   } else {
-    std::printf("per parameter    %u state bytes each way; %u gradient bytes %s\n",
-                workload.footprint.state_bytes_per_param,
+    std::printf("per parameter    %.4g state bytes each way%s; %u gradient bytes %s\n",
+                workload.footprint.state_copy_bytes_per_param(),
+                workload.footprint.quantized_moments ? " (6 and the block scales)" : "",
                 workload.footprint.gradient_bytes_per_param,
                 workload.footprint.gradients_on_gpu ? "kept on the GPU" : "copied in from host");
   }
-  if (const double scale = workload.footprint.update_rate_scale(); scale != 1.0) {
+  const double cpu_scale = workload.footprint.cpu_update_scale();
+  const double gpu_scale = workload.footprint.gpu_update_scale();
+  if (cpu_scale != 1.0 || gpu_scale != 1.0) {
     std::printf(
-        "update rates     x%.3g for this state format (the bytes an update moves, against "
-        "fp32 state's)\n",
-        scale);
+        "update rates     x%.3g CPU, x%.3g GPU for this state format (against fp32 state's: %s)\n",
+        cpu_scale, gpu_scale,
+        workload.footprint.quantized_moments
+            ? "the 8-bit CPU kernels are compute-bound, the GPU's moves fewer bytes"
+            : "the bytes an update moves");
   }
   std::printf("\n");
   print_rates(resolved);

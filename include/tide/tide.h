@@ -253,6 +253,26 @@ TIDE_API tide_status tide_cpu_adam_step_bf16_master(const tide_adam_subgroup* su
                                                     const tide_cpu_options* options,
                                                     tide_adam_result* result);
 
+/* How bf16 moments are rounded after each update (tide_cpu_adam_step_sr,
+ * tide_optimizer_set_state_rounding). Nearest (even) is the default; stochastic rounds up with
+ * probability equal to the fraction of an ulp lost, so that moments that move by less than half
+ * a bf16 ulp a step (exp_avg_sq with beta2 = 0.999) stay right on average. Its random bits are a
+ * hash of (seed, step, the element's global index): the same bits on every CPU variant and on
+ * the GPU, for any thread count or subgroup split. fp32 and 8-bit moments: refused
+ * (TIDE_ERROR_INVALID_ARGUMENT). */
+#define TIDE_STATE_ROUNDING_NEAREST 0
+#define TIDE_STATE_ROUNDING_STOCHASTIC 1
+
+/* The step of tide_cpu_adam_step with bf16 moments (state_dtype TIDE_BFLOAT16) rounded as
+ * `rounding` says; with TIDE_STATE_ROUNDING_STOCHASTIC, keyed by `seed`, hyper->step and
+ * first_index + i for element i (first_index: the subgroup's element 0 in the caller's flat
+ * state, so that a subgroup split does not change the bits). */
+TIDE_API tide_status tide_cpu_adam_step_sr(const tide_adam_subgroup* subgroup, int32_t rounding,
+                                           uint64_t seed, uint64_t first_index,
+                                           const tide_adam_hyper* hyper,
+                                           const tide_cpu_options* options,
+                                           tide_adam_result* result);
+
 /* The number of NaN and infinite values among `count` values of `dtype` (a loss scaler's
  * check, e.g. of each subgroup's gradients as they arrive). */
 TIDE_API tide_status tide_cpu_count_nonfinite(const void* values, int32_t dtype, uint64_t count,
@@ -593,6 +613,14 @@ TIDE_API tide_status tide_optimizer_master_bf16(tide_optimizer* optimizer, size_
 TIDE_API tide_status tide_optimizer_q8_scales(tide_optimizer* optimizer, size_t subgroup,
                                               float** exp_avg_scale, float** exp_avg_sq_scale,
                                               uint64_t* blocks);
+
+/* How the optimizer rounds its bf16 moments from the next step on: TIDE_STATE_ROUNDING_NEAREST
+ * (the default) or TIDE_STATE_ROUNDING_STOCHASTIC keyed by `seed` (with each step's number and
+ * each element's index in the optimizer's flat state: subgroup i's elements follow those of
+ * subgroups 0 to i - 1). The seed is part of the state a resumed run needs for the same bits.
+ * Other state dtypes: TIDE_ERROR_INVALID_ARGUMENT with stochastic rounding. */
+TIDE_API tide_status tide_optimizer_set_state_rounding(tide_optimizer* optimizer, int32_t rounding,
+                                                       uint64_t seed);
 
 /* Copies `count` gradient elements (`dtype`, the optimizer's grad_dtype) at device pointer `src`,
  * produced on `stream` (a CUstream; NULL: the legacy default stream), into elements

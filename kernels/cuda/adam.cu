@@ -15,6 +15,7 @@
 #include "kernels/adam_math.h"
 #include "kernels/dtype.h"
 #include "kernels/quant8.h"
+#include "kernels/stochastic_round.h"
 
 namespace tide::kernels {
 namespace {
@@ -75,19 +76,48 @@ __device__ __forceinline__ void store8(void* base, std::uint64_t i, const float 
   }
 }
 
-// One element, for heads, tails and unaligned subgroups. Returns 1 if rejected.
+// Stochastic rounding of bf16 moments (kernels/stochastic_round.h): element i's 32 random bits.
+__device__ __forceinline__ std::uint32_t moment_bits(const AdamCoefficients& t,
+                                                     const AdamKernelSubgroup& s, std::uint64_t i) {
+  const std::uint64_t index = s.rounding_index + i;
+  return rounding_bits(rounding_span_key(t.rounding_key, index), static_cast<std::uint32_t>(index));
+}
+
+// Eight bf16 moments from element i, rounded with bits[e]'s low (exp_avg) or high half.
+__device__ __forceinline__ void store8_rounded(void* base, std::uint64_t i, const float (&x)[8],
+                                               const std::uint32_t (&bits)[8], bool high) {
+  unsigned w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const std::uint32_t r0 = high ? bits[2 * k] >> 16 : bits[2 * k] & 0xffffu;
+    const std::uint32_t r1 = high ? bits[2 * k + 1] >> 16 : bits[2 * k + 1] & 0xffffu;
+    w[k] = static_cast<unsigned>(float_to_bf16_stochastic(x[2 * k], r0)) |
+           (static_cast<unsigned>(float_to_bf16_stochastic(x[2 * k + 1], r1)) << 16);
+  }
+  *reinterpret_cast<uint4*>(static_cast<u16*>(base) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// One element, for heads, tails and unaligned subgroups. Returns 1 if rejected. stochastic:
+// bf16 moments rounded stochastically.
 template <Dtype G, Dtype S, Dtype C>
 __device__ __forceinline__ unsigned step1(const AdamCoefficients& t, const AdamKernelSubgroup& s,
-                                          std::uint64_t i) {
+                                          std::uint64_t i, bool stochastic) {
   float p = reinterpret_cast<const float*>(s.param)[i];
   float m = load_one<S>(reinterpret_cast<const void*>(s.exp_avg), i);
   float v = load_one<S>(reinterpret_cast<const void*>(s.exp_avg_sq), i);
   const float g = load_one<G>(reinterpret_cast<const void*>(s.grad), i);
   const bool ok = adam_element<DeviceMath>(t, g, p, m, v);
   reinterpret_cast<float*>(s.param)[i] = p;
-  reinterpret_cast<typename DtypeTraits<S>::Storage*>(s.exp_avg)[i] = DtypeTraits<S>::from_float(m);
-  reinterpret_cast<typename DtypeTraits<S>::Storage*>(s.exp_avg_sq)[i] =
-      DtypeTraits<S>::from_float(v);
+  if (S == Dtype::kBFloat16 && stochastic) {
+    const std::uint32_t h = moment_bits(t, s, i);
+    reinterpret_cast<u16*>(s.exp_avg)[i] = float_to_bf16_stochastic(m, h & 0xffffu);
+    reinterpret_cast<u16*>(s.exp_avg_sq)[i] = float_to_bf16_stochastic(v, h >> 16);
+  } else {
+    reinterpret_cast<typename DtypeTraits<S>::Storage*>(s.exp_avg)[i] =
+        DtypeTraits<S>::from_float(m);
+    reinterpret_cast<typename DtypeTraits<S>::Storage*>(s.exp_avg_sq)[i] =
+        DtypeTraits<S>::from_float(v);
+  }
   if constexpr (C != Dtype::kFloat32) {
     reinterpret_cast<u16*>(s.param_copy)[i] = DtypeTraits<C>::from_float(p);
   }
@@ -113,7 +143,7 @@ __device__ std::uint64_t vector_head(const AdamKernelSubgroup& s) {
 
 template <Dtype G, Dtype S, Dtype C>
 __device__ void adam_subgroup(const AdamCoefficients& t, const AdamKernelSubgroup& s,
-                              unsigned long long* nonfinite) {
+                              unsigned long long* nonfinite, bool stochastic) {
   constexpr unsigned kV = kAdamVectorElements;
   const std::uint64_t n = s.count;
   const std::uint64_t thread = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -124,8 +154,12 @@ __device__ void adam_subgroup(const AdamCoefficients& t, const AdamKernelSubgrou
   if (head > n) head = n;  // also the unaligned case: everything one by one
   const std::uint64_t vectors = (n - head) / kV;
   const std::uint64_t tail = head + vectors * kV;
-  for (std::uint64_t i = thread; i < head; i += threads) rejected += step1<G, S, C>(t, s, i);
-  for (std::uint64_t i = tail + thread; i < n; i += threads) rejected += step1<G, S, C>(t, s, i);
+  for (std::uint64_t i = thread; i < head; i += threads) {
+    rejected += step1<G, S, C>(t, s, i, stochastic);
+  }
+  for (std::uint64_t i = tail + thread; i < n; i += threads) {
+    rejected += step1<G, S, C>(t, s, i, stochastic);
+  }
 
   const void* grad = reinterpret_cast<const void*>(s.grad);
   for (std::uint64_t k = thread; k < vectors; k += threads) {
@@ -139,8 +173,16 @@ __device__ void adam_subgroup(const AdamCoefficients& t, const AdamKernelSubgrou
     for (unsigned e = 0; e < kV; ++e)
       rejected += adam_element<DeviceMath>(t, g[e], p[e], m[e], v[e]) ? 0u : 1u;
     store8<Dtype::kFloat32>(reinterpret_cast<void*>(s.param), i, p);
-    store8<S>(reinterpret_cast<void*>(s.exp_avg), i, m);
-    store8<S>(reinterpret_cast<void*>(s.exp_avg_sq), i, v);
+    if (S == Dtype::kBFloat16 && stochastic) {
+      std::uint32_t bits[kV];
+#pragma unroll
+      for (unsigned e = 0; e < kV; ++e) bits[e] = moment_bits(t, s, i + e);
+      store8_rounded(reinterpret_cast<void*>(s.exp_avg), i, m, bits, false);
+      store8_rounded(reinterpret_cast<void*>(s.exp_avg_sq), i, v, bits, true);
+    } else {
+      store8<S>(reinterpret_cast<void*>(s.exp_avg), i, m);
+      store8<S>(reinterpret_cast<void*>(s.exp_avg_sq), i, v);
+    }
     if constexpr (C != Dtype::kFloat32) store8<C>(reinterpret_cast<void*>(s.param_copy), i, p);
   }
 
@@ -315,11 +357,12 @@ __device__ void with_copy(const AdamKernelParams& p, const AdamKernelSubgroup& s
   if (p.master_dtype == Dtype::kBFloat16) {
     return adam_master_subgroup<G, S>(p.terms, s, nonfinite);
   }
-  if (!p.has_copy) return adam_subgroup<G, S, Dtype::kFloat32>(p.terms, s, nonfinite);
+  const bool stochastic = p.moment_rounding == MomentRounding::kStochastic;
+  if (!p.has_copy) return adam_subgroup<G, S, Dtype::kFloat32>(p.terms, s, nonfinite, stochastic);
   if (p.copy_dtype == Dtype::kFloat16) {
-    return adam_subgroup<G, S, Dtype::kFloat16>(p.terms, s, nonfinite);
+    return adam_subgroup<G, S, Dtype::kFloat16>(p.terms, s, nonfinite, stochastic);
   }
-  return adam_subgroup<G, S, Dtype::kBFloat16>(p.terms, s, nonfinite);
+  return adam_subgroup<G, S, Dtype::kBFloat16>(p.terms, s, nonfinite, stochastic);
 }
 
 template <Dtype G>

@@ -115,6 +115,16 @@ def _cdll() -> ctypes.CDLL:
                     ctypes.POINTER(CpuOptions),
                     ctypes.POINTER(AdamResult),
                 ]
+            cdll.tide_cpu_adam_step_sr.restype = status
+            cdll.tide_cpu_adam_step_sr.argtypes = [
+                ctypes.POINTER(AdamSubgroup),
+                ctypes.c_int32,
+                ctypes.c_uint64,
+                ctypes.c_uint64,
+                ctypes.POINTER(AdamHyper),
+                ctypes.POINTER(CpuOptions),
+                ctypes.POINTER(AdamResult),
+            ]
             cdll.tide_cpu_count_nonfinite.restype = status
             cdll.tide_cpu_count_nonfinite.argtypes = [
                 ctypes.c_void_p,
@@ -190,6 +200,9 @@ def cpu_adam_step(
     exp_avg_scale: Any = None,
     exp_avg_sq_scale: Any = None,
     param_comp: Any = None,
+    state_rounding: str = "nearest",
+    rounding_seed: int = 0,
+    rounding_index: int = 0,
 ) -> StepResult:
     """One Adam/AdamW step, in place, over one flat subgroup.
 
@@ -203,7 +216,13 @@ def cpu_adam_step(
     bf16 master weights with compensation (tide_cpu_adam_step_bf16_master): param bfloat16 (the
     weights themselves, no param_copy) and param_comp its bfloat16 compensation, both updated in
     place; fp32 or bf16 moments.
+
+    state_rounding "stochastic" (tide_cpu_adam_step_sr; bf16 moments only): the moments are
+    rounded up with the probability of the ulp's fraction lost, with random bits hashed from
+    rounding_seed, step and rounding_index + i for element i (kernels/stochastic_round.h).
     """
+    if state_rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"state_rounding must be 'nearest' or 'stochastic', got {state_rounding!r}")
     count = param.numel()
     bf16_master = param_comp is not None
     if bf16_master:
@@ -260,7 +279,13 @@ def cpu_adam_step(
     )
     options = _options(threads, isa, skip_subgroup_on_nonfinite)
     result = AdamResult()
-    if bf16_master:
+    if state_rounding == "stochastic":
+        if bf16_master or q8:
+            raise TypeError("stochastic rounding applies to bf16 moments with fp32 master weights")
+        _lib.check(_cdll().tide_cpu_adam_step_sr(
+            ctypes.byref(subgroup), 1, rounding_seed, rounding_index, ctypes.byref(hyper),
+            ctypes.byref(options), ctypes.byref(result)))
+    elif bf16_master:
         _lib.check(_cdll().tide_cpu_adam_step_bf16_master(
             ctypes.byref(subgroup), param.data_ptr(), param_comp.data_ptr(),
             ctypes.byref(hyper), ctypes.byref(options), ctypes.byref(result)))

@@ -232,6 +232,71 @@ TEST(ExecutorCapi, RejectsBadArguments) {
   EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
 }
 
+// tide_optimizer_set_state_rounding: stochastic rounding for bf16 moments only, a known mode;
+// and it changes the step's bits (the executor hands the kernels the mode and the seed).
+TEST(ExecutorCapi, StateRoundingIsForBf16MomentsAndChangesTheBits) {
+  driver::PrimaryContext context;
+  driver::DeviceBuffer params(4096);
+  const std::uint64_t sizes[] = {1000};
+  tide_param_slice whole{0, 0, 1000, params.get()};
+  tide_optimizer_options options;
+  tide_optimizer_options_default(&options);
+  for (const std::int32_t state : {std::int32_t{TIDE_FLOAT32}, std::int32_t{TIDE_STATE_BLOCK_Q8}}) {
+    options.state_dtype = state;
+    tide_optimizer* opt = nullptr;
+    ASSERT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt), TIDE_OK);
+    EXPECT_EQ(tide_optimizer_set_state_rounding(opt, TIDE_STATE_ROUNDING_STOCHASTIC, 1),
+              TIDE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(tide::capi::last_error_text()).find("bf16 moments only"),
+              std::string::npos)
+        << tide::capi::last_error_text();
+    EXPECT_EQ(tide_optimizer_set_state_rounding(opt, TIDE_STATE_ROUNDING_NEAREST, 1), TIDE_OK);
+    EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+  }
+  options.state_dtype = TIDE_BFLOAT16;
+  {
+    // bf16 master weights round to nearest: their kernels have no stochastic variant.
+    tide_optimizer_options master = options;
+    master.master_dtype = TIDE_BFLOAT16;
+    master.param_dtype = TIDE_BFLOAT16;
+    tide_optimizer* opt = nullptr;
+    ASSERT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &master, &opt), TIDE_OK)
+        << tide::capi::last_error_text();
+    EXPECT_EQ(tide_optimizer_set_state_rounding(opt, TIDE_STATE_ROUNDING_STOCHASTIC, 1),
+              TIDE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(tide::capi::last_error_text()).find("bf16 master"), std::string::npos)
+        << tide::capi::last_error_text();
+    EXPECT_EQ(tide_optimizer_set_state_rounding(opt, TIDE_STATE_ROUNDING_NEAREST, 1), TIDE_OK);
+    EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+  }
+  std::vector<std::uint16_t> v[2];
+  for (const std::int32_t rounding :
+       {std::int32_t{TIDE_STATE_ROUNDING_NEAREST}, std::int32_t{TIDE_STATE_ROUNDING_STOCHASTIC}}) {
+    tide_optimizer* opt = nullptr;
+    ASSERT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt), TIDE_OK);
+    EXPECT_EQ(tide_optimizer_set_state_rounding(opt, 7, 1), TIDE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(tide_optimizer_set_state_rounding(nullptr, rounding, 1), TIDE_ERROR_INVALID_ARGUMENT);
+    ASSERT_EQ(tide_optimizer_set_state_rounding(opt, rounding, 1234), TIDE_OK);
+    tide_subgroup_buffers b;
+    ASSERT_EQ(tide_optimizer_buffers(opt, 0, &b), TIDE_OK);
+    for (std::size_t i = 0; i < 1000; ++i) {
+      static_cast<std::uint16_t*>(b.grad)[i] =
+          kernels::float_to_bf16(0.5f + 1e-3f * static_cast<float>(i));
+    }
+    tide_adam_hyper h{1e-3, 0.9, 0.999, 1e-8, 0, 1, 1, 1, 0};
+    const tide_placement_policy cpu{TIDE_PLACEMENT_CPU, 0};
+    for (; h.step <= 20; ++h.step) {
+      ASSERT_EQ(tide_optimizer_step(opt, &h, &cpu, 0, nullptr), TIDE_OK)
+          << tide::capi::last_error_text();
+    }
+    ASSERT_EQ(tide_optimizer_buffers(opt, 0, &b), TIDE_OK);
+    const auto* sq = static_cast<const std::uint16_t*>(b.exp_avg_sq);
+    v[rounding].assign(sq, sq + 1000);
+    EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+  }
+  EXPECT_NE(v[0], v[1]);
+}
+
 // A step whose device is lost once it is ready: the state completes on the CPU, the status and
 // the outcome say the parameters were not written, and tide_optimizer_write_params writes them
 // once the device is back. Frozen slices are checked and left alone.

@@ -150,6 +150,21 @@ TEST(ExecutorNumerics, Q8MomentsSlotLayout) {
   options.rates = test_rates();
   Executor x(*q8.state, options);
   EXPECT_EQ(x.footprint(false).state_bytes_per_param, 6u);
+  // The planner counts the slot as it is: a buffer of a GPU subgroup holds its scales and
+  // padding too, and the copies move 6 bytes and the scales' 8 per 256 parameters.
+  for (const Footprint f : {x.footprint(false), x.footprint(true)}) {
+    for (std::uint64_t n : {1ull, 1000ull, 4096ull, 100'000'003ull}) {
+      EXPECT_EQ(f.buffer_bytes(n), s.slot_bytes_for(n) + (f.gradients_on_gpu ? 0 : 2 * n)) << n;
+    }
+    EXPECT_DOUBLE_EQ(static_cast<double>(f.d2h_bytes_per_param()), 6.0 + 8.0 / 256);
+  }
+  // The 8-bit CPU update is compute-bound: the model starts below fp32 state's CPU rate (not
+  // at the 28/16 its bytes would give); the GPU update is scaled by its bytes.
+  const Rates r = test_rates();
+  const PerformanceModel model(r, x.footprint(false));
+  EXPECT_LT(model.rates().cpu_update, 0.5 * r.cpu_update);
+  EXPECT_LT(model.rates().cpu_update_contended, 0.5 * r.cpu_update_contended);
+  EXPECT_DOUBLE_EQ(model.rates().gpu_update, r.gpu_update * 28.0 / 16.0);
 }
 
 TEST(ExecutorNumerics, StateDtypeMustBeFp32OrBf16) {

@@ -42,35 +42,42 @@ string(JSON state_bytes GET "${out}" workload state_bytes_per_param)
 if(NOT state_bytes EQUAL 12)
   message(FATAL_ERROR "fp32 state: ${state_bytes} state bytes per parameter, not 12")
 endif()
-function(check_state_format dtype bytes moved shorter_than_ms)
+function(check_state_format dtype bytes copy_bytes cpu_num cpu_den shorter_than_ms)
   execute_process(COMMAND ${TIDE} ${args} --state-dtype ${dtype} --json RESULT_VARIABLE rc
                   OUTPUT_VARIABLE json ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "tide plan --state-dtype ${dtype} --json failed (${rc}): ${err}")
   endif()
   string(JSON got_bytes GET "${json}" workload state_bytes_per_param)
+  execute_process(COMMAND ${TIDE} ${args} --state-dtype ${dtype} RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE table ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT table MATCHES "per parameter +${copy_bytes} state bytes each way")
+    message(FATAL_ERROR "tide plan --state-dtype ${dtype}: not ${copy_bytes} state bytes each "
+                        "way: ${table}${err}")
+  endif()
   string(JSON got_phase GET "${json}" plan predicted phase_s)
   string(JSON got_all_cpu GET "${json}" plan predicted all_cpu_s)
   message(STATUS "--state-dtype ${dtype}: update phase ${got_phase} s (fp32 state ${phase} s), "
                  "all-CPU ${got_all_cpu} s (fp32 state ${all_cpu} s)")
   string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" all_ms "${got_all_cpu}")
   string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" got_ms "${got_phase}")
-  math(EXPR expected_ms "${all_cpu_ms} * ${moved} / 28")
+  math(EXPR expected_ms "${all_cpu_ms} * ${cpu_den} / ${cpu_num}")
   math(EXPR low "${expected_ms} - 3")
   math(EXPR high "${expected_ms} + 3")
   if(NOT got_bytes EQUAL bytes OR all_ms LESS low OR all_ms GREATER high)
     message(FATAL_ERROR "${dtype}: ${got_bytes} state bytes, all-CPU ${got_all_cpu} s (not "
-                        "${bytes} and fp32's ${all_cpu} s x ${moved}/28)")
+                        "${bytes} and fp32's ${all_cpu} s / (${cpu_num}/${cpu_den}))")
   endif()
   if(NOT got_ms LESS shorter_than_ms)
     message(FATAL_ERROR "${dtype} predicts ${got_phase} s, not less than ${shorter_than_ms} ms")
   endif()
   set(${dtype}_phase_ms ${got_ms} PARENT_SCOPE)
 endfunction()
-# bf16 moments: 8 state bytes, an update moves 20 bytes instead of 28 (x1.4); 8-bit moments: 6 and
-# 16 (x1.75), shorter than bf16's.
-check_state_format(bfloat16 8 20 ${phase_ms})
-check_state_format(q8 6 16 ${bfloat16_phase_ms})
+# bf16 moments: 8 state bytes, an update moves 20 bytes instead of 28 (CPU rate x28/20); 8-bit
+# moments: 6 and their scales (6.031 on the links), the CPU update compute-bound (x0.35, not the
+# bytes' 28/16: Footprint::kQ8CpuUpdateFactor), the GPU's x28/16; both shorter than fp32's.
+check_state_format(bfloat16 8 8 28 20 ${phase_ms})
+check_state_format(q8 6 6.031 35 100 ${phase_ms})
 execute_process(COMMAND ${TIDE} ${args} --state-dtype fp8 RESULT_VARIABLE rc
                 OUTPUT_VARIABLE ignored ERROR_VARIABLE err)
 if(NOT rc EQUAL 1 OR NOT err MATCHES "--state-dtype=\"fp8\" is not valid: --state-dtype accepts one of: float32 bfloat16 q8")

@@ -192,5 +192,28 @@ TEST(Refine, UpdatesWithBf16MomentsAreCreditedAsFp32State) {
   EXPECT_NEAR(refiner.rates().cpu_update / start.cpu_update, 1.0, 1e-9);
 }
 
+// 8-bit moments: the CPU update is compute-bound, the model's CPU rate is fp32 state's times
+// Footprint::kQ8CpuUpdateFactor (not the bytes' 28/16). Updates measured at that rate leave the
+// fp32-state rate where it is; ones twice as fast double it (the refiner learns the real rate).
+TEST(Refine, UpdatesWithQ8MomentsAreCreditedAtTheirCpuFactor) {
+  Workload w;
+  w.subgroup_params.assign(4, 100'000'000);
+  w.headroom_bytes = 0;  // all on the CPU
+  w.footprint.state_bytes_per_param = 6;
+  w.footprint.quantized_moments = true;
+  const Rates start = builtin_rates();
+  const Plan p = plan(w, start);
+  ASSERT_TRUE(p.gpu_order.empty());
+  const double scaled = start.cpu_update * Footprint::kQ8CpuUpdateFactor;
+  EXPECT_NEAR(p.predicted.all_cpu_s, 4e8 / scaled, 1e-9 * p.predicted.all_cpu_s);
+  for (double speed : {1.0, 2.0}) {
+    RateRefiner refiner(start);
+    std::vector<SubgroupTiming> timings(p.subgroups.size());
+    for (SubgroupTiming& t : timings) t.cpu_update_s = 1e8 / (speed * scaled);
+    for (int i = 0; i < 40; ++i) EXPECT_EQ(refiner.observe_phase(p, w.footprint, timings), 4u);
+    EXPECT_NEAR(refiner.rates().cpu_update / start.cpu_update, speed, 0.02 * speed) << speed;
+  }
+}
+
 }  // namespace
 }  // namespace tide::scheduler

@@ -111,6 +111,43 @@ def master_dtype(option: torch.dtype | str | None) -> torch.dtype:
     return MASTER_DTYPES[text]
 
 
+STATE_ROUNDINGS = ("nearest", "stochastic")
+
+
+def state_rounding(option: str | None, state_dtype: torch.dtype) -> str:
+    """How bf16 moments are rounded: the argument, else TIDE_STATE_ROUNDING, else "nearest".
+    "stochastic" needs bf16 moments (fp32 ones are not rounded, 8-bit ones have their own
+    rounding): ValueError otherwise."""
+    if option is not None:
+        if option not in STATE_ROUNDINGS:
+            raise ValueError(f"state_rounding must be 'nearest' or 'stochastic', got {option!r}")
+        where = "state_rounding='stochastic'"
+        mode = option
+    else:
+        text = os.environ.get("TIDE_STATE_ROUNDING")
+        if not text:
+            return "nearest"
+        if text not in STATE_ROUNDINGS:
+            raise ValueError(f"TIDE_STATE_ROUNDING={text!r}: expected nearest or stochastic")
+        where = "TIDE_STATE_ROUNDING=stochastic"
+        mode = text
+    if mode == "stochastic" and state_dtype != torch.bfloat16:
+        raise ValueError(f"{where} applies to bf16 moments (state_dtype=torch.bfloat16) only; "
+                         f"the moments here are {'q8' if state_dtype == torch.uint8 else state_dtype}")
+    return mode
+
+
+def rounding_seed(option: int | None) -> int:
+    """The seed of stochastic rounding: the argument, else torch's initial seed (what
+    torch.manual_seed set), so that a seeded program rounds the same way every run."""
+    if option is None:
+        return torch.initial_seed() & (2**64 - 1)
+    if isinstance(option, bool) or not isinstance(option, int) or not 0 <= option < 2**64:
+        raise ValueError(f"state_rounding_seed must be an integer from 0 to 2**64 - 1, "
+                         f"got {option!r}")
+    return option
+
+
 def threads(option: int | None) -> int:
     if option is None:
         return 0

@@ -101,6 +101,7 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_release_buffers": [opt],
                 "tide_optimizer_last_plan": [opt, p(c.c_uint8), p(c.c_uint32), p(PlanSummary)],
                 "tide_optimizer_rates": [opt, p(Rates)],
+                "tide_optimizer_set_state_rounding": [opt, c.c_int32, c.c_uint64],
             }.items():
                 fn = getattr(lib, name)
                 fn.restype = c.c_int
@@ -228,6 +229,12 @@ class Executor:
         out = SubgroupBuffers()
         _lib.check(self._lib.tide_optimizer_buffers(self._handle, subgroup, c.byref(out)))
         return out
+
+    def set_state_rounding(self, stochastic: bool, seed: int) -> None:
+        """bf16 moments rounded stochastically with `seed` from the next step on, or to
+        nearest (tide_optimizer_set_state_rounding)."""
+        _lib.check(self._lib.tide_optimizer_set_state_rounding(self._handle, int(stochastic),
+                                                               seed & (2**64 - 1)))
 
     def q8_scales(self, subgroup: int) -> tuple[int, int, int]:
         """8-bit moments: the addresses of the subgroup's exp_avg and exp_avg_sq block scales

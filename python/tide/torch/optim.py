@@ -93,6 +93,15 @@ class AdamW(torch.optim.Optimizer):
                          "master_comp" (bf16) instead of "master_param"; a torch state dict
                          loads with zero compensation. Default TIDE_MASTER_DTYPE, else
                          torch.float32;
+      state_rounding:    how bf16 moments are rounded at every update: "nearest" (even) or
+                         "stochastic" (unbiased: up with the probability of the ulp's fraction
+                         lost, so that moments moving by less than half a bf16 ulp a step keep
+                         moving; bits hashed from the seed, the step and each element's index,
+                         the same on CPU and GPU for any split); default TIDE_STATE_ROUNDING,
+                         else "nearest". "stochastic" with fp32 or "q8" moments is a ValueError;
+      state_rounding_seed: its seed (default torch.initial_seed()); saved in state_dict()
+                         (key "tide_state_rounding") and restored by load_state_dict(), so a
+                         resumed run rounds as the uninterrupted one would;
       sharded_gradients: when FSDP2 (DTensor) gradients are offloaded: "step" (default: read
                          at step()) or "backward" (in their hooks, after FSDP2's reduce-scatter,
                          overlapping backward; foreach in-place writes to them afterwards, e.g.
@@ -114,7 +123,8 @@ class AdamW(torch.optim.Optimizer):
                  threads: int | None = None, gradients_on_gpu: bool = False,
                  keep_buffers: bool = False, state_dtype: torch.dtype | str | None = None,
                  sharded_gradients: str = "step",
-                 master_dtype: torch.dtype | str | None = None):
+                 master_dtype: torch.dtype | str | None = None,
+                 state_rounding: str | None = None, state_rounding_seed: int | None = None):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable),
@@ -136,6 +146,12 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError("tide: master_dtype=torch.bfloat16 with 8-bit moments "
                              "(state_dtype=\"q8\") is not supported: use torch.float32 or "
                              "torch.bfloat16 moments")
+        self._state_rounding = _arguments.state_rounding(state_rounding, self._state_dtype)
+        self._rounding_seed = _arguments.rounding_seed(state_rounding_seed)
+        if self._master_dtype == torch.bfloat16 and self._state_rounding == "stochastic":
+            raise ValueError("tide: stochastic rounding of the moments with bf16 master weights "
+                             "(master_dtype=torch.bfloat16) is not supported: the bf16-master "
+                             "kernels round to nearest")
         self._gradients_on_gpu = bool(gradients_on_gpu)
         self._keep_buffers = bool(keep_buffers)
         self._cpu = _runtime.cpu_mode()
@@ -214,6 +230,7 @@ class AdamW(torch.optim.Optimizer):
                             state_dtype=self._state_dtype, master_dtype=self._master_dtype,
                             owners=owners)
             self._buckets.append(bucket)
+            self._round_moments(len(self._buckets) - 1)
             for i, p in enumerate(owners):
                 self._where[id(p)] = (bucket, i)
                 if p.requires_grad:
@@ -221,6 +238,13 @@ class AdamW(torch.optim.Optimizer):
                     # until it runs) reach the parameters, so the optimizer could never go.
                     self._gradients.hooks.append(
                         p.register_post_accumulate_grad_hook(self._gradients.on_grad))
+
+    def _round_moments(self, k: int) -> None:
+        """Bucket k's executor rounds as state_rounding says; each bucket its own seed (its
+        elements' indices start at 0 in each)."""
+        if self._state_rounding == "stochastic":
+            seed = (self._rounding_seed + k * 0x9E3779B97F4A7C15) & (2**64 - 1)
+            self._buckets[k].executor.set_state_rounding(True, seed)
 
     # ---- gradient norm and clipping ----
 
@@ -450,9 +474,12 @@ class AdamW(torch.optim.Optimizer):
                 full[p] = self._empty_shards.entry(p, float(live[p]["step"]))
         self.state = full  # super().state_dict packs self.state, with its hooks
         try:
-            return super().state_dict()
+            saved = super().state_dict()
         finally:
             self.state = live
+        if self._state_rounding == "stochastic":
+            saved["tide_state_rounding"] = {"mode": "stochastic", "seed": self._rounding_seed}
+        return saved
 
     def _saved_entry(self, p: torch.Tensor, bucket: Bucket, i: int) -> dict[str, Any] | None:
         """Parameter p's entry in state_dict() (copies), or None before its first step."""
@@ -477,6 +504,13 @@ class AdamW(torch.optim.Optimizer):
         checked before anything is replaced: a state dict that does not fit (another model's
         shapes, another optimizer's, non-finite values, a negative step or second moment)
         raises ValueError naming the parameter, and the optimizer is left as it was."""
+        rounding = state_dict.get("tide_state_rounding")  # stochastic rounding's seed
+        seed = None
+        if rounding is not None:
+            if not isinstance(rounding, dict) or not isinstance(rounding.get("seed"), int):
+                raise ValueError("tide: state dict key 'tide_state_rounding' must be a dict "
+                                 "with an integer 'seed'")
+            seed = _arguments.rounding_seed(rounding["seed"])
         entries = _checkpoint.checked_entries(
             state_dict, self.param_groups,
             lambda p: id(p) in self._where or p in self._empty_shards,
@@ -506,6 +540,10 @@ class AdamW(torch.optim.Optimizer):
                 for i, entry in loaded:
                     bucket.load_q8_state(i, entry)
                 self._entries.refresh()  # copies the program holds show the exact state
+        if seed is not None:
+            self._rounding_seed = seed
+            for k in range(len(self._buckets)):
+                self._round_moments(k)
         for bucket in self._buckets:
             steps = by_bucket.get(id(bucket), [])
             if steps:
