@@ -33,6 +33,9 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
           "the moments' dtype must be float32 or bfloat16");
   require(quantized() || options_.state_format == kernels::StateFormat::kDtype,
           "unknown state format");
+  require(!host_params() || (options_.param_dtype == kernels::Dtype::kFloat32 && !quantized()),
+          "host-resident parameters must be float32 (their own master weights) with moments of "
+          "float32 or bfloat16");
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     SubgroupSpec& s = specs_[i];
     const std::string which = "subgroup " + std::to_string(i);
@@ -61,6 +64,7 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
       Buffers& b = buffers_[i];
       b.state = arena_->allocate(slot_bytes(i), slot_alignment());
       std::memset(b.state, 0, slot_bytes(i));
+      if (host_params()) continue;  // no gradient buffer, no weight copy
       b.grad = arena_->allocate(n * grad_bytes());
       std::memset(b.grad, 0, n * grad_bytes());
       if (low_precision_params()) {
@@ -83,7 +87,7 @@ OptimizerState::~OptimizerState() {
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     const std::uint64_t n = specs_[i].params;
     arena_->deallocate(buffers_[i].state, slot_bytes(i));
-    arena_->deallocate(buffers_[i].grad, n * grad_bytes());
+    if (buffers_[i].grad) arena_->deallocate(buffers_[i].grad, n * grad_bytes());
     if (buffers_[i].copy) arena_->deallocate(buffers_[i].copy, n * param_bytes());
   }
 }
@@ -102,7 +106,7 @@ std::uint64_t block_aligned(std::uint64_t bytes) {
 }  // namespace
 
 std::uint64_t OptimizerState::moment_offset(std::uint64_t n, unsigned which) const {
-  if (!quantized()) return (4 + which * moment_bytes()) * n;
+  if (!quantized()) return ((host_params() ? 0 : 4) + which * moment_bytes()) * n;
   return block_aligned(4 * n) + which * block_aligned(n);
 }
 
@@ -111,7 +115,8 @@ std::uint64_t OptimizerState::scale_offset(std::uint64_t n, unsigned which) cons
 }
 
 std::uint64_t OptimizerState::slot_bytes_for(std::uint64_t n) const {
-  return quantized() ? scale_offset(n, 2) : state_bytes() * n;
+  if (quantized()) return scale_offset(n, 2);
+  return (host_params() ? 2 * moment_bytes() : state_bytes()) * n;
 }
 
 // 0: the arena's default. The codes of 8-bit moments start at kQuantBlock-byte boundaries.

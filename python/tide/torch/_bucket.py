@@ -29,8 +29,13 @@ class Bucket:
     def __init__(self, group_index: int, params: list[torch.Tensor], subgroup_size: int, *,
                  device: int, cpu_threads: int, gradients_on_gpu: bool,
                  state_dtype: torch.dtype = torch.float32,
-                 owners: list[torch.Tensor] | None = None):
+                 owners: list[torch.Tensor] | None = None, host: bool = False):
         self.group_index = group_index
+        self.device = device
+        # Host-resident (FSDP2's CPUOffloadPolicy): the fp32 parameters in host memory are the
+        # master weights, updated where they are; the gradients are read where they are
+        # (host_grads, per slice, handed over at every step); the pinned state is the moments.
+        self.host = host
         self.params = params
         # The model's parameters: `params` themselves, or the FSDP2 DTensors whose local shards
         # `params` are (_distributed): their gradients, their keys in opt.state.
@@ -54,7 +59,14 @@ class Bucket:
                                            gradients_on_gpu=gradients_on_gpu,
                                            state_dtype=(_quant8.TIDE_STATE_BLOCK_Q8
                                                         if self.quantized
-                                                        else TIDE_DTYPES[state_dtype]))
+                                                        else TIDE_DTYPES[state_dtype]),
+                                           host_params=host)
+        self.host_grads = [0] * len(slices)  # host: per slice, its gradient's address
+        first = 0  # parameter i's slices are slices[first_slice[i]:][:len(pieces[i])]
+        self.first_slice = []
+        for mine in self.pieces:
+            self.first_slice.append(first)
+            first += len(mine)
         # What tide's slices describe: the memory the parameters had when the optimizer was made.
         self.layouts = [layout_of(p) for p in params]
         self.versions = [self.version(i) for i in range(len(params))]
@@ -96,7 +108,7 @@ class Bucket:
         elif self._moved:
             for i, views in enumerate(self._views):
                 b = self.executor.buffers(i)
-                if b.param != views["param"].data_ptr():
+                if b.exp_avg != views["exp_avg"].data_ptr():
                     self._views[i] = self._subgroup_views(i, b)
         self._moved = False
         return self._views
@@ -117,10 +129,11 @@ class Bucket:
             return torch.frombuffer(raw, dtype=dtype, count=b.count)
 
         moment_size = torch.empty(0, dtype=self.state_dtype).element_size()
-        views = {"param": view(b.param, torch.float32, 4),
-                 "exp_avg": view(b.exp_avg, self.state_dtype, moment_size),
-                 "exp_avg_sq": view(b.exp_avg_sq, self.state_dtype, moment_size),
-                 "grad": view(b.grad, self.dtype, self.element_size)}
+        views = {"exp_avg": view(b.exp_avg, self.state_dtype, moment_size),
+                 "exp_avg_sq": view(b.exp_avg_sq, self.state_dtype, moment_size)}
+        if not self.host:  # host-resident: the parameters are the masters, no gradient buffer
+            views["param"] = view(b.param, torch.float32, 4)
+            views["grad"] = view(b.grad, self.dtype, self.element_size)
         if self.quantized:
             scale_m, scale_v, blocks = self.executor.q8_scales(subgroup)
             for key, address in (("exp_avg_scale", scale_m), ("exp_avg_sq_scale", scale_v)):
@@ -132,7 +145,11 @@ class Bucket:
         return self.views[piece.subgroup][key][piece.sub_offset:piece.sub_offset + piece.count]
 
     def read_master(self, i: int) -> None:
-        """Master weights of parameter i from the parameter itself."""
+        """Master weights of parameter i from the parameter itself (host-resident: they are
+        the parameter)."""
+        if self.host:
+            self.versions[i] = self.version(i)
+            return
         flat = self.params[i].detach().reshape(-1)
         for piece in self.pieces[i]:
             self.pinned("param", piece).copy_(
@@ -145,6 +162,9 @@ class Bucket:
         ones dequantized (bit for bit as the kernels read them)."""
         if out is None:
             out = torch.empty(self.params[i].shape, dtype=torch.float32)
+        if self.host and key == "param":
+            out.view(-1).copy_(self.params[i].detach().reshape(-1))
+            return out
         flat = out.view(-1)
         for piece in self.pieces[i]:
             part = flat[piece.param_offset:piece.param_offset + piece.count]
@@ -165,6 +185,9 @@ class Bucket:
         if flat.numel() != self.params[i].numel():
             raise ValueError(f"state {key!r} has {flat.numel()} elements, the parameter "
                              f"{self.params[i].numel()}")
+        if self.host and key == "param":
+            self.params[i].detach().view(-1).copy_(flat)
+            return
         for piece in self.pieces[i]:
             part = flat[piece.param_offset:piece.param_offset + piece.count]
             if self.quantized and key != "param":
@@ -244,6 +267,14 @@ class Bucket:
                 views[key + "_scale"][touched] = scales[done_scales:done_scales + n]
                 done_codes += piece.count
                 done_scales += n
+
+    def set_gradient(self, i: int, grad: torch.Tensor | None) -> None:
+        """Host-resident: parameter i's gradient for the coming step (fp32, contiguous, in host
+        memory, held by the caller until the step returned), or None."""
+        base = 0 if grad is None else grad.data_ptr()
+        for k, piece in enumerate(self.pieces[i]):
+            self.host_grads[self.first_slice[i] + k] = (
+                base + piece.param_offset * self.element_size if base else 0)
 
     def set_frozen(self, frozen: list[int]) -> None:
         """The parameters (indices) the coming steps leave exactly as they are."""
