@@ -54,6 +54,7 @@ class GradientOffload:
         self.hooks: list[Any] = []  # the post-accumulate-grad hooks, removed with the optimizer
         self._offloaded: dict[int, tuple[torch.Tensor, int]] = {}  # id(param) -> (grad, version)
         self._keepalive: list[torch.Tensor] = []  # gradients whose offload may be in flight
+        self._read_in_place: set[int] = set()  # host-resident parameters counted this step
         self._streams: dict[int, Any] = {}
 
     def _stream(self, bucket: Bucket) -> Any:
@@ -131,8 +132,10 @@ class GradientOffload:
                 if bucket.host:
                     bucket.set_gradient(i, None)
                     if grad is not None:
-                        self.offload(p)
-                        self.counts["in_place"] += 1
+                        self.offload(p)  # every time: its address, nothing copied
+                        if id(p) not in self._read_in_place:
+                            self._read_in_place.add(id(p))
+                            self.counts["in_place"] += 1
                 if grad is None:
                     missing.append((bucket, i))
                     continue
@@ -154,6 +157,7 @@ class GradientOffload:
         """After a wait on every offload (grad_stats or step): the gradients may go."""
         self._keepalive.clear()
         self._offloaded.clear()
+        self._read_in_place.clear()
         self._changed = False
         self.last_counts = self.counts
         self.counts = {"backward": 0, "step": 0, "in_place": 0}
