@@ -146,8 +146,8 @@ void Executor::ready(const kernels::AdamHyper& hyper) {
   for (std::size_t i = 0; i < host_grads_.size(); ++i) {
     for (std::size_t k = 0; k < host_grads_[i].size(); ++k) {
       if (host_grads_[i][k] == nullptr && !frozen_[i][k]) {
-        throw std::invalid_argument("tide: executor: subgroup " + std::to_string(i) +
-                                    ", slice " + std::to_string(k) +
+        throw std::invalid_argument("tide: executor: subgroup " + std::to_string(i) + ", slice " +
+                                    std::to_string(k) +
                                     ": no gradient given and not frozen (host-resident "
                                     "parameters read their gradients where they are)");
       }
@@ -281,7 +281,7 @@ void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
 
 void Executor::write_params(std::size_t s) {
   context_.make_current();
-  settle();  // no queued write of an earlier phase may land after this one
+  settle();                          // no queued write of an earlier phase may land after this one
   if (state_.host_params()) return;  // the parameters are the master weights
   const char* src = reinterpret_cast<const char*>(state_.param(s));
   if (state_.low_precision_params()) {

@@ -255,10 +255,10 @@ class Executor {
   UpdateBuffer cached_counters_;
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
-  std::vector<std::vector<char>> frozen_;  // per subgroup, per slice
+  std::vector<std::vector<char>> frozen_;             // per subgroup, per slice
   std::vector<std::vector<const void*>> host_grads_;  // host-resident: per subgroup, per slice
-  bool ready_ = false;                     // ready() ran, with no offload since
-  std::uint64_t ready_offloads_ = 0;       // the offload count it saw
+  bool ready_ = false;                                // ready() ran, with no offload since
+  std::uint64_t ready_offloads_ = 0;                  // the offload count it saw
   // Left by a phase whose streams could not be waited for: what its queued work may still write.
   bool unconfirmed_ = false;
   std::vector<UpdateBuffer> quarantined_;

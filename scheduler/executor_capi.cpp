@@ -208,8 +208,8 @@ TIDE_API tide_status tide_optimizer_grad_stats(tide_optimizer* optimizer, double
   });
 }
 
-TIDE_API tide_status tide_optimizer_set_gradients(tide_optimizer* optimizer,
-                                                  const uint64_t* grads, size_t slice_count) {
+TIDE_API tide_status tide_optimizer_set_gradients(tide_optimizer* optimizer, const uint64_t* grads,
+                                                  size_t slice_count) {
   return tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
     require(o.state->host_params(),

@@ -148,9 +148,7 @@ struct Executor::Phase {
   // weights still wait in the gradient's (or staging) area, whatever their sizes.
   std::uint64_t largest = 0;
   // Host-resident: the buffer holds the moments, then the fp32 parameters, then the gradient.
-  std::uint64_t params_at() const {
-    return state.slot_bytes_for(largest);
-  }
+  std::uint64_t params_at() const { return state.slot_bytes_for(largest); }
   std::uint64_t grad_at() const { return params_at() + (host ? 4 * largest : 0); }
   void copy_params_in(const GpuTask& t);
   void free_staging(const GpuTask& t);

@@ -18,7 +18,8 @@ void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdevi
                                 " subgroups");
   }
   if (state_.host_params()) {
-    throw std::invalid_argument(where + ": host-resident parameters read their gradients where "
+    throw std::invalid_argument(where +
+                                ": host-resident parameters read their gradients where "
                                 "they are (tide_optimizer_set_gradients), nothing is offloaded");
   }
   if (dtype != state_.options().grad_dtype) {

@@ -668,8 +668,8 @@ TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer);
  * one (it must be frozen: tide_optimizer_set_frozen). Read in place by
  * tide_optimizer_grad_stats and the next tide_optimizer_step, and forgotten when that step
  * returns; the memory must stay as it is until then. */
-TIDE_API tide_status tide_optimizer_set_gradients(tide_optimizer* optimizer,
-                                                  const uint64_t* grads, size_t slice_count);
+TIDE_API tide_status tide_optimizer_set_gradients(tide_optimizer* optimizer, const uint64_t* grads,
+                                                  size_t slice_count);
 
 /* Frozen slices: frozen[i] (for the i-th slice given to tide_optimizer_create) non-zero means the
  * coming steps leave that slice's elements exactly as they are, state and model parameters (its

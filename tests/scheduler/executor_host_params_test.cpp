@@ -279,8 +279,8 @@ void step_with_fault(const Faults& faults, const Policy& policy, const std::func
     model.give_gradients(executor, 1);
     executor.run(hyper(1), policy, kHeadroom);
   } else {
-    EXPECT_TRUE(at_return == after) << "a completed step is not the reference's (fault: "
-                                    << report.fault << ")";
+    EXPECT_TRUE(at_return == after)
+        << "a completed step is not the reference's (fault: " << report.fault << ")";
   }
   // Training goes on: the next step is the reference's.
   model.give_gradients(executor, 2);
@@ -299,10 +299,9 @@ TEST_F(HostParamsTest, EveryCopyOrAllocationFailingInTurnStillCompletesTheStep) 
       step_with_fault(
           faults, policy, [&] { faults.fail_copy(n); }, "copy " + std::to_string(n));
     }
-    const std::uint64_t allocations =
-        events_in_a_phase(faults, policy, [](const tide_standin_stats& s) {
-          return s.device_allocs + s.mem_creates;
-        });
+    const std::uint64_t allocations = events_in_a_phase(
+        faults, policy,
+        [](const tide_standin_stats& s) { return s.device_allocs + s.mem_creates; });
     for (std::uint64_t n = 1; n <= allocations + 1; ++n) {
       step_with_fault(
           faults, policy, [&] { faults.fail_alloc(n); }, "allocation " + std::to_string(n));
@@ -312,13 +311,12 @@ TEST_F(HostParamsTest, EveryCopyOrAllocationFailingInTurnStillCompletesTheStep) 
 
 TEST_F(HostParamsTest, DeviceLostAtEachCallEndsInOneOfTheTwoStates) {
   const Policy policy = Policy::every(2);
-  const std::uint64_t calls = events_in_a_phase(
-      faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; });
+  const std::uint64_t calls =
+      events_in_a_phase(faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; });
   ASSERT_GT(calls, 0u);
   for (std::uint64_t n = 1; n <= calls + 1; ++n) {
     step_with_fault(
-        faults, policy, [&] { faults.device_lost(n); },
-        "device lost at call " + std::to_string(n));
+        faults, policy, [&] { faults.device_lost(n); }, "device lost at call " + std::to_string(n));
   }
 }
 
