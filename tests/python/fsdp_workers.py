@@ -210,6 +210,9 @@ def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
             if kind.startswith("tide"):
                 runs[kind]["plan"] = opt.last_plan
                 runs[kind]["devices"] = sorted({str(local(p).device) for p in model.parameters()})
+                runs[kind]["hooked"] = sorted(
+                    name for name, p in model.named_parameters()
+                    if getattr(p, "_post_accumulate_grad_hooks", None))
             if kind == "tide":
                 runs[kind]["summary"] = opt.node_summary()
         result[regime] = runs

@@ -140,6 +140,11 @@ def test_cpu_offload_policy_steps_the_shards_where_they_are(trained):
         # some on the GPU and keeps the rest on the CPU
         auto = runs["tide_auto"]["plan"]
         assert auto["gpu_subgroups"] > 0 and auto["cpu_subgroups"] > 0, auto
+        # no gradient hook on a host-resident shard (FSDP2 would copy its gradient to the host
+        # synchronously): the plain `gain` alone has one
+        assert runs["tide"]["hooked"] == ["gain"]
+        assert runs["tide_own_masters"]["hooked"] == sorted(
+            name for name, shape in runs["tide"]["local_shapes"].items() if math.prod(shape) > 0)
         own = runs["tide_own_masters"]["plan"]
         assert own["host_resident_elements"] == 0
         assert rel_diff(runs["tide_own_masters"]["weights"], runs["torch"]["weights"]) <= FP32_BOUND

@@ -229,7 +229,9 @@ class AdamW(torch.optim.Optimizer):
             self._buckets.append(bucket)
             for i, p in enumerate(owners):
                 self._where[id(p)] = (bucket, i)
-                if p.requires_grad:
+                # A host-resident gradient is read at step(), so no hook: FSDP2 copies a
+                # gradient to host memory synchronously when its parameter has one.
+                if p.requires_grad and not host:
                     # The hook must not hold the optimizer: the finalizer's arguments (held
                     # until it runs) reach the parameters, so the optimizer could never go.
                     self._gradients.hooks.append(
