@@ -187,7 +187,8 @@ def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
     gradient scale against a single-process computation; clipping both ways."""
     # Under CPUOffloadPolicy tide steps the shards where they are (host-resident): also with its
     # GPU subgroups (the stand-in's), and, for the pinned bytes, with its own masters instead.
-    offload_kinds = {"tide_gpu": {"placement": "gpu"}, "tide_auto": {"placement": "auto", "subgroup_size": 4},
+    offload_kinds = {"tide_gpu": {"placement": "gpu"},
+                     "tide_auto": {"placement": "auto", "subgroup_size": 4},
                      "tide_own_masters": {"host_params": False}}
     for regime in ("gpu", "offload", "mixed"):
         runs = {}

@@ -99,10 +99,11 @@ class Bucket:
     def views(self) -> list[dict[str, torch.Tensor]]:
         """CPU tensors over each subgroup's pinned buffers (no copy): "param" (the fp32 master
         weights), "exp_avg", "exp_avg_sq" (of state_dtype; 8-bit moments: their uint8 codes, and
-        "exp_avg_scale", "exp_avg_sq_scale" their blocks' fp32 scales), "grad". A step may move a
-        subgroup's state to another buffer (executor.h): after one, those of the subgroups that moved are made again. Each
-        keeps its buffer allocated while it, or a tensor on its storage, lives
-        (Executor.memory)."""
+        "exp_avg_scale", "exp_avg_sq_scale" their blocks' fp32 scales), "grad"; host-resident
+        buckets have no "param" (the parameters are) and no "grad". A step may move a
+        subgroup's state to another buffer (executor.h): after one, those of the subgroups that
+        moved are made again. Each keeps its buffer allocated while it, or a tensor on its
+        storage, lives (Executor.memory)."""
         if self._views is None:
             self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
         elif self._moved:
