@@ -97,6 +97,11 @@ void state_dtype(std::string_view name, std::string_view value) {
   parse_choice(name, value, {"float32", "bfloat16", "q8"});
 }
 
+// As tide.torch reads it (python/tide/torch/_arguments.py).
+void master_dtype(std::string_view name, std::string_view value) {
+  parse_choice(name, value, {"float32", "bfloat16"});
+}
+
 // As tide.torch reads it: an integer >= 1 with an optional K, M or G suffix (x1024^n).
 void subgroup_size(std::string_view name, std::string_view value) {
   static constexpr std::string_view kAccepts =
@@ -290,6 +295,12 @@ std::span<const Knob> knobs() {
        "even at every update), q8 keeps them as 8-bit block-wise codes (1 byte each and an fp32 "
        "scale per 256 elements); the master weights stay fp32 (default float32)",
        &state_dtype},
+      {"TIDE_MASTER_DTYPE", "float32 or bfloat16",
+       "tide.torch.AdamW/Adam: the master weights when the master_dtype argument is not given: "
+       "float32 keeps an fp32 copy in pinned memory; bfloat16 makes the model's bf16 parameters "
+       "the master weights with a bf16 compensation each (Kahan-style, no fp32 master; bf16 "
+       "parameters and float32 or bfloat16 moments only) (default float32)",
+       &master_dtype},
   };
   return kKnobs;
 }

@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--state-dtype", choices=["float32", "bfloat16", "q8"], default=None,
                    help="the moments' format in tide's pinned state, q8: 8-bit block-wise "
                         "(%(default)s: TIDE_STATE_DTYPE, else float32)")
+    p.add_argument("--master-dtype", choices=["float32", "bfloat16"], default=None,
+                   help="the master weights: float32 (an fp32 copy in pinned memory) or "
+                        "bfloat16 (the bf16 model's parameters with a bf16 compensation each; "
+                        "needs --dtype bf16) (%(default)s: TIDE_MASTER_DTYPE, else float32)")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=False,
                    help="also train with torch.optim.AdamW from the same seed and compare")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
@@ -69,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.placement not in ("auto", "cpu", "gpu") and not args.placement.isdigit():
         p.error(f"--placement must be auto, cpu, gpu or a number, not {args.placement!r}")
+    if args.master_dtype == "bfloat16" and args.dtype != "bf16":
+        p.error("--master-dtype bfloat16 needs --dtype bf16 (the model's bf16 parameters are "
+                "the master weights)")
     return args
 
 
@@ -104,6 +111,8 @@ def tide_optimizer(args, model: GPT) -> torch.optim.Optimizer:
     if args.state_dtype is not None:
         options["state_dtype"] = (args.state_dtype if args.state_dtype == "q8"
                                   else getattr(torch, args.state_dtype))
+    if args.master_dtype is not None:
+        options["master_dtype"] = getattr(torch, args.master_dtype)
     return tide.torch.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                             **options)
 

@@ -66,8 +66,14 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
     const AdamGpuSubgroup& s = subgroups[i];
     if (s.count == 0) continue;
     require_aligned(s.grad, dtype_size(dtypes.grad), "grad", i);
-    require_aligned(s.param, bf16_master ? 2 : 4, "param", i);
-    if (bf16_master) require_aligned(s.param_comp, 2, "param_comp", i);
+    if (bf16_master) {
+      require(s.param == 0, "subgroup " + std::to_string(i) +
+                                ": bf16 master weights are in param_bf16 (param must be 0)");
+      require_aligned(s.param_bf16, 2, "param_bf16", i);
+      require_aligned(s.param_comp, 2, "param_comp", i);
+    } else {
+      require_aligned(s.param, 4, "param", i);
+    }
     if (quantized) {
       // A block never straddles subgroups (kernels/quant8.h).
       for (const auto& [codes, name] :
@@ -103,7 +109,9 @@ void AdamGpu::step(std::span<const AdamGpuSubgroup> subgroups, const AdamGpuDtyp
     std::uint64_t max_count = 0;
     for (unsigned r = 0; r < rows; ++r) {
       const AdamGpuSubgroup& s = subgroups[first + r];
-      p.subgroups[r] = {s.grad,  s.param,         s.exp_avg,          s.exp_avg_sq, s.param_copy,
+      // The kernel's one weight pointer: fp32 or, with bf16 master weights, bf16.
+      const CUdeviceptr weights = bf16_master ? s.param_bf16 : s.param;
+      p.subgroups[r] = {s.grad,  weights,         s.exp_avg,          s.exp_avg_sq, s.param_copy,
                         s.count, s.exp_avg_scale, s.exp_avg_sq_scale, s.param_comp};
       max_count = std::max(max_count, s.count);
     }

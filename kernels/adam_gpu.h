@@ -26,7 +26,7 @@ namespace tide::kernels {
 // before its copy is written, by the same thread, in the kernel and in every CPU variant.
 struct AdamGpuSubgroup {
   CUdeviceptr grad = 0;
-  CUdeviceptr param = 0;
+  CUdeviceptr param = 0;  // fp32 master weights; 0 with bf16 master weights (param_bf16)
   CUdeviceptr exp_avg = 0;
   CUdeviceptr exp_avg_sq = 0;
   CUdeviceptr param_copy = 0;  // required when the launch has a copy dtype, else ignored
@@ -35,8 +35,10 @@ struct AdamGpuSubgroup {
   // codes each at a kQuantBlock-byte boundary, these quant_blocks(count) fp32 scales each.
   CUdeviceptr exp_avg_scale = 0;
   CUdeviceptr exp_avg_sq_scale = 0;
-  // bf16 master weights (AdamGpuDtypes::master kBFloat16): `param` holds the bf16 weights and
-  // this their bf16 compensation (kernels/adam_math.h, adam_master_element).
+  // bf16 master weights (AdamGpuDtypes::master kBFloat16), as cpu_adam.h's AdamSubgroup names
+  // them: param_bf16 the bf16 weights and param_comp their bf16 compensation
+  // (kernels/adam_math.h, adam_master_element), both updated in place; `param` is then 0.
+  CUdeviceptr param_bf16 = 0;
   CUdeviceptr param_comp = 0;
 };
 

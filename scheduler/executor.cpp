@@ -89,6 +89,7 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
   d2h_ = std::make_unique<driver::Stream>();
   params_ = std::make_unique<driver::Stream>();
   upload_ = std::make_unique<driver::Stream>();
+  stale_params_.assign(state_.size(), 1);
   frozen_.resize(state_.size());
   for (std::size_t i = 0; i < state_.size(); ++i)
     frozen_[i].assign(state_.spec(i).slices.size(), 0);
@@ -256,11 +257,18 @@ void Executor::restore_frozen(const std::vector<char>& saved, const FrozenQ8Bloc
   blocks.restore(state_);
 }
 
+// Subgroup i's parts a frozen slice keeps, each with its element size: the master weights (fp32;
+// or bf16 weights, then their compensation; none when host-resident: those parameters are never
+// written for a frozen slice) and the moments (unless 8-bit: FrozenQ8Blocks keeps their blocks).
 std::vector<std::pair<char*, unsigned>> Executor::state_parts(std::size_t i) const {
   std::vector<std::pair<char*, unsigned>> parts;
-  // Host-resident parameters are never written for a frozen slice: only the moments are kept.
-  if (!state_.host_params()) parts.emplace_back(reinterpret_cast<char*>(state_.slot(i)), 4u);
-  if (state_.quantized()) return parts;  // the moments' blocks: FrozenQ8Blocks
+  if (state_.bf16_master()) {
+    parts.emplace_back(reinterpret_cast<char*>(state_.master_bf16(i)), 2u);
+    parts.emplace_back(reinterpret_cast<char*>(state_.master_comp(i)), 2u);
+  } else if (!state_.host_params()) {
+    parts.emplace_back(reinterpret_cast<char*>(state_.param(i)), 4u);
+  }
+  if (state_.quantized()) return parts;
   parts.emplace_back(static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes());
   parts.emplace_back(static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes());
   return parts;
@@ -268,8 +276,9 @@ std::vector<std::pair<char*, unsigned>> Executor::state_parts(std::size_t i) con
 
 void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
   if (state_.host_params()) return;  // updated in place
-  const char* src = state_.low_precision_params() ? static_cast<const char*>(state_.weight_copy(s))
-                                                  : reinterpret_cast<const char*>(state_.param(s));
+  // fp32 parameters and bf16 master weights are the state itself.
+  const char* src = state_.separate_weights() ? static_cast<const char*>(state_.weight_copy(s))
+                                              : reinterpret_cast<const char*>(state_.param(s));
   const unsigned size = state_.param_bytes();
   const std::vector<ParamSlice>& slices = state_.spec(s).slices;
   for (std::size_t k = 0; k < slices.size(); ++k) {
@@ -284,7 +293,7 @@ void Executor::write_params(std::size_t s) {
   settle();                          // no queued write of an earlier phase may land after this one
   if (state_.host_params()) return;  // the parameters are the master weights
   const char* src = reinterpret_cast<const char*>(state_.param(s));
-  if (state_.low_precision_params()) {
+  if (state_.separate_weights()) {
     // The cast the update would have written (round to nearest even, as every kernel does).
     kernels::cpu_cast(state_.param(s), state_.weight_copy(s), state_.options().param_dtype,
                       state_.params(s), kernels::CpuAdamOptions{.threads = options_.cpu_threads});
@@ -297,6 +306,7 @@ void Executor::write_params(std::size_t s) {
     driver::copy_to_device(slices[k].device_ptr, src + slices[k].offset * size,
                            slices[k].count * size);
   }
+  stale_params_[s] = 0;
 }
 
 allocator::DeviceMemoryResource& Executor::memory() {
@@ -319,6 +329,10 @@ Footprint Executor::footprint(bool gradients_on_gpu) const {
   f.gradient_bytes_per_param = state_.grad_bytes();
   // What a CPU subgroup uploads (nothing when the parameters are updated where they are).
   f.weight_bytes_per_param = state_.host_params() ? 0 : state_.param_bytes();
+  if (state_.bf16_master()) {
+    f.weights_in_state = true;
+    f.state_bytes_on_gpu = state_.param_bytes();  // GPU subgroups take them from the model
+  }
   f.gradients_on_gpu = gradients_on_gpu;
   return f;
 }
@@ -328,7 +342,7 @@ std::uint64_t Executor::capped(std::uint64_t headroom) const {
 }
 
 bool Executor::needs_staging(bool gradients_on_gpu) const {
-  return state_.low_precision_params() &&
+  return state_.separate_weights() &&
          (gradients_on_gpu || state_.grad_bytes() != state_.param_bytes());
 }
 

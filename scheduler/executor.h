@@ -232,8 +232,8 @@ class Executor {
   void save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks);
   bool needs_staging(bool gradients_on_gpu) const;
   void restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks);
-  // The parts of subgroup i's slot a frozen slice keeps: master weights (unless host-resident)
-  // and moments, each with its element size.
+  // The parts of subgroup i's slot a frozen slice keeps: master weights (fp32, or bf16 weights
+  // and their compensation; none when host-resident) and moments, each with its element size.
   std::vector<std::pair<char*, unsigned>> state_parts(std::size_t i) const;
   std::uint64_t capped(std::uint64_t headroom) const;
   Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu) const;
@@ -257,8 +257,12 @@ class Executor {
   PhaseReport report_;
   std::vector<std::vector<char>> frozen_;             // per subgroup, per slice
   std::vector<std::vector<const void*>> host_grads_;  // host-resident: per subgroup, per slice
-  bool ready_ = false;                                // ready() ran, with no offload since
-  std::uint64_t ready_offloads_ = 0;                  // the offload count it saw
+  // bf16 master weights: per subgroup, whether the model's parameters may not hold the state's
+  // weights (never written yet, or their last write failed). A GPU subgroup whose parameters do
+  // hold them copies them on the device instead of from host memory.
+  std::vector<char> stale_params_;
+  bool ready_ = false;                // ready() ran, with no offload since
+  std::uint64_t ready_offloads_ = 0;  // the offload count it saw
   // Left by a phase whose streams could not be waited for: what its queued work may still write.
   bool unconfirmed_ = false;
   std::vector<UpdateBuffer> quarantined_;

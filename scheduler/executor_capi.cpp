@@ -113,6 +113,20 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
               "TIDE_STATE_BLOCK_Q8 (the moments' format)");
       so.state_dtype = dtype_of(o.state_dtype, "state_dtype");
     }
+    require(o.host_params == 0 || o.master_dtype != TIDE_BFLOAT16,
+            "tide_optimizer_create: host_params and master_dtype TIDE_BFLOAT16 do not go together "
+            "(host-resident parameters are fp32 and their own master weights; bf16 master "
+            "weights need bf16 parameters)");
+    require(o.master_dtype == TIDE_FLOAT32 || o.master_dtype == TIDE_BFLOAT16,
+            "tide_optimizer_create: master_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16 (the "
+            "master weights' format)");
+    require(
+        o.master_dtype == TIDE_FLOAT32 ||
+            (o.param_dtype == TIDE_BFLOAT16 && o.state_dtype != TIDE_STATE_BLOCK_Q8),
+        "tide_optimizer_create: master_dtype TIDE_BFLOAT16 needs param_dtype TIDE_BFLOAT16 (the "
+        "model's parameters are the master weights) and state_dtype TIDE_FLOAT32 or "
+        "TIDE_BFLOAT16 (no 8-bit moments)");
+    so.master_dtype = dtype_of(o.master_dtype, "master_dtype");
     so.host_params = o.host_params != 0;
     ExecutorOptions eo;
     eo.device = o.device;
@@ -156,9 +170,25 @@ TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t su
     require(subgroup < o.state->size(), "tide_optimizer_buffers: subgroup " +
                                             std::to_string(subgroup) + " of " +
                                             std::to_string(o.state->size()));
-    *buffers = tide_subgroup_buffers{o.state->param(subgroup), o.state->exp_avg(subgroup),
-                                     o.state->exp_avg_sq(subgroup), o.state->grad(subgroup),
-                                     o.state->params(subgroup)};
+    // No fp32 master with bf16 master weights: tide_optimizer_master_bf16 has them.
+    float* param = o.state->bf16_master() ? nullptr : o.state->param(subgroup);
+    *buffers =
+        tide_subgroup_buffers{param, o.state->exp_avg(subgroup), o.state->exp_avg_sq(subgroup),
+                              o.state->grad(subgroup), o.state->params(subgroup)};
+  });
+}
+
+TIDE_API tide_status tide_optimizer_master_bf16(tide_optimizer* optimizer, size_t subgroup,
+                                                uint16_t** weights, uint16_t** compensation) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(weights != nullptr && compensation != nullptr,
+            "tide_optimizer_master_bf16: null output pointer");
+    require(subgroup < o.state->size(), "tide_optimizer_master_bf16: subgroup " +
+                                            std::to_string(subgroup) + " of " +
+                                            std::to_string(o.state->size()));
+    *weights = o.state->master_bf16(subgroup);
+    *compensation = o.state->master_comp(subgroup);
   });
 }
 

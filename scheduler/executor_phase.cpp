@@ -126,7 +126,10 @@ struct Executor::Phase {
   const kernels::AdamHyper& hyper;
   PhaseReport& report;
   const bool gradients_on_gpu;
-  const bool low = state.low_precision_params();
+  // The new low-precision weights are a copy of their own (else the state itself: fp32
+  // parameters, or bf16 master weights at the slot's start).
+  const bool low = state.separate_weights();
+  const bool bf16_master = state.bf16_master();
   const unsigned gs = state.grad_bytes();
   const unsigned ps = state.param_bytes();
   const bool host = state.host_params();
@@ -196,7 +199,13 @@ std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
   }
   kernels::AdamSubgroup sub;
   sub.grad = state.grad(s);
-  sub.param = state.param(s);
+  if (bf16_master) {
+    sub.master_dtype = kernels::Dtype::kBFloat16;
+    sub.param_bf16 = state.master_bf16(s);
+    sub.param_comp = state.master_comp(s);
+  } else {
+    sub.param = state.param(s);
+  }
   sub.exp_avg = state.exp_avg(s);
   sub.exp_avg_sq = state.exp_avg_sq(s);
   sub.param_copy = state.weight_copy(s);
@@ -348,7 +357,7 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   if (host) {
     t.weights = base + params_at();  // staged to the host by the copy-out
   } else if (!low) {
-    t.weights = base;  // fp32: the updated master weights themselves
+    t.weights = base;  // the updated master weights themselves (fp32, or bf16 master)
   } else if (!staging) {
     t.weights = t.grad;  // over the gradient the kernel has just read
   } else {
@@ -368,8 +377,22 @@ void Executor::Phase::copy_state_in(const GpuTask& t) {
   if (lane.copied_out) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
   if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
   ev[kH2dStart].record(*x.h2d_);
-  driver::copy_to_device_async(buffer[t.buffer].get(), state.slot(t.subgroup),
-                               state.slot_bytes(t.subgroup), *x.h2d_);
+  const std::size_t s = t.subgroup;
+  const CUdeviceptr base = buffer[t.buffer].get();
+  if (bf16_master && !x.stale_params_[s]) {
+    // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only
+    // the compensation and the moments come over the link (2 bytes per parameter less).
+    const std::vector<ParamSlice>& slices = state.spec(s).slices;
+    for (const ParamSlice& slice : slices) {
+      driver::copy_on_device_async(base + 2 * slice.offset, slice.device_ptr, 2 * slice.count,
+                                   *x.h2d_);
+    }
+    const std::uint64_t skip = 2 * state.params(s);
+    driver::copy_to_device_async(base + skip, reinterpret_cast<const char*>(state.param(s)) + skip,
+                                 state.slot_bytes(s) - skip, *x.h2d_);
+  } else {
+    driver::copy_to_device_async(base, state.slot(s), state.slot_bytes(s), *x.h2d_);
+  }
   if (host) copy_params_in(t);
   ev[kStateIn].record(*x.h2d_);
 }
@@ -437,7 +460,12 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   ev[kUpdateStart].record(*x.compute_);
   kernels::AdamGpuSubgroup sub;
   sub.grad = t.grad;
-  sub.param = host ? base + params_at() : base;
+  if (bf16_master) {
+    sub.param_bf16 = base;
+    sub.param_comp = base + 2 * n;
+  } else {
+    sub.param = host ? base + params_at() : base;
+  }
   // The host slot's layout (scheduler/optimizer_state.h).
   sub.exp_avg = base + state.moment_offset(n, 0);
   sub.exp_avg_sq = base + state.moment_offset(n, 1);
@@ -452,6 +480,7 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   dtypes.state = state.options().state_dtype;
   dtypes.state_format = state.options().state_format;
   dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
+  dtypes.master = state.options().master_dtype;
   x.adam_->step({&sub, 1}, dtypes, hyper, counters.get() + 8 * t.position, *x.compute_);
   ev[kUpdateEnd].record(*x.compute_);
 
@@ -617,7 +646,7 @@ void Executor::Phase::commit(const GpuTask& t) {
   // The weights reach the model from the committed state only.
   if (!host) {
     try {
-      const unsigned size = low ? ps : 4;
+      const unsigned size = ps;  // the copy's, or the state's own weights (fp32 or bf16)
       const std::vector<ParamSlice>& slices = state.spec(s).slices;
       for (std::size_t k = 0; k < slices.size(); ++k) {
         if (x.frozen_[s][k]) continue;
@@ -836,6 +865,8 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   restore_frozen(frozen_state, frozen_blocks);
   // Host-resident gradients are the caller's memory: none is read after this step.
   for (auto& slices : host_grads_) std::fill(slices.begin(), slices.end(), nullptr);
+  for (std::size_t s : phase.written) stale_params_[s] = 0;
+  for (std::size_t s : report.unwritten) stale_params_[s] = 1;
 
   // What ran, under the model (the fallback subgroups among the CPU's).
   Workload w;

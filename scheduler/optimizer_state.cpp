@@ -33,6 +33,18 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
           "the moments' dtype must be float32 or bfloat16");
   require(quantized() || options_.state_format == kernels::StateFormat::kDtype,
           "unknown state format");
+  require(options_.master_dtype == kernels::Dtype::kFloat32 || bf16_master(),
+          "the master weights' dtype must be float32 or bfloat16");
+  // Checked before the dtypes each needs, so that asking for both says why they cannot go
+  // together rather than which parameter dtype one of them wanted.
+  require(!(host_params() && bf16_master()),
+          "host-resident parameters are their own fp32 master weights; bf16 master weights need "
+          "bf16 parameters: choose one");
+  require(!bf16_master() || options_.param_dtype == kernels::Dtype::kBFloat16,
+          "bf16 master weights are the model's parameters: they must be bfloat16");
+  require(!bf16_master() || !quantized(),
+          "bf16 master weights with 8-bit moments are not supported (use float32 or bfloat16 "
+          "moments)");
   require(!host_params() || (options_.param_dtype == kernels::Dtype::kFloat32 && !quantized()),
           "host-resident parameters must be float32 (their own master weights) with moments of "
           "float32 or bfloat16");
@@ -67,7 +79,7 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
       if (host_params()) continue;  // no gradient buffer, no weight copy
       b.grad = arena_->allocate(n * grad_bytes());
       std::memset(b.grad, 0, n * grad_bytes());
-      if (low_precision_params()) {
+      if (separate_weights()) {
         b.copy = arena_->allocate(n * param_bytes());
         std::memset(b.copy, 0, n * param_bytes());
       }

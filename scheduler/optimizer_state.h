@@ -17,6 +17,14 @@
 // blocks from its element 0, so no block straddles two subgroups; only a subgroup's last block
 // may be partial (the layout's subgroup cuts need not be multiples of kQuantBlock).
 //
+// bf16 master weights (StateOptions::master_dtype kBFloat16, bf16 model parameters only): no fp32
+// master. The slot's first 4n bytes hold the bf16 weights (2n bytes: the model's parameters, bit
+// for bit, and what a CPU update uploads) and then their bf16 compensation (2n bytes, the part
+// of the fp32 weight that rounding to bf16 lost: kernels/adam_math.h), then the moments as
+// above; there is no separate weight copy. Per parameter that is the same slot bytes as an fp32
+// master (so GPU subgroups copy as many bytes), 2 bytes less host memory (the copy), and a CPU
+// update moves 2 bytes less. Moments fp32 or bf16 (the kernels have no 8-bit variant).
+//
 // State slots and spares. A GPU update must not copy its result over the state it started from:
 // a copy that fails half way, or a device lost with the copy still queued, would leave a state
 // that is neither the old one nor the new one. So the executor copies a GPU subgroup's result
@@ -73,8 +81,11 @@ struct StateOptions {
   kernels::Dtype state_dtype = kernels::Dtype::kFloat32;
   // kBlockQ8: 8-bit block-wise moments (state_dtype is then ignored).
   kernels::StateFormat state_format = kernels::StateFormat::kDtype;
+  // kFloat32: an fp32 master; kBFloat16: bf16 master weights with compensation (see above;
+  // param_dtype must be kBFloat16 and the moments fp32 or bf16).
+  kernels::Dtype master_dtype = kernels::Dtype::kFloat32;
   // The parameters are fp32 in host memory and are the master weights (see above). Needs
-  // param_dtype kFloat32 and moments of a dtype (not kBlockQ8).
+  // param_dtype kFloat32 (so not with a bf16 master_dtype) and moments of a dtype (not kBlockQ8).
   bool host_params = false;
 };
 
@@ -94,22 +105,32 @@ class OptimizerState {
   const StateOptions& options() const { return options_; }
 
   // Subgroup i's state slot (see above: valid until the next commit); the moments are of
-  // options().state_dtype, or 8-bit codes with their block scales (quantized()). param(i): its
-  // fp32 master weights, the slot's start; null with host_params (the parameters are the master
-  // weights, and the slot starts with exp_avg).
+  // options().state_dtype, or 8-bit codes with their block scales (quantized()). slot(i) is the
+  // slot's start: the fp32 master, or with bf16_master() the bf16 weights, or with host_params
+  // exp_avg. param(i): the fp32 master or with bf16_master() the bf16 weights (the slot's start);
+  // null with host_params (the parameters are the master weights).
   float* slot(std::size_t i) const { return static_cast<float*>(buffers_.at(i).state); }
   float* param(std::size_t i) const { return host_params() ? nullptr : slot(i); }
   bool host_params() const { return options_.host_params; }
+  bool bf16_master() const { return options_.master_dtype == kernels::Dtype::kBFloat16; }
+  // With bf16_master() (else null): the bf16 weights and their bf16 compensation.
+  std::uint16_t* master_bf16(std::size_t i) const {
+    return bf16_master() ? static_cast<std::uint16_t*>(buffers_.at(i).state) : nullptr;
+  }
+  std::uint16_t* master_comp(std::size_t i) const {
+    return bf16_master() ? static_cast<std::uint16_t*>(at(i, 2 * params(i))) : nullptr;
+  }
   void* exp_avg(std::size_t i) const { return at(i, moment_offset(params(i), 0)); }
   void* exp_avg_sq(std::size_t i) const { return at(i, moment_offset(params(i), 1)); }
   // Null unless quantized(): quant_blocks(params(i)) fp32 scales of each moment.
   float* exp_avg_scale(std::size_t i) const { return scale(i, 0); }
   float* exp_avg_sq_scale(std::size_t i) const { return scale(i, 1); }
   bool quantized() const { return options_.state_format == kernels::StateFormat::kBlockQ8; }
-  // Bytes of one parameter's state (fp32 master and both moments): 12, 8 with bf16 moments, 6
-  // with 8-bit moments (whose scales and padding the slot adds: slot_bytes_for). With
-  // host_params the slot holds the moments only, but a GPU subgroup still copies the master
-  // (the parameter) each way: these are the bytes a GPU subgroup moves per parameter.
+  // Bytes of one parameter's state (fp32 master, or bf16 weight and compensation, and both
+  // moments): 12, 8 with bf16 moments, 6 with 8-bit moments (whose scales and padding the slot
+  // adds: slot_bytes_for). With host_params the slot holds the moments only, but a GPU subgroup
+  // still copies the master (the parameter) each way: these are the bytes a GPU subgroup moves
+  // per parameter.
   unsigned state_bytes() const { return 4 + 2 * moment_bytes(); }
   unsigned moment_bytes() const {
     return quantized() ? 1u : kernels::dtype_size(options_.state_dtype);
@@ -122,8 +143,12 @@ class OptimizerState {
   std::uint64_t slot_bytes(std::size_t i) const { return slot_bytes_for(params(i)); }
   // Null with host_params: the gradients are read where they are.
   void* grad(std::size_t i) const { return buffers_.at(i).grad; }
-  // Null when the model's parameters are fp32 (param() itself is uploaded).
+  // Null when the model's parameters are fp32 (param() itself is uploaded) or with bf16_master()
+  // (master_bf16() is).
   void* weight_copy(std::size_t i) const { return buffers_.at(i).copy; }
+  // The low-precision weights an update writes are a copy of their own (not the state itself:
+  // fp32 parameters or bf16 master weights).
+  bool separate_weights() const { return low_precision_params() && !bf16_master(); }
 
   unsigned grad_bytes() const { return kernels::dtype_size(options_.grad_dtype); }
   unsigned param_bytes() const { return kernels::dtype_size(options_.param_dtype); }

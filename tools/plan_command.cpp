@@ -50,6 +50,13 @@ workload:
                            fp32 p, m, v), bfloat16 (8: fp32 p, bf16 m, v) or q8 (6: fp32 p,
                            8-bit block-wise m, v); the update rates, measured with fp32 state,
                            scale with the bytes an update moves
+  --master-dtype float32|bfloat16
+                           the master weights: float32 (default: an fp32 copy, and the
+                           update writes a separate bf16 weight copy) or bfloat16 (bf16
+                           weights with a bf16 compensation: the same state bytes, but a GPU
+                           subgroup takes its 2 weight bytes from the model's parameters on
+                           the GPU instead of copying them in, and an update writes no
+                           weight copy); bfloat16 needs --state-dtype float32 or bfloat16
   --state-bytes N          optimizer state bytes per parameter, instead of --state-dtype's
   --max-buffers N          at most N GPU buffers in flight (default: as many as fit and help)
 
@@ -280,7 +287,7 @@ int plan_command(int argc, char** argv) {
       "--gradient-bytes",   "--state-bytes", "--max-buffers",
       "--calibration",      "--max-k",       "--forward-seconds",
       "--backward-seconds", "--layers",      "--gradient-offload",
-      "--state-dtype"};
+      "--state-dtype",      "--master-dtype"};
   for (const RateInfo& info : rate_infos()) with_value.push_back(info.flag);
   with_value.push_back("--ranks-per-node");
   const Arguments args(argc, argv, with_value, {"--json", "--help", "-h"});
@@ -352,6 +359,18 @@ int plan_command(int argc, char** argv) {
     constexpr std::uint32_t kStateBytes[] = {12, 8, 6};
     workload.footprint.state_bytes_per_param =
         kStateBytes[config::parse_choice("--state-dtype", *v, {"float32", "bfloat16", "q8"})];
+  }
+  if (auto v = args.get("--master-dtype")) {
+    if (config::parse_choice("--master-dtype", *v, {"float32", "bfloat16"}) == 1) {
+      if (args.get("--state-dtype") == std::optional<std::string>("q8")) {
+        throw std::invalid_argument(
+            "--master-dtype bfloat16 needs --state-dtype float32 or bfloat16 (no 8-bit moments)");
+      }
+      // bf16 weights and their compensation take the fp32 master's 4 bytes; the weights come
+      // from the model's parameters on the GPU, and no weight copy is written.
+      workload.footprint.weights_in_state = true;
+      workload.footprint.state_bytes_on_gpu = 2;
+    }
   }
   if (auto v = args.get("--state-bytes")) {
     workload.footprint.state_bytes_per_param =
@@ -448,6 +467,9 @@ int plan_command(int argc, char** argv) {
       out += ",\"gpu_memory_bytes\":" + std::to_string(setting.gpu_memory);
     out +=
         ",\"state_bytes_per_param\":" + std::to_string(workload.footprint.state_bytes_per_param) +
+        ",\"h2d_bytes_per_param\":" + std::to_string(workload.footprint.h2d_bytes_per_param()) +
+        ",\"d2h_bytes_per_param\":" + std::to_string(workload.footprint.d2h_bytes_per_param()) +
+        ",\"master\":" + json::quote(workload.footprint.weights_in_state ? "bfloat16" : "float32") +
         ",\"gradient_bytes_per_param\":" +
         std::to_string(workload.footprint.gradient_bytes_per_param) +
         ",\"gradients\":" + json::quote(workload.footprint.gradients_on_gpu ? "gpu" : "host") + "}";
@@ -485,9 +507,20 @@ int plan_command(int argc, char** argv) {
               setting.gpu_memory ? " (of " : "",
               setting.gpu_memory ? format_gb(static_cast<double>(setting.gpu_memory)).c_str() : "",
               setting.gpu_memory ? ")" : "");
-  std::printf("per parameter    %u state bytes each way; %u gradient bytes %s\n",
-              workload.footprint.state_bytes_per_param, workload.footprint.gradient_bytes_per_param,
-              workload.footprint.gradients_on_gpu ? "kept on the GPU" : "copied in from host");
+  if (workload.footprint.state_bytes_on_gpu != 0) {
+    std::printf(
+        "per parameter    %u state bytes (bf16 master weights and compensation, moments): "
+        "%u copied in (the weights from the model on the GPU), %u out; %u gradient bytes %s\n",
+        workload.footprint.state_bytes_per_param,
+        workload.footprint.state_bytes_per_param - workload.footprint.state_bytes_on_gpu,
+        workload.footprint.state_bytes_per_param, workload.footprint.gradient_bytes_per_param,
+        workload.footprint.gradients_on_gpu ? "kept on the GPU" : "copied in from host");
+  } else {
+    std::printf("per parameter    %u state bytes each way; %u gradient bytes %s\n",
+                workload.footprint.state_bytes_per_param,
+                workload.footprint.gradient_bytes_per_param,
+                workload.footprint.gradients_on_gpu ? "kept on the GPU" : "copied in from host");
+  }
   if (const double scale = workload.footprint.update_rate_scale(); scale != 1.0) {
     std::printf(
         "update rates     x%.3g for this state format (the bytes an update moves, against "

@@ -532,19 +532,27 @@ typedef struct tide_optimizer_options {
   int32_t use_rates;        /* 1: start from `rates`; 0: tide_rates_resolve(NULL) */
   int32_t refine;           /* 1: measured subgroup times refine the rates (default) */
   tide_rates rates;
-  int32_t cpu_threads; /* threads for the CPU subgroups' updates; 0: the pool's all (the pool
-                          has TIDE_CPU_THREADS, default: the CPUs this process may run on) */
-  int32_t state_dtype; /* tide_dtype of the moments (exp_avg, exp_avg_sq): TIDE_FLOAT32 (default)
-                          or TIDE_BFLOAT16 (rounded to nearest even at every update; a GPU
-                          subgroup then copies 8 instead of 12 bytes per parameter each way),
-                          or TIDE_STATE_BLOCK_Q8 (8-bit codes and block scales: 6 bytes and the
-                          scales; see tide_optimizer_q8_scales). The master weights are fp32
-                          either way. */
-  int32_t host_params; /* 1: the slices' device_ptr are host addresses of fp32 parameters that are
-                          their own master weights (FSDP2's CPUOffloadPolicy): updated in place,
-                          no master copy, no gradient buffer (param_dtype TIDE_FLOAT32, moments
-                          TIDE_FLOAT32 or TIDE_BFLOAT16; not with gradients_on_gpu). Each step's
-                          gradients are read where they are: tide_optimizer_set_gradients. */
+  int32_t cpu_threads;  /* threads for the CPU subgroups' updates; 0: the pool's all (the pool
+                           has TIDE_CPU_THREADS, default: the CPUs this process may run on) */
+  int32_t state_dtype;  /* tide_dtype of the moments (exp_avg, exp_avg_sq): TIDE_FLOAT32 (default)
+                           or TIDE_BFLOAT16 (rounded to nearest even at every update; a GPU
+                           subgroup then copies 8 instead of 12 bytes per parameter each way),
+                           or TIDE_STATE_BLOCK_Q8 (8-bit codes and block scales: 6 bytes and the
+                           scales; see tide_optimizer_q8_scales). */
+  int32_t master_dtype; /* tide_dtype of the master weights: TIDE_FLOAT32 (default: an fp32
+                           copy in pinned memory) or TIDE_BFLOAT16 (bf16 master weights with
+                           compensation, tide_cpu_adam_step_bf16_master: the model's bf16
+                           parameters are the master, bit for bit; pinned memory holds them and
+                           their bf16 compensation, no fp32 master and no separate weight copy;
+                           see tide_optimizer_master_bf16). TIDE_BFLOAT16 needs param_dtype
+                           TIDE_BFLOAT16 and state_dtype TIDE_FLOAT32 or TIDE_BFLOAT16. */
+  int32_t host_params;  /* 1: the slices' device_ptr are host addresses of fp32 parameters that are
+                           their own master weights (FSDP2's CPUOffloadPolicy): updated in place,
+                           no master copy, no gradient buffer (param_dtype TIDE_FLOAT32, moments
+                           TIDE_FLOAT32 or TIDE_BFLOAT16; not with gradients_on_gpu, nor with
+                           master_dtype TIDE_BFLOAT16, which needs bf16 parameters: creating
+                           the optimizer fails). Each step's gradients are read where they are:
+                           tide_optimizer_set_gradients. */
 } tide_optimizer_options;
 
 TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options);
@@ -562,7 +570,8 @@ TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer);
  * (param, exp_avg, exp_avg_sq) to other buffers: these pointers are valid until the next
  * tide_optimizer_step; the gradient buffer never moves. */
 typedef struct tide_subgroup_buffers {
-  float* param;     /* fp32 master weights (NULL with host_params: the parameters are) */
+  float* param;     /* fp32 master weights; NULL with master_dtype TIDE_BFLOAT16 or host_params
+                       (the parameters are the master weights) */
   void* exp_avg;    /* the options' state_dtype: fp32, bf16 (uint16_t bit patterns), or
                        TIDE_STATE_BLOCK_Q8's uint8_t codes (at a TIDE_QUANT_BLOCK-byte boundary) */
   void* exp_avg_sq; /* the same */
@@ -572,6 +581,17 @@ typedef struct tide_subgroup_buffers {
 
 TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t subgroup,
                                             tide_subgroup_buffers* buffers);
+
+/* With master_dtype TIDE_BFLOAT16: a subgroup's bf16 master weights (the values its model
+ * parameters hold after every step, and what tide_optimizer_write_params writes) and their bf16
+ * compensation, `count` uint16_t bit patterns each, valid as long as tide_optimizer_buffers'
+ * pointers. A step updates both (w + c is the weight, kept to about 16 significant bits). A GPU
+ * subgroup takes the weights from the model's parameters (device to device; only the
+ * compensation and the moments are copied in), so those must hold these weights at each step:
+ * after writing the weights here (a load), call tide_optimizer_write_params. Other master
+ * dtypes: NULL. */
+TIDE_API tide_status tide_optimizer_master_bf16(tide_optimizer* optimizer, size_t subgroup,
+                                                uint16_t** weights, uint16_t** compensation);
 
 /* With state_dtype TIDE_STATE_BLOCK_Q8: the fp32 scales of a subgroup's moments, one per block
  * of TIDE_QUANT_BLOCK elements counted from the subgroup's element 0 (*blocks of each; the last
@@ -660,7 +680,8 @@ TIDE_API tide_status tide_optimizer_last_outcome(const tide_optimizer* optimizer
                                                  size_t count);
 
 /* Writes the model's parameters of every subgroup from its master weights (cast to the
- * parameters' dtype, as a step does), synchronously; frozen slices are left alone. */
+ * parameters' dtype, as a step does; bf16 master weights as they are), synchronously; frozen
+ * slices are left alone. */
 TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer);
 
 /* host_params: the gradients of the coming step, one host address per slice in the order given

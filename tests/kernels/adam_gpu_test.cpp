@@ -324,7 +324,7 @@ TEST_F(AdamGpuTest, Bf16MasterWeightsMatchTheCpuPathBitForBit) {
     AdamGpuSubgroup v;
     const CUdeviceptr b = device.get();
     v.grad = b + pl.offset[0];
-    v.param = b + pl.offset[1];
+    v.param_bf16 = b + pl.offset[1];
     v.param_comp = b + pl.offset[2];
     v.exp_avg = b + pl.offset[3];
     v.exp_avg_sq = b + pl.offset[4];
@@ -343,7 +343,10 @@ TEST_F(AdamGpuTest, Bf16MasterWeightsMatchTheCpuPathBitForBit) {
   EXPECT_EQ(host, cpu);
   EXPECT_GE(expected.back(), 1u);
 
-  // No weight copy and no 8-bit moments with bf16 master weights.
+  // No weight copy, no 8-bit moments and no fp32 `param` with bf16 master weights.
+  views.back().param = views.back().param_bf16;
+  EXPECT_THROW(adam.step(views, dtypes, h, counts.get(), stream), std::invalid_argument);
+  views.back().param = 0;
   dtypes.copy = Dtype::kBFloat16;
   EXPECT_THROW(adam.step(views, dtypes, h, counts.get(), stream), std::invalid_argument);
   dtypes.copy = std::nullopt;

@@ -314,6 +314,8 @@ inline void expect_step(const AdamHyper& h, const Snapshot& before, const Subgro
       switch (buffer.dtype()) {
         case Dtype::kFloat32: {
           const float got = buffer.get(i);
+          // Bits, not values: -0 against +0 and NaN payloads count as differences here.
+          // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
           return std::memcmp(&got, &expected, sizeof got) == 0;
         }
         case Dtype::kBFloat16:

@@ -60,6 +60,7 @@ TEST(ThreadPoolTest, CallersFromManyThreadsTakeTurns) {
   ThreadPool pool(2);
   std::atomic<int> total{0};
   std::vector<std::thread> callers;
+  callers.reserve(4);
   for (int t = 0; t < 4; ++t) {
     callers.emplace_back([&] {
       for (int round = 0; round < 100; ++round) {
@@ -151,6 +152,7 @@ TEST(CpuAdamThreadsTest, ConcurrentStepsOnDifferentSubgroups) {
   AdamHyper h;
   h.step = 2;
   std::vector<std::thread> callers;
+  callers.reserve(kCallers);
   for (int c = 0; c < kCallers; ++c) {
     callers.emplace_back([&, c] {
       for (int step = 0; step < 3; ++step) cpu_adam_step(concurrent[c]->view(), h);

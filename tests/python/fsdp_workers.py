@@ -58,6 +58,8 @@ def sharded(regime: str, *, root: bool = False) -> Net:
     """The model under fully_shard; with `root`, the root module too (then `gain` is sharded:
     GradScaler cannot check plain and DTensor gradients together)."""
     model = Net()
+    if regime == "bf16":
+        model = model.to(torch.bfloat16)  # bf16 parameters (and shards)
     kwargs = {}
     if regime == "offload":
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=False)  # pinned needs CUDA
@@ -217,6 +219,13 @@ def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
             if kind == "tide":
                 runs[kind]["summary"] = opt.node_summary()
         result[regime] = runs
+    # bf16 master weights need bf16 parameters; CPUOffloadPolicy's fp32 shards are their own
+    # masters: asking for both is a clear error, at construction.
+    try:
+        make_opt("tide", sharded("offload"), master_dtype=torch.bfloat16)
+        result["offload_bf16_master"] = None
+    except ValueError as error:
+        result["offload_bf16_master"] = str(error)
     # torch's own clipping on the sharded gradients, with tide stepping.
     for kind in ("torch", "tide"):
         model = sharded("gpu")
@@ -389,6 +398,38 @@ def scenario_q8(rank: int, world: int, out: str, result: dict) -> None:
     set_optimizer_state_dict(model, opt, optim_sd)
     train(model, opt, range(2, STEPS), rank, world)
     result["q8_resumed"] = full(model)
+
+
+def scenario_bf16_master(rank: int, world: int, out: str, result: dict) -> None:
+    """bf16 master weights on bf16 FSDP2 shards: trained next to an fp32 master on the same bf16
+    model; saved through DCP (torch's keys and "master_comp" as DTensors) and loaded into a fresh
+    bf16-master optimizer, which goes on as the saving one did."""
+    runs = {}
+    for master in ("float32", "bfloat16"):
+        model = sharded("bf16")
+        opt = make_opt("tide", model, master_dtype=getattr(torch, master))
+        train(model, opt, range(2), rank, world)
+        if master == "bfloat16":
+            optim_sd = get_optimizer_state_dict(model, opt)
+            entry = optim_sd["state"]["a.weight"]
+            result["keys"] = sorted(entry.keys())
+            result["comp_type"] = (type(entry["master_comp"]).__name__,
+                                   str(entry["master_comp"].dtype))
+            dcp.save({"model": get_model_state_dict(model), "optim": optim_sd},
+                     checkpoint_id=os.path.join(out, "ckpt_bf16_master"))
+        train(model, opt, range(2, STEPS), rank, world)
+        runs[master] = full(model)
+    result["trained"] = runs
+    model = sharded("bf16")
+    opt = make_opt("tide", model, master_dtype=torch.bfloat16)
+    model_sd = get_model_state_dict(model)
+    optim_sd = get_optimizer_state_dict(model, opt)
+    dcp.load({"model": model_sd, "optim": optim_sd},
+             checkpoint_id=os.path.join(out, "ckpt_bf16_master"))
+    set_model_state_dict(model, model_sd)
+    set_optimizer_state_dict(model, opt, optim_sd)
+    train(model, opt, range(2, STEPS), rank, world)
+    result["resumed"] = full(model)
 
 
 def modify(path: str, model: Net, opt) -> None:

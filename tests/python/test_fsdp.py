@@ -161,6 +161,15 @@ def test_torch_clip_grad_norm_on_dtensor_gradients(trained):
         assert rel_diff(tide["weights"], ref["weights"]) <= FP32_BOUND
 
 
+def test_bf16_master_weights_are_refused_on_host_resident_shards(trained):
+    """master_dtype=torch.bfloat16 needs bf16 parameters; CPUOffloadPolicy's fp32 shards are
+    stepped where they are as their own masters: the combination is refused by name."""
+    for r in trained:
+        error = r["offload_bf16_master"]
+        assert error is not None and "master_dtype=torch.bfloat16" in error, error
+        assert "host_params" in error and "CPUOffloadPolicy" in error, error
+
+
 def test_bf16_shards_keep_fp32_masters(trained):
     for r in trained:
         bf16 = r["bf16"]
@@ -357,6 +366,21 @@ def test_8bit_moments_on_shards_train_and_checkpoint(tmp_path):
         q8, fp32 = r["q8_trained"]["q8"], r["q8_trained"]["float32"]
         assert 0 < rel_diff(q8, fp32) <= 4e-2
         assert rel_diff(r["q8_resumed"], q8) <= FP32_BOUND
+
+
+def test_bf16_master_weights_on_shards_train_and_checkpoint(tmp_path):
+    """master_dtype=torch.bfloat16 on bf16 FSDP2 shards: training follows an fp32 master on the
+    same bf16 model within the bf16 bound (the weights are bf16 either way), the DCP checkpoint
+    holds torch's keys and the bf16 compensation as DTensors, and a resumed run gives the
+    uninterrupted run's weights bit for bit."""
+    results = launch("bf16_master", tmp_path)
+    no_errors(results)
+    for r in results:
+        assert r["keys"] == ["exp_avg", "exp_avg_sq", "master_comp", "step"]
+        assert r["comp_type"] == ("DTensor", "torch.bfloat16")
+        ours, fp32 = r["trained"]["bfloat16"], r["trained"]["float32"]
+        assert rel_diff(ours, fp32) <= BF16_BOUND
+        assert all(torch.equal(a, b) for a, b in zip(r["resumed"], ours))
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ class CalibrationFile : public ::testing::Test {
     fs::remove_all(dir_);
   }
   fs::path write(const std::string& name, const std::string& text) {
-    const fs::path path = dir_ / name;
+    fs::path path = dir_ / name;
     std::ofstream(path) << text;
     return path;
   }

@@ -154,6 +154,42 @@ TEST(ExecutorCapi, RejectsBadArguments) {
   EXPECT_NE(std::string(tide::capi::last_error_text()).find("state_dtype"), std::string::npos)
       << tide::capi::last_error_text();
   options.state_dtype = TIDE_FLOAT32;
+  // bf16 master weights: only of bf16 parameters, not with 8-bit moments, and a known dtype.
+  EXPECT_EQ(options.master_dtype, TIDE_FLOAT32);
+  options.master_dtype = TIDE_FLOAT16;
+  EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("master_dtype"), std::string::npos)
+      << tide::capi::last_error_text();
+  options.master_dtype = TIDE_BFLOAT16;
+  options.param_dtype = TIDE_FLOAT32;
+  EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("param_dtype TIDE_BFLOAT16"),
+            std::string::npos)
+      << tide::capi::last_error_text();
+  options.param_dtype = TIDE_BFLOAT16;
+  options.state_dtype = TIDE_STATE_BLOCK_Q8;
+  EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("no 8-bit moments"), std::string::npos)
+      << tide::capi::last_error_text();
+  options.state_dtype = TIDE_FLOAT32;
+  // Accepted: no fp32 master, the bf16 weights and their compensation instead.
+  ASSERT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt), TIDE_OK)
+      << tide::capi::last_error_text();
+  tide_subgroup_buffers master_buffers{};
+  ASSERT_EQ(tide_optimizer_buffers(opt, 0, &master_buffers), TIDE_OK);
+  EXPECT_EQ(master_buffers.param, nullptr);
+  std::uint16_t* w = nullptr;
+  std::uint16_t* c = nullptr;
+  ASSERT_EQ(tide_optimizer_master_bf16(opt, 0, &w, &c), TIDE_OK);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(c, w + 1000);
+  EXPECT_EQ(tide_optimizer_master_bf16(opt, 1, &w, &c), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+  opt = nullptr;
+  options.master_dtype = TIDE_FLOAT32;
   options.grad_dtype = 9;
   EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, &opt),
             TIDE_ERROR_INVALID_ARGUMENT);
@@ -324,6 +360,18 @@ TEST(ExecutorCapi, HostParamsStepInPlaceWithGradientsGivenPerSlice) {
   EXPECT_EQ(tide_optimizer_step(opt, &ch, &policy, 1u << 30, &report), TIDE_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(params, expected);
   ASSERT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+
+  // bf16 master weights need bf16 parameters: never with host_params, whatever the dtypes.
+  for (const tide_dtype param_dtype : {TIDE_FLOAT32, TIDE_BFLOAT16}) {
+    options.grad_dtype = options.param_dtype = param_dtype;
+    options.master_dtype = TIDE_BFLOAT16;
+    EXPECT_EQ(tide_optimizer_create(sizes, 2, slices, 3, &options, &opt),
+              TIDE_ERROR_INVALID_ARGUMENT);
+    const std::string error = tide::capi::last_error_text();
+    EXPECT_NE(error.find("host_params and master_dtype TIDE_BFLOAT16"), std::string::npos) << error;
+  }
+  options.grad_dtype = options.param_dtype = TIDE_FLOAT32;
+  options.master_dtype = TIDE_FLOAT32;
 
   // Without host_params there is nothing to set.
   options.host_params = 0;

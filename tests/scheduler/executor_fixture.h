@@ -135,12 +135,15 @@ struct Model {
 // vectors, `skip` bytes in, and their scales).
 struct Reference {
   explicit Reference(const OptimizerState& s)
-      : state_dtype(s.options().state_dtype), quantized(s.quantized()) {
+      : state_dtype(s.options().state_dtype),
+        quantized(s.quantized()),
+        bf16_master(s.bf16_master()) {
     for (std::size_t i = 0; i < s.size(); ++i) {
       const std::uint64_t n = s.params(i);
       const auto* mb = static_cast<const char*>(s.exp_avg(i));
       const auto* vb = static_cast<const char*>(s.exp_avg_sq(i));
-      p.emplace_back(s.param(i), s.param(i) + n);
+      // The slot's first 4n bytes: the fp32 master, or bf16 weights then their compensation.
+      std::memcpy(p.emplace_back(n).data(), s.param(i), 4 * n);
       const std::size_t pad = quantized ? kernels::kQuantBlock : 0;
       for (auto [out, from] : {std::pair{&m, mb}, std::pair{&v, vb}}) {
         std::vector<char>& bytes = out->emplace_back(n * s.moment_bytes() + pad);
@@ -163,7 +166,15 @@ struct Reference {
     for (std::size_t i = 0; i < p.size(); ++i) {
       kernels::AdamSubgroup sub;
       sub.grad = grads[i].data();
-      sub.param = p[i].data();
+      const std::uint64_t n = p[i].size();
+      if (bf16_master) {
+        sub.master_dtype = Dtype::kBFloat16;
+        sub.param_bf16 = reinterpret_cast<std::uint16_t*>(p[i].data());
+        sub.param_comp = sub.param_bf16 + n;
+      } else {
+        sub.param = p[i].data();
+        sub.param_copy = copy[i].data();
+      }
       sub.exp_avg = m[i].data() + skip_m[i];
       sub.exp_avg_sq = v[i].data() + skip_v[i];
       if (quantized) {
@@ -171,16 +182,18 @@ struct Reference {
         sub.exp_avg_scale = sm[i].data();
         sub.exp_avg_sq_scale = sv[i].data();
       }
-      sub.param_copy = copy[i].data();
-      sub.count = p[i].size();
+      sub.count = n;
       sub.grad_dtype = Dtype::kBFloat16;
       sub.state_dtype = state_dtype;
       nonfinite += kernels::cpu_adam_step(sub, hyper).nonfinite;
+      // bf16 master weights are the model's parameters themselves.
+      if (bf16_master) std::memcpy(copy[i].data(), sub.param_bf16, 2 * n);
     }
     return nonfinite;
   }
   Dtype state_dtype;
   bool quantized;
+  bool bf16_master;
   std::vector<std::vector<float>> p;
   std::vector<std::vector<char>> m, v;
   std::vector<std::size_t> skip_m, skip_v;

@@ -157,6 +157,29 @@ TEST_F(HostParamsTest, NoMasterCopyNoGradientBufferAndNoOffload) {
   EXPECT_THROW(OptimizerState(specs, options), std::invalid_argument);
 }
 
+// bf16 master weights need bf16 parameters, host-resident ones are fp32: asking for both is
+// refused, and the message says that, not which parameter dtype one of them wanted.
+TEST_F(HostParamsTest, BF16MasterWeightsAreRefusedByName) {
+  driver::PrimaryContext context;
+  for (const Dtype param_dtype : {Dtype::kFloat32, Dtype::kBFloat16}) {
+    std::vector<float> params(16);
+    std::vector<SubgroupSpec> specs(1);
+    specs[0].params = 16;
+    specs[0].slices.push_back({0, 16, reinterpret_cast<CUdeviceptr>(params.data())});
+    StateOptions options;
+    options.param_dtype = options.grad_dtype = param_dtype;
+    options.host_params = true;
+    options.master_dtype = Dtype::kBFloat16;
+    try {
+      OptimizerState state(specs, options);
+      ADD_FAILURE() << "host_params with bf16 master weights was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("host-resident"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("bf16 master"), std::string::npos) << e.what();
+    }
+  }
+}
+
 void steps_match_reference(const Policy& policy, Dtype state_dtype) {
   SCOPED_TRACE(policy_name(policy));
   driver::PrimaryContext context;

@@ -25,7 +25,8 @@ using Faults = allocator::testing::DeviceStandin;
 
 // A model whose bf16 parameters are host memory (HMM); gradients are produced in device memory.
 struct HostModel {
-  explicit HostModel(const std::vector<std::uint64_t>& sizes, Dtype state_dtype = Dtype::kFloat32)
+  explicit HostModel(const std::vector<std::uint64_t>& sizes, Dtype state_dtype = Dtype::kFloat32,
+                     Dtype master_dtype = Dtype::kFloat32)
       : sizes_(sizes) {
     std::vector<SubgroupSpec> specs(sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -43,13 +44,22 @@ struct HostModel {
     }
     StateOptions options;
     options.state_dtype = state_dtype;
+    options.master_dtype = master_dtype;
     state = std::make_unique<OptimizerState>(std::move(specs), options);
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       for (std::uint64_t e = 0; e < sizes[i]; ++e) {
-        state->param(i)[e] = value_at(i, e, 1.0f);
+        const float w = value_at(i, e, 1.0f);
+        if (state->bf16_master()) {
+          // bf16 weights and a compensation holding what their rounding lost.
+          state->master_bf16(i)[e] = kernels::float_to_bf16(w);
+          state->master_comp(i)[e] =
+              kernels::float_to_bf16(w - kernels::bf16_to_float(state->master_bf16(i)[e]));
+        } else {
+          state->param(i)[e] = w;
+        }
         set_moment(state->exp_avg(i), state_dtype, e, value_at(i + 100, e, 0.01f));
         set_moment(state->exp_avg_sq(i), state_dtype, e, std::abs(value_at(i + 200, e, 0.001f)));
-        params[i][e] = kernels::float_to_bf16(state->param(i)[e]);
+        params[i][e] = kernels::float_to_bf16(w);
       }
     }
   }
@@ -141,39 +151,52 @@ struct StepFaultTest : ::testing::Test {
 // Counts what one fault-free phase of `policy` does, from `field` of the stand-in's counters.
 template <typename Field>
 std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Field field,
-                                Dtype state_dtype = Dtype::kFloat32) {
+                                Dtype state_dtype = Dtype::kFloat32,
+                                Dtype master_dtype = Dtype::kFloat32, int first = 1) {
   driver::PrimaryContext context;
-  HostModel model(kSizes, state_dtype);
+  HostModel model(kSizes, state_dtype, master_dtype);
   Executor executor(*model.state, options_for_test());
-  model.make_gradients(1);
+  for (int step = 1; step < first; ++step) {
+    model.make_gradients(step);
+    model.offload_all(executor);
+    executor.run(hyper(step), policy, kHeadroom);
+  }
+  model.make_gradients(first);
   model.offload_all(executor);
-  executor.ready(hyper(1));
+  executor.ready(hyper(first));
   const std::uint64_t before = field(faults.stats());
-  executor.run(hyper(1), policy, kHeadroom);
+  executor.run(hyper(first), policy, kHeadroom);
   return field(faults.stats()) - before;
 }
 
 // One step with the fault armed by `arm` right before it; checks the outcome, then a second
-// step without fault.
+// step without fault. `first`: the faulty step's number (the steps before it run without fault).
 void step_with_fault(const Faults& faults, const Policy& policy, const std::function<void()>& arm,
-                     const std::string& what, Dtype state_dtype = Dtype::kFloat32) {
+                     const std::string& what, Dtype state_dtype = Dtype::kFloat32,
+                     Dtype master_dtype = Dtype::kFloat32, int first = 1) {
   SCOPED_TRACE(policy_name(policy) + ", " + what);
   driver::PrimaryContext context;
-  HostModel model(kSizes, state_dtype);
+  HostModel model(kSizes, state_dtype, master_dtype);
   Reference ref = reference_of(model);
   Executor executor(*model.state, options_for_test());
-  auto grads = model.make_gradients(1);
+  for (int step = 1; step < first; ++step) {
+    const auto g = model.make_gradients(step);
+    model.offload_all(executor);
+    executor.run(hyper(step), policy, kHeadroom);
+    ref.step(g, hyper(step));
+  }
+  auto grads = model.make_gradients(first);
   model.offload_all(executor);
   const Snapshot before = Snapshot::of(model);
   Reference after_ref = ref;
-  after_ref.step(grads, hyper(1));
+  after_ref.step(grads, hyper(first));
   const Snapshot after = Snapshot::of(after_ref);
 
   arm();
   bool threw = false;
   PhaseReport report;
   try {
-    report = executor.run(hyper(1), policy, kHeadroom);
+    report = executor.run(hyper(first), policy, kHeadroom);
   } catch (const std::exception&) {
     threw = true;
   }
@@ -190,10 +213,12 @@ void step_with_fault(const Faults& faults, const Policy& policy, const std::func
   EXPECT_TRUE(Snapshot::of(model, false) == state_at_return)
       << "the state changed after run() returned";
   // The caller writes what the executor could not (tide.torch does, with torch): the bf16
-  // rounding of the committed master weights.
+  // rounding of the committed master weights, or bf16 master weights as they are.
   for (std::size_t s : report.unwritten) {
     for (std::uint64_t e = 0; e < kSizes[s]; ++e) {
-      model.params[s][e] = kernels::float_to_bf16(model.state->param(s)[e]);
+      model.params[s][e] = model.state->bf16_master()
+                               ? model.state->master_bf16(s)[e]
+                               : kernels::float_to_bf16(model.state->param(s)[e]);
     }
   }
   const Snapshot now = Snapshot::of(model);
@@ -205,14 +230,14 @@ void step_with_fault(const Faults& faults, const Policy& policy, const std::func
   }
   if (threw) {
     // Not happened: the same step again.
-    report = executor.run(hyper(1), policy, kHeadroom);
+    report = executor.run(hyper(first), policy, kHeadroom);
     EXPECT_TRUE(Snapshot::of(model) == after);
   }
   // Training goes on: the next step is the reference's.
-  grads = model.make_gradients(2);
+  grads = model.make_gradients(first + 1);
   model.offload_all(executor);
-  executor.run(hyper(2), policy, kHeadroom);
-  after_ref.step(grads, hyper(2));
+  executor.run(hyper(first + 1), policy, kHeadroom);
+  after_ref.step(grads, hyper(first + 1));
   EXPECT_TRUE(Snapshot::of(model) == Snapshot::of(after_ref));
 }
 
@@ -256,6 +281,64 @@ TEST_F(StepFaultTest, DeviceLostAtEachCallWithBf16MomentsEndsInOneOfTheTwoStates
         faults, policy, [&] { faults.device_lost(n); },
         "bf16 moments, device lost at call " + std::to_string(n), Dtype::kBFloat16);
   }
+}
+
+// bf16 master weights with compensation: the model's parameters are the master weights, so a
+// step that fails must leave them (and the compensation and moments: the whole slot) as they
+// were, or complete them exactly. Every copy failing in turn, and the device lost at each call,
+// under the placements that copy, with fp32 and bf16 moments; at the first step (the weights
+// copied in from host memory) and at the second (taken from the model's parameters on the
+// device: only the compensation and the moments are copied in).
+TEST_F(StepFaultTest, EveryCopyFailingInTurnWithBf16MasterWeightsStillCompletesTheStep) {
+  for (const int first : {1, 2}) {
+    for (const Dtype moments : {Dtype::kFloat32, Dtype::kBFloat16}) {
+      for (const Policy& policy : {Policy::all_gpu(), Policy::every(2)}) {
+        const std::uint64_t copies = events_in_a_phase(
+            faults, policy,
+            [](const tide_standin_stats& s) { return s.copies_h2d + s.copies_d2h + s.copies_d2d; },
+            moments, Dtype::kBFloat16, first);
+        ASSERT_GT(copies, 0u);
+        for (std::uint64_t n = 1; n <= copies + 1; ++n) {
+          step_with_fault(
+              faults, policy, [&] { faults.fail_copy(n); },
+              "bf16 master, step " + std::to_string(first) + ", copy " + std::to_string(n), moments,
+              Dtype::kBFloat16, first);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(StepFaultTest, DeviceLostAtEachCallWithBf16MasterWeightsEndsInOneOfTheTwoStates) {
+  for (const int first : {1, 2}) {
+    for (const Policy& policy : kPolicies) {
+      const std::uint64_t calls = events_in_a_phase(
+          faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; },
+          Dtype::kFloat32, Dtype::kBFloat16, first);
+      ASSERT_GT(calls, 0u);
+      for (std::uint64_t n = 1; n <= calls + 1; ++n) {
+        step_with_fault(
+            faults, policy, [&] { faults.device_lost(n); },
+            "bf16 master, step " + std::to_string(first) + ", device lost at call " +
+                std::to_string(n),
+            Dtype::kFloat32, Dtype::kBFloat16, first);
+      }
+    }
+  }
+}
+
+// The second step's GPU subgroups copy 2 bytes per parameter less over the link than the first:
+// their bf16 weights come from the model's parameters, on the device.
+TEST_F(StepFaultTest, Bf16MasterWeightsComeFromTheModelOnTheDevice) {
+  const auto h2d = [](const tide_standin_stats& s) { return s.bytes_h2d; };
+  const Policy gpu = Policy::all_gpu();
+  const std::uint64_t first =
+      events_in_a_phase(faults, gpu, h2d, Dtype::kFloat32, Dtype::kBFloat16, 1);
+  const std::uint64_t second =
+      events_in_a_phase(faults, gpu, h2d, Dtype::kFloat32, Dtype::kBFloat16, 2);
+  std::uint64_t params = 0;
+  for (std::uint64_t n : kSizes) params += n;
+  EXPECT_EQ(first - second, 2 * params);
 }
 
 TEST_F(StepFaultTest, EveryDeviceAllocationOfAPhaseFailingInTurnStillCompletesTheStep) {

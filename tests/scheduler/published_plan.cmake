@@ -76,3 +76,39 @@ execute_process(COMMAND ${TIDE} ${args} --state-dtype fp8 RESULT_VARIABLE rc
 if(NOT rc EQUAL 1 OR NOT err MATCHES "--state-dtype=\"fp8\" is not valid: --state-dtype accepts one of: float32 bfloat16 q8")
   message(FATAL_ERROR "tide plan --state-dtype fp8: exit ${rc}, ${err}")
 endif()
+# bf16 master weights (--master-dtype bfloat16): the same state bytes, but a GPU subgroup copies in
+# 2 bytes less (its weights come from the model's parameters on the GPU) and an update moves 2
+# bytes less (no weight copy): 26 bytes with fp32 moments, 18 with bf16 moments.
+function(check_master state_dtype h2d d2h moved shorter_than_ms)
+  execute_process(COMMAND ${TIDE} ${args} --state-dtype ${state_dtype} --master-dtype bfloat16
+                  --json RESULT_VARIABLE rc OUTPUT_VARIABLE json ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "tide plan --master-dtype bfloat16 --json failed (${rc}): ${err}")
+  endif()
+  string(JSON got_h2d GET "${json}" workload h2d_bytes_per_param)
+  string(JSON got_d2h GET "${json}" workload d2h_bytes_per_param)
+  string(JSON got_phase GET "${json}" plan predicted phase_s)
+  string(JSON got_all_cpu GET "${json}" plan predicted all_cpu_s)
+  message(STATUS "--state-dtype ${state_dtype} --master-dtype bfloat16: update phase "
+                 "${got_phase} s, all-CPU ${got_all_cpu} s (fp32 state ${phase} s, ${all_cpu} s)")
+  string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" all_ms "${got_all_cpu}")
+  string(REGEX REPLACE "^([0-9]+)\\.([0-9][0-9][0-9]).*" "\\1\\2" got_ms "${got_phase}")
+  math(EXPR expected_ms "${all_cpu_ms} * ${moved} / 28")
+  math(EXPR low "${expected_ms} - 3")
+  math(EXPR high "${expected_ms} + 3")
+  if(NOT got_h2d EQUAL h2d OR NOT got_d2h EQUAL d2h OR all_ms LESS low OR all_ms GREATER high)
+    message(FATAL_ERROR "bf16 master, ${state_dtype} moments: ${got_h2d}/${got_d2h} bytes in/out, "
+                        "all-CPU ${got_all_cpu} s (not ${h2d}/${d2h} and fp32's ${all_cpu} s x "
+                        "${moved}/28)")
+  endif()
+  if(NOT got_ms LESS shorter_than_ms)
+    message(FATAL_ERROR "bf16 master predicts ${got_phase} s, not less than ${shorter_than_ms} ms")
+  endif()
+endfunction()
+check_master(float32 10 12 26 ${phase_ms})
+check_master(bfloat16 6 8 18 ${bfloat16_phase_ms})
+execute_process(COMMAND ${TIDE} ${args} --state-dtype q8 --master-dtype bfloat16
+                RESULT_VARIABLE rc OUTPUT_VARIABLE ignored ERROR_VARIABLE err)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "--master-dtype bfloat16 needs --state-dtype float32 or bfloat16")
+  message(FATAL_ERROR "tide plan --state-dtype q8 --master-dtype bfloat16: exit ${rc}, ${err}")
+endif()

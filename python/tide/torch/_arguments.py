@@ -90,6 +90,27 @@ def state_dtype(option: torch.dtype | str | None) -> torch.dtype:
     return STATE_DTYPES[text]
 
 
+MASTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def master_dtype(option: torch.dtype | str | None) -> torch.dtype:
+    """The master weights' format: the argument, else TIDE_MASTER_DTYPE, else torch.float32
+    (an fp32 master); torch.bfloat16: bf16 master weights with compensation."""
+    if option is not None:
+        if isinstance(option, str) and option in MASTER_DTYPES:
+            return MASTER_DTYPES[option]
+        if option not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"master_dtype must be torch.float32 or torch.bfloat16, got "
+                             f"{option!r}")
+        return option
+    text = os.environ.get("TIDE_MASTER_DTYPE")
+    if not text:
+        return torch.float32
+    if text not in MASTER_DTYPES:
+        raise ValueError(f"TIDE_MASTER_DTYPE={text!r}: expected float32 or bfloat16")
+    return MASTER_DTYPES[text]
+
+
 def threads(option: int | None) -> int:
     if option is None:
         return 0

@@ -29,6 +29,7 @@ class Bucket:
     def __init__(self, group_index: int, params: list[torch.Tensor], subgroup_size: int, *,
                  device: int, cpu_threads: int, gradients_on_gpu: bool,
                  state_dtype: torch.dtype = torch.float32,
+                 master_dtype: torch.dtype = torch.float32,
                  owners: list[torch.Tensor] | None = None, host: bool = False):
         self.group_index = group_index
         self.device = device
@@ -46,6 +47,22 @@ class Bucket:
         # moments, _quant8); the master weights are fp32.
         self.state_dtype = state_dtype
         self.quantized = state_dtype == torch.uint8
+        # torch.bfloat16: bf16 master weights with compensation (no fp32 master): the pinned
+        # "param" is the parameters' own bf16 values, "comp" their bf16 compensation.
+        self.master_dtype = master_dtype
+        self.bf16_master = master_dtype == torch.bfloat16
+        if self.bf16_master and host:
+            raise ValueError("tide: master_dtype=torch.bfloat16 does not go with host-resident "
+                             "parameters (host_params: fp32 parameters that are their own master "
+                             "weights); bf16 master weights need bfloat16 parameters")
+        if self.bf16_master and self.dtype != torch.bfloat16:
+            raise ValueError(f"tide: master_dtype=torch.bfloat16 needs bfloat16 parameters (the "
+                             f"model's parameters are the master weights), got {self.dtype}; "
+                             "use master_dtype=torch.float32 for these")
+        if self.bf16_master and self.quantized:
+            raise ValueError("tide: master_dtype=torch.bfloat16 with 8-bit moments "
+                             "(state_dtype=\"q8\") is not supported: use torch.float32 or "
+                             "torch.bfloat16 moments")
         if self.quantized:
             # Cuts at block boundaries: every subgroup but the last holds whole blocks.
             subgroup_size = -(-subgroup_size // _quant8.BLOCK) * _quant8.BLOCK
@@ -60,6 +77,7 @@ class Bucket:
                                            state_dtype=(_quant8.TIDE_STATE_BLOCK_Q8
                                                         if self.quantized
                                                         else TIDE_DTYPES[state_dtype]),
+                                           master_dtype=TIDE_DTYPES[master_dtype],
                                            host_params=host)
         self.host_grads = [0] * len(slices)  # host: per slice, its gradient's address
         first = 0  # parameter i's slices are slices[first_slice[i]:][:len(pieces[i])]
@@ -80,6 +98,17 @@ class Bucket:
         for i in range(len(params)):
             self.read_master(i)
 
+    @property
+    def entry_keys(self) -> list[str]:
+        """The state keys of each parameter's entry (opt.state, state_dict()): torch's moments,
+        and tide's master weights of a low-precision parameter ("master_param", fp32), or with
+        bf16 master weights their compensation ("master_comp", bf16: the weights are the
+        parameter itself, as in torch.optim, which keeps no master)."""
+        if self.bf16_master:
+            return ["exp_avg", "exp_avg_sq", "master_comp"]
+        return ["exp_avg", "exp_avg_sq"] + (["master_param"] if self.dtype != torch.float32
+                                            else [])
+
     def version(self, i: int) -> tuple[int, int]:
         """Parameter i's version counters: its owner's (a DTensor's in-place ops count there, not
         on its local shard) and its own."""
@@ -98,7 +127,8 @@ class Bucket:
     @property
     def views(self) -> list[dict[str, torch.Tensor]]:
         """CPU tensors over each subgroup's pinned buffers (no copy): "param" (the fp32 master
-        weights), "exp_avg", "exp_avg_sq" (of state_dtype; 8-bit moments: their uint8 codes, and
+        weights; bf16 master weights: the bf16 weights, and "comp" their compensation),
+        "exp_avg", "exp_avg_sq" (of state_dtype; 8-bit moments: their uint8 codes, and
         "exp_avg_scale", "exp_avg_sq_scale" their blocks' fp32 scales), "grad"; host-resident
         buckets have no "param" (the parameters are) and no "grad". A step may move a
         subgroup's state to another buffer (executor.h): after one, those of the subgroups that
@@ -109,7 +139,7 @@ class Bucket:
         elif self._moved:
             for i, views in enumerate(self._views):
                 b = self.executor.buffers(i)
-                if b.exp_avg != views["exp_avg"].data_ptr():
+                if b.exp_avg != views["exp_avg"].data_ptr():  # the slot moved as a whole
                     self._views[i] = self._subgroup_views(i, b)
         self._moved = False
         return self._views
@@ -132,8 +162,13 @@ class Bucket:
         moment_size = torch.empty(0, dtype=self.state_dtype).element_size()
         views = {"exp_avg": view(b.exp_avg, self.state_dtype, moment_size),
                  "exp_avg_sq": view(b.exp_avg_sq, self.state_dtype, moment_size)}
-        if not self.host:  # host-resident: the parameters are the masters, no gradient buffer
+        if self.bf16_master:
+            weights, comp = self.executor.master_bf16(subgroup)
+            views["param"] = view(weights, torch.bfloat16, 2)
+            views["comp"] = view(comp, torch.bfloat16, 2)
+        elif not self.host:  # host-resident: the parameters are the masters
             views["param"] = view(b.param, torch.float32, 4)
+        if not self.host:  # host-resident: no gradient buffer
             views["grad"] = view(b.grad, self.dtype, self.element_size)
         if self.quantized:
             scale_m, scale_v, blocks = self.executor.q8_scales(subgroup)
@@ -146,8 +181,8 @@ class Bucket:
         return self.views[piece.subgroup][key][piece.sub_offset:piece.sub_offset + piece.count]
 
     def read_master(self, i: int) -> None:
-        """Master weights of parameter i from the parameter itself (host-resident: they are
-        the parameter)."""
+        """Master weights of parameter i from the parameter itself (bf16 master weights: its
+        values, with zero compensation; host-resident: they are the parameter)."""
         if self.host:
             self.versions[i] = self.version(i)
             return
@@ -155,6 +190,8 @@ class Bucket:
         for piece in self.pieces[i]:
             self.pinned("param", piece).copy_(
                 flat[piece.param_offset:piece.param_offset + piece.count])
+            if self.bf16_master:
+                self.pinned("comp", piece).zero_()
         self.versions[i] = self.version(i)
 
     def gather(self, i: int, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -162,7 +199,10 @@ class Bucket:
         `out` when given (contiguous, as many elements). bf16 moments are upcast (exactly), 8-bit
         ones dequantized (bit for bit as the kernels read them)."""
         if out is None:
-            out = torch.empty(self.params[i].shape, dtype=torch.float32)
+            # The compensation of bf16 master weights stays bf16 (torch's load_state_dict casts
+            # state to the parameter's dtype: bf16 survives it exactly).
+            out = torch.empty(self.params[i].shape,
+                              dtype=torch.bfloat16 if key == "comp" else torch.float32)
         if self.host and key == "param":
             out.view(-1).copy_(self.params[i].detach().reshape(-1))
             return out
@@ -288,7 +328,7 @@ class Bucket:
     def write_unwritten(self, outcome: list[int]) -> None:
         """The model's parameters of subgroups whose step completed without the device taking
         their weights: written from the committed master weights, as the step would have (fp32
-        to the parameter's dtype, round to nearest even)."""
+        to the parameter's dtype, round to nearest even; bf16 master weights as they are)."""
         for i, p in enumerate(self.params):
             if i in self.frozen:
                 continue

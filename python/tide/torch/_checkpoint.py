@@ -2,7 +2,9 @@
 replaced, and loaded into a bucket's pinned state.
 
 Per parameter: "step", "exp_avg", "exp_avg_sq" (fp32, shaped like the parameter), and for
-low-precision parameters "master_param" (tide's fp32 master weights; torch.optim ignores it).
+low-precision parameters "master_param" (tide's fp32 master weights; torch.optim ignores it), or
+with bf16 master weights (master_dtype=torch.bfloat16) "master_comp" (their bf16 compensation:
+the weights are the parameter itself; torch.optim ignores it too).
 For an FSDP2 parameter (a DTensor) they are DTensors with its placements, and this rank checks
 and loads its local shard of them.
 With 8-bit moments (state_dtype="q8") also Q8_KEYS, the exact quantized state (Bucket.q8_state):
@@ -25,7 +27,7 @@ from tide.torch._distributed import is_sharded, local
 
 Q8_KEYS = frozenset({"exp_avg_q8", "exp_avg_sq_q8", "exp_avg_q8_scales", "exp_avg_sq_q8_scales",
                      "q8_pieces"})
-STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param"}) | Q8_KEYS
+STATE_KEYS = frozenset({"step", "exp_avg", "exp_avg_sq", "master_param", "master_comp"}) | Q8_KEYS
 
 
 def checked_entries(state_dict: Any, param_groups: list[dict[str, Any]],
@@ -94,7 +96,7 @@ def checked_entry(entry: Any, p: torch.Tensor, name: str,
                          "number >= 0")
     if step == 0:
         return 0
-    for key in ("exp_avg", "exp_avg_sq", "master_param"):
+    for key in ("exp_avg", "exp_avg_sq", "master_param", "master_comp"):
         value = entry.get(key)
         if is_sharded(p) and value is not None:
             if not is_sharded(value) or value.placements != p.placements:
@@ -107,7 +109,7 @@ def checked_entry(entry: Any, p: torch.Tensor, name: str,
                                  f"shape {tuple(value.shape)}, this rank's parameter "
                                  f"{tuple(local(p).shape)}")
         if value is None:
-            if key == "master_param":
+            if key in ("master_param", "master_comp"):
                 continue
             raise ValueError(f"tide: the saved state of {name} has step {step:g} but no "
                              f"{key!r}")
@@ -121,7 +123,7 @@ def checked_entry(entry: Any, p: torch.Tensor, name: str,
             raise ValueError(f"tide: the saved {key} of {name} has non-finite values")
         if key == "exp_avg_sq" and bool((value < 0).any()):
             raise ValueError(f"tide: the saved exp_avg_sq of {name} has negative values")
-        if (key != "master_param" and state_dtype == torch.bfloat16
+        if (key in ("exp_avg", "exp_avg_sq") and state_dtype == torch.bfloat16
                 and not bool(torch.isfinite(value.to(state_dtype)).all())):
             raise ValueError(f"tide: the saved {key} of {name} has values too large for the "
                              f"optimizer's state_dtype {state_dtype}")
@@ -161,13 +163,22 @@ def checked_q8(entry: dict, p: torch.Tensor, name: str) -> None:
 def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
     """Parameter i of `bucket` takes a checked entry: its moments (zeros at step 0), and its
     master weights, the saved ones when they round to the parameter's current value, else the
-    parameter's."""
+    parameter's. bf16 master weights are the parameter's values; their compensation is the saved
+    "master_comp" (tide's bf16-master state dict), else what a saved fp32 "master_param" has
+    beyond them, else zero (torch's state dict: no master)."""
     p = bucket.params[i]
     bucket.read_master(i)
     if step > 0:
         bucket.scatter(i, "exp_avg", local(entry["exp_avg"]).float().cpu())
         bucket.scatter(i, "exp_avg_sq", local(entry["exp_avg_sq"]).float().cpu())
+        if bucket.bf16_master:
+            _load_compensation(bucket, i, entry)
+            return
         master = entry.get("master_param")
+        comp = entry.get("master_comp")
+        if master is None and comp is not None:
+            # A bf16-master state dict into an fp32 master: the weight is w + c.
+            master = p.detach().cpu().float() + local(comp).float().cpu().reshape(p.shape)
         if master is not None:
             master = local(master).float().cpu().reshape(p.shape)
             if torch.equal(master.to(p.dtype), p.detach().cpu()):
@@ -179,6 +190,28 @@ def load_entry(bucket: Bucket, i: int, step: int, entry: dict) -> None:
     else:
         bucket.scatter(i, "exp_avg", torch.zeros(p.numel()))
         bucket.scatter(i, "exp_avg_sq", torch.zeros(p.numel()))
+
+
+def _load_compensation(bucket: Bucket, i: int, entry: dict) -> None:
+    """The bf16 compensation of parameter i (read_master zeroed it): as saved, or from an fp32
+    master that rounds to the parameter (its remainder, rounded to bf16, as the kernels split a
+    weight), else zero."""
+    p = bucket.params[i]
+    comp = entry.get("master_comp")
+    if comp is not None:
+        bucket.scatter(i, "comp", local(comp).cpu().reshape(p.shape))
+        return
+    master = entry.get("master_param")
+    if master is None:
+        return
+    master = local(master).float().cpu().reshape(p.shape)
+    weights = p.detach().cpu()
+    if torch.equal(master.to(torch.bfloat16), weights):
+        bucket.scatter(i, "comp", (master - weights.float()).to(torch.bfloat16))
+    else:
+        warnings.warn("tide: a saved master_param does not match its parameter (the model "
+                      "changed after the save); starting its compensation at zero",
+                      stacklevel=5)
 
 
 def _whole(t: Any) -> bool:

@@ -179,17 +179,22 @@ class EmptyShards:
     step here, but opt.state and state_dict() keep an entry for each, as torch.optim.AdamW does
     (its step count and empty DTensor moments), so that every rank saves and loads the same keys."""
 
-    def __init__(self) -> None:
+    def __init__(self, bf16_master: bool = False) -> None:
         self.params: list[torch.Tensor] = []
+        self.bf16_master = bf16_master  # the optimizer's master_dtype is torch.bfloat16
 
     def __contains__(self, p: torch.Tensor) -> bool:
         return any(p is q for q in self.params)
 
     def entry(self, p: torch.Tensor, step: float) -> dict[str, Any]:
+        """The state_dict() entry of an empty shard, with the keys the other ranks' have
+        (_bucket.Bucket.entry_keys)."""
         empty = torch.zeros(local(p).shape, dtype=torch.float32)
         entry = {"step": torch.tensor(float(step), dtype=torch.float32),
                  "exp_avg": shown(p, empty), "exp_avg_sq": shown(p, empty.clone())}
-        if p.dtype != torch.float32:
+        if self.bf16_master:
+            entry["master_comp"] = shown(p, empty.to(torch.bfloat16))
+        elif p.dtype != torch.float32:
             entry["master_param"] = shown(p, empty.clone())
         return entry
 

@@ -40,7 +40,7 @@ class Options(c.Structure):
                 ("gradients_on_gpu", c.c_int32), ("max_buffers", c.c_uint64),
                 ("use_rates", c.c_int32), ("refine", c.c_int32), ("rates", Rates),
                 ("cpu_threads", c.c_int32), ("state_dtype", c.c_int32),
-                ("host_params", c.c_int32)]
+                ("master_dtype", c.c_int32), ("host_params", c.c_int32)]
 
 
 class SubgroupBuffers(c.Structure):
@@ -85,6 +85,7 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_buffers": [opt, c.c_size_t, p(SubgroupBuffers)],
                 "tide_optimizer_q8_scales": [opt, c.c_size_t, p(c.c_void_p), p(c.c_void_p),
                                              p(c.c_uint64)],
+                "tide_optimizer_master_bf16": [opt, c.c_size_t, p(c.c_void_p), p(c.c_void_p)],
                 "tide_q8_code_maps": [p(c.c_void_p)] * 4,
                 "tide_optimizer_offload_gradient": [opt, c.c_size_t, c.c_uint64, c.c_uint64,
                                                     c.c_uint64, c.c_int32, c.c_void_p],
@@ -180,7 +181,7 @@ class Executor:
 
     def __init__(self, subgroup_params: list[int], slices: list[tuple[int, int, int, int]], *,
                  device: int, dtype: int, cpu_threads: int = 0, gradients_on_gpu: bool = False,
-                 state_dtype: int = 0, host_params: bool = False):
+                 state_dtype: int = 0, master_dtype: int = 0, host_params: bool = False):
         lib = _cdll()
         options = Options()
         _lib.check(lib.tide_optimizer_options_default(c.byref(options)))
@@ -190,6 +191,7 @@ class Executor:
         options.cpu_threads = cpu_threads
         options.gradients_on_gpu = int(gradients_on_gpu)
         options.state_dtype = state_dtype
+        options.master_dtype = master_dtype
         options.host_params = int(host_params)
         sizes = (c.c_uint64 * len(subgroup_params))(*subgroup_params)
         placed = (ParamSlice * len(slices))(*[ParamSlice(*s) for s in slices])
@@ -236,6 +238,14 @@ class Executor:
         _lib.check(self._lib.tide_optimizer_q8_scales(self._handle, subgroup, c.byref(m),
                                                       c.byref(v), c.byref(blocks)))
         return m.value or 0, v.value or 0, blocks.value
+
+    def master_bf16(self, subgroup: int) -> tuple[int, int]:
+        """bf16 master weights: the addresses of the subgroup's bf16 weights and of their bf16
+        compensation (valid as buffers()' pointers); (0, 0) with an fp32 master."""
+        w, comp = c.c_void_p(), c.c_void_p()
+        _lib.check(self._lib.tide_optimizer_master_bf16(self._handle, subgroup, c.byref(w),
+                                                        c.byref(comp)))
+        return w.value or 0, comp.value or 0
 
     def offload_gradient(self, subgroup: int, offset: int, src: int, count: int, dtype: int,
                          stream: int | None) -> None:

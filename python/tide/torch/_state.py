@@ -5,7 +5,8 @@ tensor), "exp_avg" and "exp_avg_sq" (shaped like the parameter). Programs read a
 between steps (loggers, LR finders, state surgery, trainers' resume logic) and expect the next
 step to use what they wrote. tide keeps that state in pinned host memory cut into subgroups; an
 entry's tensors are CPU tensors over it, plus "master_param" (the fp32 master weights) for a
-low-precision parameter:
+low-precision parameter, or with bf16 master weights (master_dtype=torch.bfloat16) "master_comp"
+(their bf16 compensation; the weights are the parameter itself):
 
 - A parameter inside one subgroup: its tensors are views of the subgroup's pinned buffers (no
   copy). A step may move a subgroup's state to another buffer (the commit point's spare slots,
@@ -47,7 +48,12 @@ from tide.torch import _checkpoint
 from tide.torch._bucket import Bucket
 from tide.torch._distributed import local, shown
 
-_PINNED = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "master_param": "param"}
+_PINNED = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq", "master_param": "param",
+           "master_comp": "comp"}
+# The dtype an entry shows, where it is not fp32: the compensation of bf16 master weights is
+# bf16 (an fp32 copy would double it, and torch's load_state_dict casts it to the bf16
+# parameter's dtype anyway).
+_DTYPES = {"master_comp": torch.bfloat16}
 
 
 def _references(tensors: dict[str, torch.Tensor], key: str) -> int:
@@ -79,19 +85,19 @@ class ParamState(dict):
         super().__init__(step=torch.tensor(step, dtype=torch.float32))
         self._bucket = bucket
         self._index = index
-        keys = ["exp_avg", "exp_avg_sq"] + (["master_param"] if bucket.dtype != torch.float32
-                                            else [])
+        keys = bucket.entry_keys
         # Copies, not views: every key of a parameter across subgroups, and moments kept in
         # another dtype than the fp32 that torch shows (state_dtype).
         split = len(bucket.pieces[index]) > 1
         self._copied = {key for key in keys
-                        if split or (key != "master_param"
+                        if split or (key in ("exp_avg", "exp_avg_sq")
                                      and bucket.state_dtype != torch.float32)}
         owner = bucket.owners[index]
         # The tensor of each key that tide keeps true, and for an FSDP2 parameter the DTensor
         # over it that the entry shows (_face). Only the DTensor holds a second reference to it
         # (refresh counts them).
-        shown_ = {key: shown(owner, torch.empty(0)) for key in keys}
+        shown_ = {key: shown(owner, torch.empty(0, dtype=_DTYPES.get(key, torch.float32)))
+                  for key in keys}
         self._tensors = {key: local(t) for key, t in shown_.items()}
         self._dtensors = {key: t for key, t in shown_.items() if t is not self._tensors[key]}
         self._stale: set[str] = set()  # copies that do not hold the state as it is now

@@ -20,7 +20,8 @@ zero_grad(), state dicts, stats. The machinery under it, each readable alone:
   _step        one step over all buckets, exactly or not at all;
   _checkpoint  state dicts in torch.optim.AdamW's layout: checked, then loaded;
   _state       opt.state[p] as torch keeps it ("step", "exp_avg", "exp_avg_sq", and
-               "master_param"): CPU tensors over the pinned state, kept true across steps.
+               "master_param", or "master_comp" with bf16 master weights): CPU tensors over the
+               pinned state, kept true across steps.
 
 The model's parameters stay where they are, in their dtype; tide writes the updated weights into
 them at the end of step(). A parameter written outside the optimizer (model.load_state_dict) is
@@ -82,6 +83,16 @@ class AdamW(torch.optim.Optimizer):
                          dequantized: copies, whose writes are quantized at the next step);
                          with "q8", state_dict() adds the exact codes and scales (keys
                          "exp_avg_q8", ..., _checkpoint.Q8_KEYS);
+      master_dtype:      the master weights, torch.float32 (an fp32 copy in pinned memory) or
+                         torch.bfloat16: bf16 master weights with Kahan-style compensation, for
+                         bfloat16 parameters only (others: ValueError) and fp32 or bf16 moments
+                         (not "q8"). The model's bf16 parameters are then the master weights, as
+                         in torch.optim: no fp32 master, and a bf16 compensation per element
+                         keeps what rounding lost (the weight is w + c, about 16 significant
+                         bits). opt.state and state_dict() show torch's keys and
+                         "master_comp" (bf16) instead of "master_param"; a torch state dict
+                         loads with zero compensation. Default TIDE_MASTER_DTYPE, else
+                         torch.float32;
       sharded_gradients: when FSDP2 (DTensor) gradients are offloaded: "step" (default: read
                          at step()) or "backward" (in their hooks, after FSDP2's reduce-scatter,
                          overlapping backward; foreach in-place writes to them afterwards, e.g.
@@ -94,7 +105,9 @@ class AdamW(torch.optim.Optimizer):
                          on a GPU for any DTensor whose shard is on the CPU; True: every fp32 CPU
                          parameter (False: none; in CPU mode tide then keeps its own fp32 masters
                          as for parameters on a GPU). Only fp32 parameters (bf16 ones on the CPU
-                         keep fp32 masters in CPU mode and raise on a GPU), not with 8-bit moments.
+                         keep fp32 masters in CPU mode and raise on a GPU), not with 8-bit moments
+                         nor with master_dtype=torch.bfloat16 (ValueError: that needs bf16
+                         parameters).
     """
 
     _decoupled = True
@@ -111,7 +124,8 @@ class AdamW(torch.optim.Optimizer):
                  subgroup_size: int | None = None, placement: str | int | None = None,
                  threads: int | None = None, gradients_on_gpu: bool = False,
                  keep_buffers: bool = False, state_dtype: torch.dtype | str | None = None,
-                 sharded_gradients: str = "step", host_params: bool | None = None):
+                 sharded_gradients: str = "step",
+                 master_dtype: torch.dtype | str | None = None, host_params: bool | None = None):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable),
@@ -128,11 +142,20 @@ class AdamW(torch.optim.Optimizer):
         self._placement_option = placement
         self._threads = _arguments.threads(threads)
         self._state_dtype = _arguments.state_dtype(state_dtype)
+        self._master_dtype = _arguments.master_dtype(master_dtype)
+        if self._master_dtype == torch.bfloat16 and self._state_dtype == torch.uint8:
+            raise ValueError("tide: master_dtype=torch.bfloat16 with 8-bit moments "
+                             "(state_dtype=\"q8\") is not supported: use torch.float32 or "
+                             "torch.bfloat16 moments")
         self._gradients_on_gpu = bool(gradients_on_gpu)
         self._keep_buffers = bool(keep_buffers)
         if host_params not in (None, True, False):
             raise ValueError(f"tide: host_params={host_params!r}; it accepts None (automatic), "
                              "True or False")
+        if host_params and self._master_dtype == torch.bfloat16:
+            raise ValueError("tide: host_params=True and master_dtype=torch.bfloat16 do not go "
+                             "together: host-resident parameters are float32 and their own master "
+                             "weights, bf16 master weights need bfloat16 parameters")
         self._host_params = host_params
         self._cpu = _runtime.cpu_mode()
         if self._cpu:
@@ -141,7 +164,8 @@ class AdamW(torch.optim.Optimizer):
         self._where: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, index)
         self._gradients = GradientOffload(self._where, self._cpu, sharded_gradients)
         self._entries = StateEntries()  # what tide put in self.state
-        self._empty_shards = _distributed.EmptyShards()  # FSDP2 parameters empty on this rank
+        # FSDP2 parameters empty on this rank
+        self._empty_shards = _distributed.EmptyShards(self._master_dtype == torch.bfloat16)
         self._process_groups: list[_distributed.Group] = []  # those sharding the parameters
         # Released when this optimizer goes, never through another object: wrappers that take on
         # its class and forward attributes to it (Lightning's LightningOptimizer) would run a
@@ -186,6 +210,12 @@ class AdamW(torch.optim.Optimizer):
                     "(their own master weights) with float32 or bfloat16 moments; use float32 "
                     "sharded parameters (MixedPrecisionPolicy(param_dtype=torch.bfloat16) for "
                     "bf16 compute)")
+        if host and self._master_dtype == torch.bfloat16:
+            raise ValueError(
+                "tide: master_dtype=torch.bfloat16 with a float32 parameter in host memory (an "
+                "FSDP2 CPUOffloadPolicy shard, stepped where it is as its own fp32 master: "
+                "host_params): bf16 master weights need bfloat16 parameters; use "
+                "master_dtype=torch.float32 here")
         if self._cpu:
             if not on_cpu:
                 raise ValueError(f"tide: CPU mode (no GPU) needs CPU parameters, got {p.device}")
@@ -225,7 +255,8 @@ class AdamW(torch.optim.Optimizer):
             bucket = Bucket(group_index, params, self._subgroup_size, device=device,
                             cpu_threads=self._threads,
                             gradients_on_gpu=self._gradients_on_gpu and not host,
-                            state_dtype=self._state_dtype, owners=owners, host=host)
+                            state_dtype=self._state_dtype, master_dtype=self._master_dtype,
+                            owners=owners, host=host)
             self._buckets.append(bucket)
             for i, p in enumerate(owners):
                 self._where[id(p)] = (bucket, i)
@@ -492,10 +523,8 @@ class AdamW(torch.optim.Optimizer):
         entry = {"step": ours["step"].clone()}
         if int(entry["step"]) > 0:
             # DTensors with p's placements for an FSDP2 parameter, as torch keeps them
-            keys = ["exp_avg", "exp_avg_sq"] + (["master_param"]
-                                                if bucket.dtype != torch.float32 else [])
-            for key in keys:
-                pinned = "param" if key == "master_param" else key
+            for key in bucket.entry_keys:
+                pinned = {"master_param": "param", "master_comp": "comp"}.get(key, key)
                 entry[key] = _distributed.shown(p, bucket.gather(i, pinned))
             if bucket.quantized and not _distributed.is_sharded(p):
                 # The exact 8-bit state is this rank's flat codes and scales, which DCP cannot
