@@ -213,9 +213,23 @@ CoreShare core_share(const Topology& topology, LocalRanks ranks,
   return share;
 }
 
-const CoreShare& this_core_share() {
-  static const CoreShare share = core_share(this_topology(), local_ranks());
-  return share;
+int pci_numa_node(const std::filesystem::path& pci_devices, std::string_view bus_id) {
+  if (bus_id.empty() || bus_id.size() > 32) return -1;
+  std::string name(bus_id);
+  for (char& c : name) {
+    if (c >= 'A' && c <= 'F') c = static_cast<char>(c - 'A' + 'a');
+    const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+    if (!hex && c != ':' && c != '.') return -1;
+  }
+  // CUDA may write an 8-digit domain ("00000000:3b:00.0"); sysfs names it with 4.
+  if (name.size() > 12 && name.find(':') == 8 && name.starts_with("0000")) name.erase(0, 4);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(pci_devices / name / "numa_node", ec)) return -1;
+  const std::string text = read_small(pci_devices / name / "numa_node");
+  int node = -1;
+  const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), node);
+  if (err != std::errc{} || end != text.data() + text.size() || node < 0 || node > 1023) return -1;
+  return node;
 }
 
 }  // namespace tide::config

@@ -52,6 +52,12 @@ Topology read_topology(const std::filesystem::path& node_dir, const std::vector<
 // allowed CPUs when sysfs says nothing usable.
 Topology this_topology();
 
+// The NUMA node of the PCI device `bus_id` ("0000:3B:00.0", as cuDeviceGetPCIBusId writes it:
+// any case) from a sysfs PCI devices folder (/sys/bus/pci/devices): its numa_node file. -1 when
+// unknown: no such device or file, a value that is not a node number (sysfs says -1 on machines
+// without NUMA), or a bus id that is not one (only hex digits, ':' and '.', at most 32 bytes).
+int pci_numa_node(const std::filesystem::path& pci_devices, std::string_view bus_id);
+
 struct CoreShare {
   std::vector<int> cpus;  // the rank's cores, ascending, never empty
   int numa_node = -1;     // the NUMA node they all lie on; -1: a rank alone on several nodes
@@ -69,7 +75,7 @@ struct CoreShare {
 CoreShare core_share(const Topology& topology, LocalRanks ranks,
                      std::span<const int> gpu_numa_nodes = {});
 
-// This process's share: core_share(this_topology(), local_ranks()), computed once.
-const CoreShare& this_core_share();
+// This process's share is driver::this_core_share() (driver/node_share.h): it asks the driver
+// for the GPUs' NUMA nodes.
 
 }  // namespace tide::config

@@ -22,6 +22,7 @@ namespace tide::driver {
   X(cuDeviceGet, "cuDeviceGet", true)                                      \
   X(cuDeviceGetCount, "cuDeviceGetCount", true)                            \
   X(cuDeviceGetName, "cuDeviceGetName", true)                              \
+  X(cuDeviceGetPCIBusId, "cuDeviceGetPCIBusId", false)                     \
   X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", true)                         \
   X(cuDeviceGetAttribute, "cuDeviceGetAttribute", true)                    \
   X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", true)            \

@@ -45,6 +45,10 @@ void copy_to_device_async(CUdeviceptr dst, const void* src, std::size_t bytes, c
   TIDE_CU(cuMemcpyHtoDAsync, dst, src, bytes, s.get());
 }
 
+void fill_zero_async(CUdeviceptr dst, std::size_t bytes, const Stream& s) {
+  TIDE_CU(cuMemsetD8Async, dst, 0, bytes, s.get());
+}
+
 void copy_to_host_async(void* dst, CUdeviceptr src, std::size_t bytes, const Stream& s) {
   TIDE_CU(cuMemcpyDtoHAsync, dst, src, bytes, s.get());
 }

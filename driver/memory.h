@@ -53,6 +53,7 @@ void copy_to_device_async(CUdeviceptr dst, const void* src, std::size_t bytes, c
 void copy_to_host_async(void* dst, CUdeviceptr src, std::size_t bytes, const Stream& s);
 void copy_on_device_async(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes, const Stream& s);
 void copy_to_device(CUdeviceptr dst, const void* src, std::size_t bytes);
+void fill_zero_async(CUdeviceptr dst, std::size_t bytes, const Stream& s);
 void copy_to_host(void* dst, CUdeviceptr src, std::size_t bytes);
 
 }  // namespace tide::driver

@@ -9,6 +9,7 @@
 
 #include "config/env.h"
 #include "config/node.h"
+#include "driver/node_share.h"
 
 namespace tide::kernels {
 namespace {
@@ -129,7 +130,7 @@ PoolShape cpu_pool_shape() {
   if (ranks.size == 1) {
     return {threads ? static_cast<unsigned>(*threads) : affinity_cpu_count(), {}};
   }
-  const config::CoreShare& share = config::this_core_share();
+  const config::CoreShare& share = driver::this_core_share();
   const auto cores = static_cast<unsigned>(share.cpus.size());
   if (threads && static_cast<unsigned>(*threads) > cores) {
     throw config::EnvError(

@@ -64,7 +64,7 @@ unsigned affinity_cpu_count();
 
 // The process's pool for the CPU kernels, created on first use. With one local rank (no
 // LOCAL_WORLD_SIZE, or 1): TIDE_CPU_THREADS threads, default affinity_cpu_count(). With several,
-// the rank's share of the node's cores (config::this_core_share()): as many threads as it has
+// the rank's share of the node's cores (driver::this_core_share()): as many threads as it has
 // cores, the workers pinned to them (unless TIDE_CPU_PIN=0); an explicit TIDE_CPU_THREADS above
 // the share is an error
 // (ranks would oversubscribe the cores each other's updates run on). Throws config::EnvError for

@@ -77,6 +77,11 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
       context_(options.device),
       refiner_(options.rates ? *options.rates : resolve_node_rates().rates,
                options.refine_options) {
+  if (state_.host_params() && options_.gradients_on_gpu) {
+    throw std::invalid_argument(
+        "tide: executor: host-resident parameters read their gradients where they are: "
+        "gradients_on_gpu does not apply");
+  }
   offload_ = std::make_unique<GradientOffload>(state_);
   adam_ = std::make_unique<kernels::AdamGpu>();
   h2d_ = std::make_unique<driver::Stream>();
@@ -88,6 +93,11 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
   frozen_.resize(state_.size());
   for (std::size_t i = 0; i < state_.size(); ++i)
     frozen_[i].assign(state_.spec(i).slices.size(), 0);
+  if (state_.host_params()) {
+    host_grads_.resize(state_.size());
+    for (std::size_t i = 0; i < state_.size(); ++i)
+      host_grads_[i].assign(state_.spec(i).slices.size(), nullptr);
+  }
 }
 
 Executor::~Executor() {
@@ -124,6 +134,8 @@ void Executor::settle() {
     state_.arena().deallocate(quarantined_counters_, quarantined_counter_bytes_);
   }
   quarantined_counters_ = nullptr;
+  for (const auto& [p, bytes] : quarantined_staging_) state_.arena().deallocate(p, bytes);
+  quarantined_staging_.clear();
 }
 
 void Executor::ready(const kernels::AdamHyper& hyper) {
@@ -132,8 +144,42 @@ void Executor::ready(const kernels::AdamHyper& hyper) {
   context_.make_current();
   settle();
   offload_->synchronize_all();
+  for (std::size_t i = 0; i < host_grads_.size(); ++i) {
+    for (std::size_t k = 0; k < host_grads_[i].size(); ++k) {
+      if (host_grads_[i][k] == nullptr && !frozen_[i][k]) {
+        throw std::invalid_argument("tide: executor: subgroup " + std::to_string(i) + ", slice " +
+                                    std::to_string(k) +
+                                    ": no gradient given and not frozen (host-resident "
+                                    "parameters read their gradients where they are)");
+      }
+    }
+  }
   ready_offloads_ = offload_->offloads();
   ready_ = true;
+}
+
+void Executor::set_host_gradient(std::size_t subgroup, std::size_t slice, const void* grad) {
+  if (!state_.host_params()) {
+    throw std::logic_error("tide: executor: host gradients need host-resident parameters");
+  }
+  host_grads_.at(subgroup).at(slice) = grad;
+  ready_ = false;  // ready() checks them again
+}
+
+const void* Executor::host_gradient(std::size_t subgroup, std::size_t slice) const {
+  return state_.host_params() ? host_grads_.at(subgroup).at(slice) : nullptr;
+}
+
+GradientStats Executor::gradient_stats() const {
+  if (!state_.host_params()) return scheduler::gradient_stats(state_, *offload_);
+  std::vector<GradientPiece> pieces;
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    const std::vector<ParamSlice>& slices = state_.spec(i).slices;
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      if (host_grads_[i][k] != nullptr) pieces.push_back({host_grads_[i][k], slices[k].count});
+    }
+  }
+  return scheduler::gradient_stats(pieces, state_.options().grad_dtype);
 }
 
 void Executor::release_buffers() {
@@ -161,7 +207,7 @@ void Executor::save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks) {
   }
   if (total == 0) return;
   // 8-bit moments: the master weights here, the moments' blocks in `blocks`.
-  const std::size_t parts = state_part_count();
+  const std::size_t parts = state_parts(0).size();
   saved.resize((state_.quantized() ? 4 : state_.state_bytes()) * total);  // may throw
   char* out = saved.data();
   std::vector<ParamSlice> frozen;
@@ -183,7 +229,9 @@ void Executor::save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks) {
         out = std::copy(from, from + slice.count * size, out);
       }
       // A frozen element has no gradient this step: zero, so that its update is finite (and
-      // undone below) and counts as nothing.
+      // undone below) and counts as nothing. Host-resident: no buffer (a GPU subgroup's
+      // copy-in zeroes it in the GPU buffer, and the CPU update skips frozen slices).
+      if (state_.host_params()) continue;
       std::memset(static_cast<char*>(state_.grad(i)) + slice.offset * state_.grad_bytes(), 0,
                   slice.count * state_.grad_bytes());
     }
@@ -192,7 +240,7 @@ void Executor::save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks) {
 
 void Executor::restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks) {
   if (saved.empty()) return;
-  const std::size_t parts = state_part_count();
+  const std::size_t parts = state_parts(0).size();
   const char* in = saved.data();
   for (std::size_t i = 0; i < state_.size(); ++i) {
     for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
@@ -209,28 +257,25 @@ void Executor::restore_frozen(const std::vector<char>& saved, const FrozenQ8Bloc
   blocks.restore(state_);
 }
 
-// Subgroup i's master weights (fp32; or bf16 weights, then their compensation) and moments,
-// each with its element size; the first state_part_count() are used.
-std::array<std::pair<char*, unsigned>, 4> Executor::state_parts(std::size_t i) const {
+// Subgroup i's parts a frozen slice keeps, each with its element size: the master weights (fp32;
+// or bf16 weights, then their compensation; none when host-resident: those parameters are never
+// written for a frozen slice) and the moments (unless 8-bit: FrozenQ8Blocks keeps their blocks).
+std::vector<std::pair<char*, unsigned>> Executor::state_parts(std::size_t i) const {
+  std::vector<std::pair<char*, unsigned>> parts;
   if (state_.bf16_master()) {
-    return {{{reinterpret_cast<char*>(state_.master_bf16(i)), 2u},
-             {reinterpret_cast<char*>(state_.master_comp(i)), 2u},
-             {static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes()},
-             {static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes()}}};
+    parts.emplace_back(reinterpret_cast<char*>(state_.master_bf16(i)), 2u);
+    parts.emplace_back(reinterpret_cast<char*>(state_.master_comp(i)), 2u);
+  } else if (!state_.host_params()) {
+    parts.emplace_back(reinterpret_cast<char*>(state_.param(i)), 4u);
   }
-  return {{{reinterpret_cast<char*>(state_.param(i)), 4u},
-           {static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes()},
-           {static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes()},
-           {nullptr, 0u}}};
-}
-
-// 8-bit moments: only the master weights (FrozenQ8Blocks keeps the moments' blocks).
-std::size_t Executor::state_part_count() const {
-  if (state_.quantized()) return 1;
-  return state_.bf16_master() ? 4 : 3;
+  if (state_.quantized()) return parts;
+  parts.emplace_back(static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes());
+  parts.emplace_back(static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes());
+  return parts;
 }
 
 void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
+  if (state_.host_params()) return;  // updated in place
   // fp32 parameters and bf16 master weights are the state itself.
   const char* src = state_.separate_weights() ? static_cast<const char*>(state_.weight_copy(s))
                                               : reinterpret_cast<const char*>(state_.param(s));
@@ -245,7 +290,8 @@ void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
 
 void Executor::write_params(std::size_t s) {
   context_.make_current();
-  settle();  // no queued write of an earlier phase may land after this one
+  settle();                          // no queued write of an earlier phase may land after this one
+  if (state_.host_params()) return;  // the parameters are the master weights
   const char* src = reinterpret_cast<const char*>(state_.param(s));
   if (state_.separate_weights()) {
     // The cast the update would have written (round to nearest even, as every kernel does).
@@ -282,7 +328,8 @@ Footprint Executor::footprint(bool gradients_on_gpu) const {
   f.state_bytes_per_param = state_.state_bytes();
   f.quantized_moments = state_.quantized();
   f.gradient_bytes_per_param = state_.grad_bytes();
-  f.weight_bytes_per_param = state_.param_bytes();  // what a CPU subgroup uploads
+  // What a CPU subgroup uploads (nothing when the parameters are updated where they are).
+  f.weight_bytes_per_param = state_.host_params() ? 0 : state_.param_bytes();
   if (state_.bf16_master()) {
     f.weights_in_state = true;
     f.state_bytes_on_gpu = state_.param_bytes();  // GPU subgroups take them from the model

@@ -43,6 +43,16 @@
 // CPU instead, the report says so, and the headroom the next plans may use is capped at what
 // could be allocated (the cap grows back by a quarter per phase without failure).
 //
+// Host-resident parameters (OptimizerState::host_params, FSDP2's CPUOffloadPolicy): the fp32
+// parameters in host memory are the master weights and the gradients are read where they are
+// (set_host_gradient, per step; no offload copy). A CPU subgroup is updated in place there. A
+// GPU subgroup copies its parameters and gradients in from that memory, slice by slice, with its
+// moments; its copy-out writes the moments into a spare slot and the new weights into a pinned
+// staging area, and the commit (host memcpy, which cannot fail) makes the spare the state and
+// copies the staged weights into the parameters. So the parameters change only at a commit or in
+// a CPU update, which cannot fail, and the guarantees above hold unchanged (no subgroup is ever
+// `unwritten`).
+//
 // Measured times of every subgroup feed a RateRefiner, whose rates plan the next phase (not after
 // a phase with a fault: its times are not the plan's).
 #pragma once
@@ -65,6 +75,7 @@
 #include "kernels/cpu_adam.h"
 #include "scheduler/frozen_blocks.h"
 #include "scheduler/gradient_offload.h"
+#include "scheduler/gradient_stats.h"
 #include "scheduler/optimizer_state.h"
 #include "scheduler/plan.h"
 #include "scheduler/planner.h"
@@ -180,6 +191,17 @@ class Executor {
   void set_frozen(std::size_t subgroup, std::size_t slice, bool frozen);
   bool frozen(std::size_t subgroup, std::size_t slice) const;
 
+  // Host-resident parameters: the gradient of `slice` (its position in spec(subgroup).slices)
+  // for the coming step, `count` elements of the state's gradient dtype at host address
+  // `grad`; null: none (the slice must then be frozen). Read by grad_stats and the next run()
+  // (which forgets them when it returns: the memory is the caller's). ready() throws for a slice
+  // neither frozen nor given a gradient.
+  void set_host_gradient(std::size_t subgroup, std::size_t slice, const void* grad);
+  const void* host_gradient(std::size_t subgroup, std::size_t slice) const;
+  // Sum of squares and non-finite count of the gradients the coming step reads (host-resident:
+  // where they are; else the pinned buffers, after waiting for the offloads).
+  GradientStats gradient_stats() const;
+
   // Writes the model's parameters of subgroup s from its committed master weights, now
   // (synchronously, after any work a failed phase left queued), skipping frozen slices. Throws
   // CudaError when the device fails.
@@ -210,8 +232,9 @@ class Executor {
   void save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks);
   bool needs_staging(bool gradients_on_gpu) const;
   void restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks);
-  std::array<std::pair<char*, unsigned>, 4> state_parts(std::size_t i) const;
-  std::size_t state_part_count() const;
+  // The parts of subgroup i's slot a frozen slice keeps: master weights (fp32, or bf16 weights
+  // and their compensation; none when host-resident) and moments, each with its element size.
+  std::vector<std::pair<char*, unsigned>> state_parts(std::size_t i) const;
   std::uint64_t capped(std::uint64_t headroom) const;
   Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu) const;
   allocator::DeviceMemoryResource& memory();
@@ -232,7 +255,8 @@ class Executor {
   UpdateBuffer cached_counters_;
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
-  std::vector<std::vector<char>> frozen_;  // per subgroup, per slice
+  std::vector<std::vector<char>> frozen_;             // per subgroup, per slice
+  std::vector<std::vector<const void*>> host_grads_;  // host-resident: per subgroup, per slice
   // bf16 master weights: per subgroup, whether the model's parameters may not hold the state's
   // weights (never written yet, or their last write failed). A GPU subgroup whose parameters do
   // hold them copies them on the device instead of from host memory.
@@ -245,6 +269,7 @@ class Executor {
   std::vector<std::pair<std::size_t, float*>> quarantined_slots_;  // (subgroup, spare)
   void* quarantined_counters_ = nullptr;                           // pinned
   std::size_t quarantined_counter_bytes_ = 0;
+  std::vector<std::pair<void*, std::size_t>> quarantined_staging_;  // pinned (host-resident)
 };
 
 }  // namespace tide::scheduler

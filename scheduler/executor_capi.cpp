@@ -113,6 +113,10 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
               "TIDE_STATE_BLOCK_Q8 (the moments' format)");
       so.state_dtype = dtype_of(o.state_dtype, "state_dtype");
     }
+    require(o.host_params == 0 || o.master_dtype != TIDE_BFLOAT16,
+            "tide_optimizer_create: host_params and master_dtype TIDE_BFLOAT16 do not go together "
+            "(host-resident parameters are fp32 and their own master weights; bf16 master "
+            "weights need bf16 parameters)");
     require(o.master_dtype == TIDE_FLOAT32 || o.master_dtype == TIDE_BFLOAT16,
             "tide_optimizer_create: master_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16 (the "
             "master weights' format)");
@@ -123,6 +127,7 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
         "model's parameters are the master weights) and state_dtype TIDE_FLOAT32 or "
         "TIDE_BFLOAT16 (no 8-bit moments)");
     so.master_dtype = dtype_of(o.master_dtype, "master_dtype");
+    so.host_params = o.host_params != 0;
     ExecutorOptions eo;
     eo.device = o.device;
     if (o.use_rates) eo.rates = rates_from_c(o.rates);
@@ -242,9 +247,26 @@ TIDE_API tide_status tide_optimizer_grad_stats(tide_optimizer* optimizer, double
   return tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
     o.executor->make_current();
-    const GradientStats stats = gradient_stats(*o.state, o.executor->offload());
+    const GradientStats stats = o.executor->gradient_stats();
     if (sum_squares) *sum_squares = stats.sum_squares;
     if (nonfinite) *nonfinite = stats.nonfinite;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_set_gradients(tide_optimizer* optimizer, const uint64_t* grads,
+                                                  size_t slice_count) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(o.state->host_params(),
+            "tide_optimizer_set_gradients: the optimizer was not created with host_params");
+    require(slice_count == o.slices.size(),
+            "tide_optimizer_set_gradients: slice_count is " + std::to_string(slice_count) +
+                ", the optimizer was created with " + std::to_string(o.slices.size()));
+    require(slice_count == 0 || grads != nullptr, "tide_optimizer_set_gradients: null array");
+    for (std::size_t i = 0; i < slice_count; ++i) {
+      o.executor->set_host_gradient(o.slices[i].first, o.slices[i].second,
+                                    reinterpret_cast<const void*>(grads[i]));
+    }
   });
 }
 

@@ -67,6 +67,7 @@ struct Executor::GpuTask {
   std::size_t buffer = 0;    // its lane
   std::size_t events = 0;    // its first timing event
   float* slot = nullptr;     // the spare its copy-out writes (taken when the copy-out is enqueued)
+  float* staging = nullptr;  // host-resident: pinned, where the copy-out writes the new weights
   CUdeviceptr grad = 0;      // where its gradient is on the GPU
   CUdeviceptr weights = 0;   // where the kernel leaves the new weights for the model
   bool grad_copied = false;  // its gradient is copied in (not kept on the GPU)
@@ -131,6 +132,7 @@ struct Executor::Phase {
   const bool bf16_master = state.bf16_master();
   const unsigned gs = state.grad_bytes();
   const unsigned ps = state.param_bytes();
+  const bool host = state.host_params();
 
   std::shared_ptr<Wakeup> wakeup = std::make_shared<Wakeup>();
   std::unique_ptr<CpuWorker> worker;
@@ -148,6 +150,11 @@ struct Executor::Phase {
   // largest GPU subgroup: a lane's next subgroup copies its state in while the last one's new
   // weights still wait in the gradient's (or staging) area, whatever their sizes.
   std::uint64_t largest = 0;
+  // Host-resident: the buffer holds the moments, then the fp32 parameters, then the gradient.
+  std::uint64_t params_at() const { return state.slot_bytes_for(largest); }
+  std::uint64_t grad_at() const { return params_at() + (host ? 4 * largest : 0); }
+  void copy_params_in(const GpuTask& t);
+  void free_staging(const GpuTask& t);
   std::vector<UpdateBuffer> buffer;
   std::deque<Lane> lanes;  // one per buffer (a deque: they never move)
   bool staging = false;    // the weights go to a staging area, not over the gradient
@@ -164,6 +171,37 @@ struct Executor::Phase {
 };
 
 std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
+  kernels::CpuAdamOptions options{.threads = x.options_.cpu_threads};
+  if (x.options_.cpu_isa) {
+    options.force_isa = true;
+    options.isa = *x.options_.cpu_isa;
+  }
+  kernels::AdamHyper h = hyper;
+  h.rounding_seed = state.rounding_seed();
+  if (host) {
+    // In place, slice by slice: the parameters and their gradients where they are; frozen
+    // slices are not touched at all.
+    std::uint64_t nonfinite = 0;
+    const unsigned mb = state.moment_bytes();
+    const std::vector<ParamSlice>& slices = state.spec(s).slices;
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      if (x.frozen_[s][k]) continue;
+      const ParamSlice& slice = slices[k];
+      kernels::AdamSubgroup sub;
+      sub.grad = x.host_grads_[s][k];
+      sub.param = reinterpret_cast<float*>(slice.device_ptr);
+      sub.exp_avg = static_cast<char*>(state.exp_avg(s)) + slice.offset * mb;
+      sub.exp_avg_sq = static_cast<char*>(state.exp_avg_sq(s)) + slice.offset * mb;
+      sub.count = slice.count;
+      sub.grad_dtype = state.options().grad_dtype;
+      sub.state_dtype = state.options().state_dtype;
+      // Stochastic rounding hashes each element's index in the flat state: the slice's own.
+      sub.moment_rounding = state.moment_rounding();
+      sub.rounding_index = state.first_index(s) + slice.offset;
+      nonfinite += kernels::cpu_adam_step(sub, h, options).nonfinite;
+    }
+    return nonfinite;
+  }
   kernels::AdamSubgroup sub;
   sub.grad = state.grad(s);
   if (bf16_master) {
@@ -185,13 +223,6 @@ std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
   sub.copy_dtype = low ? state.options().param_dtype : kernels::Dtype::kBFloat16;
   sub.moment_rounding = state.moment_rounding();
   sub.rounding_index = state.first_index(s);
-  kernels::CpuAdamOptions options{.threads = x.options_.cpu_threads};
-  if (x.options_.cpu_isa) {
-    options.force_isa = true;
-    options.isa = *x.options_.cpu_isa;
-  }
-  kernels::AdamHyper h = hyper;
-  h.rounding_seed = state.rounding_seed();
   return kernels::cpu_adam_step(sub, h, options).nonfinite;
 }
 
@@ -232,8 +263,10 @@ void Executor::Phase::settle_copy_in(const GpuTask& t) {
   if (!settled) {
     const std::size_t s = t.subgroup;
     try {
+      // (Host-resident parameters stay where they are: a queued copy that still reads them
+      // feeds a GPU result that is never committed.)
       float* fresh = state.take_spare(s);
-      std::memcpy(fresh, state.param(s), state.slot_bytes(s));
+      std::memcpy(fresh, state.slot(s), state.slot_bytes(s));
       x.quarantined_slots_.emplace_back(s, state.commit(s, fresh));
     } catch (...) {
       // No memory for it: updated where it is (only the stand-in still runs queued work).
@@ -271,7 +304,7 @@ void Executor::Phase::set_up_gpu() {
   staging = x.needs_staging(gradients_on_gpu);
   auto bytes_of = [&](std::size_t s) {
     const std::uint64_t n = state.params(s);
-    std::uint64_t b = state.slot_bytes(s);
+    std::uint64_t b = state.slot_bytes(s) + (host ? 4 * n : 0);
     if (!gradients_on_gpu) b += n * gs;
     if (staging) b += n * ps;
     return b;
@@ -327,8 +360,10 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
     throw std::logic_error("tide: executor: a GPU subgroup's kept gradient is missing");
   }
   const std::uint64_t slot = state.slot_bytes_for(largest);
-  t.grad = t.grad_copied ? base + slot : kept;
-  if (!low) {
+  t.grad = t.grad_copied ? base + grad_at() : kept;
+  if (host) {
+    t.weights = base + params_at();  // staged to the host by the copy-out
+  } else if (!low) {
     t.weights = base;  // the updated master weights themselves (fp32, or bf16 master)
   } else if (!staging) {
     t.weights = t.grad;  // over the gradient the kernel has just read
@@ -363,9 +398,20 @@ void Executor::Phase::copy_state_in(const GpuTask& t) {
     driver::copy_to_device_async(base + skip, reinterpret_cast<const char*>(state.param(s)) + skip,
                                  state.slot_bytes(s) - skip, *x.h2d_);
   } else {
-    driver::copy_to_device_async(base, state.param(s), state.slot_bytes(s), *x.h2d_);
+    driver::copy_to_device_async(base, state.slot(s), state.slot_bytes(s), *x.h2d_);
   }
+  if (host) copy_params_in(t);
   ev[kStateIn].record(*x.h2d_);
+}
+
+// Host-resident: the master weights are the parameters, copied in slice by slice.
+void Executor::Phase::copy_params_in(const GpuTask& t) {
+  const CUdeviceptr to = buffer[t.buffer].get() + params_at();
+  for (const ParamSlice& slice : state.spec(t.subgroup).slices) {
+    driver::copy_to_device_async(to + slice.offset * 4,
+                                 reinterpret_cast<const void*>(slice.device_ptr), slice.count * 4,
+                                 *x.h2d_);
+  }
 }
 
 // The gradient's copy-in, right after the state's on the same stream: over the last subgroup's
@@ -375,7 +421,19 @@ void Executor::Phase::copy_grad_in(const GpuTask& t) {
   driver::Event* ev = &events[t.events];
   if (low && !staging && lane.written_recorded) x.h2d_->wait(lane.written);
   ev[kGradStart].record(*x.h2d_);
-  if (t.grad_copied) {
+  if (host) {
+    // Where they are, slice by slice; a frozen slice has none: zeros (its update is undone).
+    const std::vector<ParamSlice>& slices = state.spec(t.subgroup).slices;
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      const void* g = x.host_grads_[t.subgroup][k];
+      if (x.frozen_[t.subgroup][k] || g == nullptr) {
+        driver::fill_zero_async(t.grad + slices[k].offset * gs, slices[k].count * gs, *x.h2d_);
+      } else {
+        driver::copy_to_device_async(t.grad + slices[k].offset * gs, g, slices[k].count * gs,
+                                     *x.h2d_);
+      }
+    }
+  } else if (t.grad_copied) {
     driver::copy_to_device_async(t.grad, state.grad(t.subgroup), state.params(t.subgroup) * gs,
                                  *x.h2d_);
   }
@@ -391,7 +449,18 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   const CUdeviceptr base = buffer[t.buffer].get();
   Lane& lane = lanes[t.buffer];
   driver::Event* ev = &events[t.events];
-  t.slot = state.take_spare(s);
+  if (host) {
+    t.staging = static_cast<float*>(state.arena().allocate(4 * n));
+    try {
+      t.slot = state.take_spare(s);
+    } catch (...) {
+      free_staging(t);
+      t.staging = nullptr;
+      throw;
+    }
+  } else {
+    t.slot = state.take_spare(s);
+  }
 
   x.compute_->wait(ev[kH2dEnd]);
   if (low && staging && lane.written_recorded) x.compute_->wait(lane.written);
@@ -402,7 +471,7 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
     sub.param_bf16 = base;
     sub.param_comp = base + 2 * n;
   } else {
-    sub.param = base;
+    sub.param = host ? base + params_at() : base;
   }
   // The host slot's layout (scheduler/optimizer_state.h).
   sub.exp_avg = base + state.moment_offset(n, 0);
@@ -429,11 +498,16 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   x.d2h_->wait(ev[kUpdateEnd]);
   ev[kD2hStart].record(*x.d2h_);
   driver::copy_to_host_async(t.slot, base, state.slot_bytes(s), *x.d2h_);
+  if (host) driver::copy_to_host_async(t.staging, base + params_at(), 4 * n, *x.d2h_);
   driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
                              *x.d2h_);
   ev[kD2hEnd].record(*x.d2h_);
   lane.copied_out = t.events;
   x.d2h_->host_callback([w = wakeup] { w->notify(); });
+}
+
+void Executor::Phase::free_staging(const GpuTask& t) {
+  if (t.staging != nullptr) state.arena().deallocate(t.staging, 4 * state.params(t.subgroup));
 }
 
 // Enqueues the rest of a subgroup whose state is being copied in, on a lane now free.
@@ -570,22 +644,34 @@ void Executor::Phase::commit(const GpuTask& t) {
   report.nonfinite += host_counters[t.position];
   report.devices[s] = Device::gpu;
   committed.push_back(t);
-  // The weights reach the model from the committed state only.
-  try {
-    const unsigned size = ps;  // the copy's, or the state's own weights (fp32 or bf16)
+  if (host) {
+    // The new weights into the parameters, on the host: nothing here can fail.
     const std::vector<ParamSlice>& slices = state.spec(s).slices;
     for (std::size_t k = 0; k < slices.size(); ++k) {
       if (x.frozen_[s][k]) continue;
-      driver::copy_on_device_async(slices[k].device_ptr, t.weights + slices[k].offset * size,
-                                   slices[k].count * size, *x.params_);
+      std::memcpy(reinterpret_cast<void*>(slices[k].device_ptr), t.staging + slices[k].offset,
+                  slices[k].count * 4);
     }
-    lane.written.record(*x.params_);
-    lane.written_recorded = true;
-    written.push_back(s);
-  } catch (...) {
-    fault(std::current_exception());
-    unwritten.push_back(s);  // retried at the join
-    return;                  // the lane's next subgroup is dropped: the GPU side is stopping
+    free_staging(t);
+  }
+  // The weights reach the model from the committed state only.
+  if (!host) {
+    try {
+      const unsigned size = ps;  // the copy's, or the state's own weights (fp32 or bf16)
+      const std::vector<ParamSlice>& slices = state.spec(s).slices;
+      for (std::size_t k = 0; k < slices.size(); ++k) {
+        if (x.frozen_[s][k]) continue;
+        driver::copy_on_device_async(slices[k].device_ptr, t.weights + slices[k].offset * size,
+                                     slices[k].count * size, *x.params_);
+      }
+      lane.written.record(*x.params_);
+      lane.written_recorded = true;
+      written.push_back(s);
+    } catch (...) {
+      fault(std::current_exception());
+      unwritten.push_back(s);  // retried at the join
+      return;                  // the lane's next subgroup is dropped: the GPU side is stopping
+    }
   }
   if (lane.next && !gpu_stopped) {
     const GpuTask waiting = *lane.next;
@@ -606,6 +692,7 @@ void Executor::Phase::take_cpu_results() {
     report.cpu_spans[s] = {d.start, d.end};
     report.cpu_seconds += d.seconds;
     report.nonfinite += d.nonfinite;
+    if (host) continue;  // updated where the parameters are
     if (!device_usable) {
       unwritten.push_back(s);
       continue;
@@ -711,6 +798,9 @@ void Executor::Phase::release(bool confirmed) {
     x.unconfirmed_ = true;
     for (const GpuTask& t : failed) {
       if (t.slot != nullptr) x.quarantined_slots_.emplace_back(t.subgroup, t.slot);
+      if (t.staging != nullptr) {
+        x.quarantined_staging_.emplace_back(t.staging, 4 * state.params(t.subgroup));
+      }
     }
     for (auto* list : {&buffer, &x.cached_, &x.resident_}) {
       for (UpdateBuffer& b : *list) x.quarantined_.push_back(std::move(b));
@@ -730,6 +820,7 @@ void Executor::Phase::release(bool confirmed) {
   }
   for (const GpuTask& t : failed) {
     if (t.slot != nullptr) state.give_spare(t.subgroup, t.slot);
+    free_staging(t);
   }
   for (const auto& [subgroup, slot] : x.quarantined_slots_) state.give_spare(subgroup, slot);
   x.quarantined_slots_.clear();
@@ -783,6 +874,8 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   phase.run();
   report.seconds = seconds_since(start);
   restore_frozen(frozen_state, frozen_blocks);
+  // Host-resident gradients are the caller's memory: none is read after this step.
+  for (auto& slices : host_grads_) std::fill(slices.begin(), slices.end(), nullptr);
   for (std::size_t s : phase.written) stale_params_[s] = 0;
   for (std::size_t s : report.unwritten) stale_params_[s] = 1;
 

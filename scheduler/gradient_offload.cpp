@@ -17,6 +17,11 @@ void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdevi
     throw std::invalid_argument(where + ": there are " + std::to_string(state_.size()) +
                                 " subgroups");
   }
+  if (state_.host_params()) {
+    throw std::invalid_argument(where +
+                                ": host-resident parameters read their gradients where "
+                                "they are (tide_optimizer_set_gradients), nothing is offloaded");
+  }
   if (dtype != state_.options().grad_dtype) {
     throw std::invalid_argument(where + ": the gradient's dtype is not the state's gradient dtype");
   }

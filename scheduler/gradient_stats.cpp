@@ -31,17 +31,24 @@ void accumulate(const void* data, std::uint64_t begin, std::uint64_t end, Gradie
 
 GradientStats gradient_stats(const OptimizerState& state, const GradientOffload& offload) {
   offload.synchronize_all();
+  std::vector<GradientPiece> pieces;
+  pieces.reserve(state.size());
+  for (std::size_t s = 0; s < state.size(); ++s) pieces.push_back({state.grad(s), state.params(s)});
+  return gradient_stats(pieces, state.options().grad_dtype);
+}
+
+GradientStats gradient_stats(const std::vector<GradientPiece>& pieces, kernels::Dtype dtype) {
   kernels::ThreadPool& pool = kernels::cpu_pool();
   const unsigned threads = pool.size();
   GradientStats total;
   std::mutex mutex;
-  for (std::size_t s = 0; s < state.size(); ++s) {
-    const std::uint64_t n = state.params(s);
-    const void* grad = state.grad(s);
+  for (const GradientPiece& piece : pieces) {
+    const std::uint64_t n = piece.count;
+    const void* grad = piece.data;
     pool.run(threads, [&](unsigned t) {
       const std::uint64_t begin = n * t / threads, end = n * (t + 1) / threads;
       GradientStats part;
-      switch (state.options().grad_dtype) {
+      switch (dtype) {
         case kernels::Dtype::kFloat32:
           accumulate<kernels::Dtype::kFloat32>(grad, begin, end, part);
           break;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "scheduler/gradient_offload.h"
 #include "scheduler/optimizer_state.h"
@@ -23,5 +24,12 @@ struct GradientStats {
 // the GPU (gradients_on_gpu) are not included: call it before prepare() routes them there, or
 // leave gradients_on_gpu off when the statistics are needed.
 GradientStats gradient_stats(const OptimizerState& state, const GradientOffload& offload);
+
+// The same over gradients in host memory: `count` elements of `dtype` at each `data`.
+struct GradientPiece {
+  const void* data = nullptr;
+  std::uint64_t count = 0;
+};
+GradientStats gradient_stats(const std::vector<GradientPiece>& pieces, kernels::Dtype dtype);
 
 }  // namespace tide::scheduler

@@ -35,11 +35,19 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
           "unknown state format");
   require(options_.master_dtype == kernels::Dtype::kFloat32 || bf16_master(),
           "the master weights' dtype must be float32 or bfloat16");
+  // Checked before the dtypes each needs, so that asking for both says why they cannot go
+  // together rather than which parameter dtype one of them wanted.
+  require(!(host_params() && bf16_master()),
+          "host-resident parameters are their own fp32 master weights; bf16 master weights need "
+          "bf16 parameters: choose one");
   require(!bf16_master() || options_.param_dtype == kernels::Dtype::kBFloat16,
           "bf16 master weights are the model's parameters: they must be bfloat16");
   require(!bf16_master() || !quantized(),
           "bf16 master weights with 8-bit moments are not supported (use float32 or bfloat16 "
           "moments)");
+  require(!host_params() || (options_.param_dtype == kernels::Dtype::kFloat32 && !quantized()),
+          "host-resident parameters must be float32 (their own master weights) with moments of "
+          "float32 or bfloat16");
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     SubgroupSpec& s = specs_[i];
     const std::string which = "subgroup " + std::to_string(i);
@@ -73,6 +81,7 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
       Buffers& b = buffers_[i];
       b.state = arena_->allocate(slot_bytes(i), slot_alignment());
       std::memset(b.state, 0, slot_bytes(i));
+      if (host_params()) continue;  // no gradient buffer, no weight copy
       b.grad = arena_->allocate(n * grad_bytes());
       std::memset(b.grad, 0, n * grad_bytes());
       if (separate_weights()) {
@@ -95,7 +104,7 @@ OptimizerState::~OptimizerState() {
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     const std::uint64_t n = specs_[i].params;
     arena_->deallocate(buffers_[i].state, slot_bytes(i));
-    arena_->deallocate(buffers_[i].grad, n * grad_bytes());
+    if (buffers_[i].grad) arena_->deallocate(buffers_[i].grad, n * grad_bytes());
     if (buffers_[i].copy) arena_->deallocate(buffers_[i].copy, n * param_bytes());
   }
 }
@@ -114,7 +123,7 @@ std::uint64_t block_aligned(std::uint64_t bytes) {
 }  // namespace
 
 std::uint64_t OptimizerState::moment_offset(std::uint64_t n, unsigned which) const {
-  if (!quantized()) return (4 + which * moment_bytes()) * n;
+  if (!quantized()) return ((host_params() ? 0 : 4) + which * moment_bytes()) * n;
   return block_aligned(4 * n) + which * block_aligned(n);
 }
 
@@ -123,7 +132,8 @@ std::uint64_t OptimizerState::scale_offset(std::uint64_t n, unsigned which) cons
 }
 
 std::uint64_t OptimizerState::slot_bytes_for(std::uint64_t n) const {
-  return quantized() ? scale_offset(n, 2) : state_bytes() * n;
+  if (quantized()) return scale_offset(n, 2);
+  return (host_params() ? 2 * moment_bytes() : state_bytes()) * n;
 }
 
 // 0: the arena's default. The codes of 8-bit moments start at kQuantBlock-byte boundaries.

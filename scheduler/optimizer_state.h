@@ -35,6 +35,13 @@
 // subgroup's state therefore moves between buffers from one step to the next: param(i),
 // exp_avg(i) and exp_avg_sq(i) are valid until the next commit (the next update phase). CPU
 // tensors that view the state (tide.torch) are re-pointed after each step.
+//
+// Host-resident parameters (StateOptions::host_params: FSDP2's CPUOffloadPolicy, whose sharded
+// fp32 parameters and gradients are in pinned host memory already): the slices' device_ptr are
+// host addresses, and the fp32 parameters there are their own master weights. The slot then
+// holds the moments only (exp_avg, exp_avg_sq: 8n bytes with fp32 moments), there is no gradient
+// buffer (the executor reads each step's gradients where they are: Executor::set_host_gradient)
+// and no weight copy: no byte of what is already pinned is held twice.
 #pragma once
 
 #include <cuda.h>
@@ -78,6 +85,9 @@ struct StateOptions {
   // kFloat32: an fp32 master; kBFloat16: bf16 master weights with compensation (see above;
   // param_dtype must be kBFloat16 and the moments fp32 or bf16).
   kernels::Dtype master_dtype = kernels::Dtype::kFloat32;
+  // The parameters are fp32 in host memory and are the master weights (see above). Needs
+  // param_dtype kFloat32 (so not with a bf16 master_dtype) and moments of a dtype (not kBlockQ8).
+  bool host_params = false;
 };
 
 class OptimizerState {
@@ -96,9 +106,13 @@ class OptimizerState {
   const StateOptions& options() const { return options_; }
 
   // Subgroup i's state slot (see above: valid until the next commit); the moments are of
-  // options().state_dtype, or 8-bit codes with their block scales (quantized()). param(i) is
-  // the slot's start: the fp32 master, or with bf16_master() the bf16 weights.
-  float* param(std::size_t i) const { return static_cast<float*>(buffers_.at(i).state); }
+  // options().state_dtype, or 8-bit codes with their block scales (quantized()). slot(i) is the
+  // slot's start: the fp32 master, or with bf16_master() the bf16 weights, or with host_params
+  // exp_avg. param(i): the fp32 master or with bf16_master() the bf16 weights (the slot's start);
+  // null with host_params (the parameters are the master weights).
+  float* slot(std::size_t i) const { return static_cast<float*>(buffers_.at(i).state); }
+  float* param(std::size_t i) const { return host_params() ? nullptr : slot(i); }
+  bool host_params() const { return options_.host_params; }
   bool bf16_master() const { return options_.master_dtype == kernels::Dtype::kBFloat16; }
   // With bf16_master() (else null): the bf16 weights and their bf16 compensation.
   std::uint16_t* master_bf16(std::size_t i) const {
@@ -115,7 +129,9 @@ class OptimizerState {
   bool quantized() const { return options_.state_format == kernels::StateFormat::kBlockQ8; }
   // Bytes of one parameter's state (fp32 master, or bf16 weight and compensation, and both
   // moments): 12, 8 with bf16 moments, 6 with 8-bit moments (whose scales and padding the slot
-  // adds: slot_bytes_for).
+  // adds: slot_bytes_for). With host_params the slot holds the moments only, but a GPU subgroup
+  // still copies the master (the parameter) each way: these are the bytes a GPU subgroup moves
+  // per parameter.
   unsigned state_bytes() const { return 4 + 2 * moment_bytes(); }
   unsigned moment_bytes() const {
     return quantized() ? 1u : kernels::dtype_size(options_.state_dtype);
@@ -126,6 +142,7 @@ class OptimizerState {
   std::uint64_t moment_offset(std::uint64_t n, unsigned which) const;
   std::uint64_t scale_offset(std::uint64_t n, unsigned which) const;
   std::uint64_t slot_bytes(std::size_t i) const { return slot_bytes_for(params(i)); }
+  // Null with host_params: the gradients are read where they are.
   void* grad(std::size_t i) const { return buffers_.at(i).grad; }
   // Null when the model's parameters are fp32 (param() itself is uploaded) or with bf16_master()
   // (master_bf16() is).

@@ -1,5 +1,6 @@
 #include "standin/devices.h"
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -124,6 +125,20 @@ CUresult device_get_name(char* name, int length, CUdevice device) {
   const std::size_t n = std::min(text.size(), static_cast<std::size_t>(length) - 1);
   std::memcpy(name, text.data(), n);
   name[n] = '\0';
+  return CUDA_SUCCESS;
+}
+
+// Device d sits on PCI bus d + 1 of domain 0 ("0000:01:00.0" for device 0): a fixed, valid bus
+// id that tests can give a sysfs folder of their own (tide reads the GPU's NUMA node there).
+// Stricter than CUDA where it differs: a buffer too short for the whole id (13 bytes with the
+// terminator) is CUDA_ERROR_INVALID_VALUE instead of a truncated id.
+CUresult device_get_pci_bus_id(char* bus_id, int length, CUdevice device) {
+  if (bus_id == nullptr || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (find_device(device) == nullptr) return CUDA_ERROR_INVALID_DEVICE;
+  char text[32];
+  const int n = std::snprintf(text, sizeof text, "0000:%02x:00.0", (device + 1) & 0xff);
+  if (n < 0 || n >= length) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(bus_id, text, static_cast<std::size_t>(n) + 1);
   return CUDA_SUCCESS;
 }
 

@@ -36,6 +36,7 @@ Device* find_context(CUcontext handle);
 CUresult device_get(CUdevice* out, int ordinal);
 CUresult device_get_count(int* out);
 CUresult device_get_name(char* name, int length, CUdevice device);
+CUresult device_get_pci_bus_id(char* bus_id, int length, CUdevice device);
 CUresult device_total_mem(std::size_t* bytes, CUdevice device);
 CUresult device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device);
 

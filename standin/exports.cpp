@@ -64,6 +64,10 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuDeviceGetName(char* name, int len, CUdevi
   return call([&] { return s::device_get_name(name, len, dev); });
 }
 
+TIDE_STANDIN_EXPORT CUresult CUDAAPI cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
+  return call([&] { return s::device_get_pci_bus_id(pciBusId, len, dev); });
+}
+
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
   return call([&] { return s::device_total_mem(bytes, dev); });
 }

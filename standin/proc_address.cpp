@@ -31,6 +31,7 @@ const Entry kEntries[] = {
     {"cuDeviceGet", 2000, fn(&cuDeviceGet), nullptr},
     {"cuDeviceGetCount", 2000, fn(&cuDeviceGetCount), nullptr},
     {"cuDeviceGetName", 2000, fn(&cuDeviceGetName), nullptr},
+    {"cuDeviceGetPCIBusId", 4010, fn(&cuDeviceGetPCIBusId), nullptr},
     {"cuDeviceTotalMem", 2000, fn(&cuDeviceTotalMem), nullptr},
     {"cuDeviceTotalMem", 3020, fn(&cuDeviceTotalMem_v2), nullptr},
     {"cuDeviceGetAttribute", 2000, fn(&cuDeviceGetAttribute), nullptr},

@@ -8,6 +8,7 @@
 #include "config/env.h"
 #include "config/knobs.h"
 #include "config/node.h"
+#include "driver/node_share.h"
 
 namespace tide::allocator::pinned {
 
@@ -27,7 +28,7 @@ PinnedOptions PinnedOptions::from_environment() {
     o.numa_node = static_cast<int>(*v);
   } else if (config::local_ranks().size > 1 && config::this_topology().nodes.size() > 1) {
     // A rank that shares a node with others keeps its pinned chunks where its cores are.
-    o.numa_node = config::this_core_share().numa_node;
+    o.numa_node = driver::this_core_share().numa_node;
   }
   if (auto v = config::env_bool("TIDE_PINNED_HUGEPAGES")) o.huge_pages = *v;
   if (auto v = config::env_int("TIDE_PINNED_TOUCH_THREADS", 0, 256)) {

@@ -566,6 +566,13 @@ typedef struct tide_optimizer_options {
                            their bf16 compensation, no fp32 master and no separate weight copy;
                            see tide_optimizer_master_bf16). TIDE_BFLOAT16 needs param_dtype
                            TIDE_BFLOAT16 and state_dtype TIDE_FLOAT32 or TIDE_BFLOAT16. */
+  int32_t host_params;  /* 1: the slices' device_ptr are host addresses of fp32 parameters that are
+                           their own master weights (FSDP2's CPUOffloadPolicy): updated in place,
+                           no master copy, no gradient buffer (param_dtype TIDE_FLOAT32, moments
+                           TIDE_FLOAT32 or TIDE_BFLOAT16; not with gradients_on_gpu, nor with
+                           master_dtype TIDE_BFLOAT16, which needs bf16 parameters: creating
+                           the optimizer fails). Each step's gradients are read where they are:
+                           tide_optimizer_set_gradients. */
 } tide_optimizer_options;
 
 TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options);
@@ -583,11 +590,12 @@ TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer);
  * (param, exp_avg, exp_avg_sq) to other buffers: these pointers are valid until the next
  * tide_optimizer_step; the gradient buffer never moves. */
 typedef struct tide_subgroup_buffers {
-  float* param;     /* fp32 master weights; NULL with master_dtype TIDE_BFLOAT16 */
+  float* param;     /* fp32 master weights; NULL with master_dtype TIDE_BFLOAT16 or host_params
+                       (the parameters are the master weights) */
   void* exp_avg;    /* the options' state_dtype: fp32, bf16 (uint16_t bit patterns), or
                        TIDE_STATE_BLOCK_Q8's uint8_t codes (at a TIDE_QUANT_BLOCK-byte boundary) */
   void* exp_avg_sq; /* the same */
-  void* grad;       /* grad_dtype: where offloaded gradients land */
+  void* grad;       /* grad_dtype: where offloaded gradients land (NULL with host_params) */
   uint64_t count;
 } tide_subgroup_buffers;
 
@@ -703,6 +711,14 @@ TIDE_API tide_status tide_optimizer_last_outcome(const tide_optimizer* optimizer
  * parameters' dtype, as a step does; bf16 master weights as they are), synchronously; frozen
  * slices are left alone. */
 TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer);
+
+/* host_params: the gradients of the coming step, one host address per slice in the order given
+ * at creation (slice_count as many), each `count` elements of grad_dtype; 0 for a slice without
+ * one (it must be frozen: tide_optimizer_set_frozen). Read in place by
+ * tide_optimizer_grad_stats and the next tide_optimizer_step, and forgotten when that step
+ * returns; the memory must stay as it is until then. */
+TIDE_API tide_status tide_optimizer_set_gradients(tide_optimizer* optimizer, const uint64_t* grads,
+                                                  size_t slice_count);
 
 /* Frozen slices: frozen[i] (for the i-th slice given to tide_optimizer_create) non-zero means the
  * coming steps leave that slice's elements exactly as they are, state and model parameters (its

@@ -219,5 +219,33 @@ TEST_F(LocalRanksTest, ReadsTorchrunsVariablesStrictly) {
   }
 }
 
+// The GPU's NUMA node from a sysfs PCI devices folder (a fake one here).
+TEST(PciNumaNodeTest, ReadsTheDevicesNumaNode) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("tide_pci_node_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  auto device = [&](const std::string& id, const std::string& text) {
+    fs::create_directories(root / id);
+    std::ofstream(root / id / "numa_node") << text;
+  };
+  device("0000:3b:00.0", "1\n");
+  device("0000:5e:00.0", "-1\n");  // a machine without NUMA
+  device("0000:af:00.0", "node one\n");
+  device("0000:d8:00.0", "2");
+  fs::create_directories(root / "0000:86:00.0");  // no numa_node file
+  EXPECT_EQ(pci_numa_node(root, "0000:3b:00.0"), 1);
+  EXPECT_EQ(pci_numa_node(root, "0000:3B:00.0"), 1);      // as CUDA writes it
+  EXPECT_EQ(pci_numa_node(root, "00000000:3B:00.0"), 1);  // an 8-digit domain
+  EXPECT_EQ(pci_numa_node(root, "0000:d8:00.0"), 2);
+  EXPECT_EQ(pci_numa_node(root, "0000:5e:00.0"), -1);
+  EXPECT_EQ(pci_numa_node(root, "0000:af:00.0"), -1);
+  EXPECT_EQ(pci_numa_node(root, "0000:86:00.0"), -1);
+  EXPECT_EQ(pci_numa_node(root, "0000:01:00.0"), -1);  // no such device
+  EXPECT_EQ(pci_numa_node(root, ""), -1);
+  EXPECT_EQ(pci_numa_node(root, "../0000:3b:00.0"), -1);  // not a bus id: never a path
+  EXPECT_EQ(pci_numa_node(root / "missing", "0000:3b:00.0"), -1);
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace tide::config

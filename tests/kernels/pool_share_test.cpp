@@ -14,6 +14,7 @@
 
 #include "config/env.h"
 #include "config/node.h"
+#include "driver/node_share.h"
 #include "kernels/thread_pool.h"
 #include "scheduler/cpu_worker.h"
 
@@ -21,7 +22,7 @@ namespace tide::kernels {
 namespace {
 
 TEST(PoolShareTest, SizedAndPinnedToTheRanksShare) {
-  const config::CoreShare& share = config::this_core_share();
+  const config::CoreShare& share = driver::this_core_share();
   const config::Topology topology = config::this_topology();
   EXPECT_EQ(share, config::core_share(topology, {1, 2}));
   if (topology.cpu_count() >= 2) {
@@ -79,7 +80,7 @@ TEST(PoolShareTest, TheExecutorsCpuWorkerRunsOnTheShare) {
     worker.add(0);
     worker.close();
   }
-  EXPECT_EQ(seen, config::this_core_share().cpus);
+  EXPECT_EQ(seen, driver::this_core_share().cpus);
 }
 
 }  // namespace

@@ -187,12 +187,22 @@ def run(rank: int, world: int, port: int, scenario: str, out: str) -> None:
 def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
     """tide and torch.optim.AdamW (foreach=False) under the same FSDP2 setup, per regime; the
     gradient scale against a single-process computation; clipping both ways."""
+    # Under CPUOffloadPolicy tide steps the shards where they are (host-resident): also with its
+    # GPU subgroups (the stand-in's), and, for the pinned bytes, with its own masters instead.
+    offload_kinds = {"tide_gpu": {"placement": "gpu"},
+                     "tide_auto": {"placement": "auto", "subgroup_size": 4},
+                     "tide_own_masters": {"host_params": False}}
     for regime in ("gpu", "offload", "mixed"):
         runs = {}
-        for kind in ("torch", "tide", "tide_backward"):
+        extra = tuple(offload_kinds) if regime == "offload" else ()
+        for kind in ("torch", "tide", "tide_backward") + extra:
             model = sharded(regime)
-            opt = (make_opt("tide", model, sharded_gradients="backward")
-                   if kind == "tide_backward" else make_opt(kind, model))
+            if kind == "tide_backward":
+                opt = make_opt("tide", model, sharded_gradients="backward")
+            elif kind in offload_kinds:
+                opt = make_opt("tide", model, **offload_kinds[kind])
+            else:
+                opt = make_opt(kind, model)
             norms = train(model, opt, range(STEPS), rank, world,
                           clip="reference" if kind == "torch" else "tide",
                           scheduler=scheduled(opt))
@@ -200,10 +210,22 @@ def scenario_train(rank: int, world: int, out: str, result: dict) -> None:
                           "local_shapes": {
                               name: tuple(getattr(p, "to_local", lambda p=p: p)().shape)
                               for name, p in model.named_parameters()}}
-            if kind == "tide":
+            if kind.startswith("tide"):
                 runs[kind]["plan"] = opt.last_plan
+                runs[kind]["devices"] = sorted({str(local(p).device) for p in model.parameters()})
+                runs[kind]["hooked"] = sorted(
+                    name for name, p in model.named_parameters()
+                    if getattr(p, "_post_accumulate_grad_hooks", None))
+            if kind == "tide":
                 runs[kind]["summary"] = opt.node_summary()
         result[regime] = runs
+    # bf16 master weights need bf16 parameters; CPUOffloadPolicy's fp32 shards are their own
+    # masters: asking for both is a clear error, at construction.
+    try:
+        make_opt("tide", sharded("offload"), master_dtype=torch.bfloat16)
+        result["offload_bf16_master"] = None
+    except ValueError as error:
+        result["offload_bf16_master"] = str(error)
     # torch's own clipping on the sharded gradients, with tide stepping.
     for kind in ("torch", "tide"):
         model = sharded("gpu")

@@ -14,6 +14,7 @@ suite.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import socket
@@ -111,11 +112,62 @@ def test_training_matches_torch_adamw(trained, regime):
     assert rel_diff(weights[0], weights[1]) == 0
 
 
+def test_cpu_offload_policy_steps_the_shards_where_they_are(trained):
+    """CPUOffloadPolicy: tide detects FSDP2's offload policy and steps the fp32 shards in host
+    memory as their own master weights, reading their gradients where they are; its GPU
+    subgroups (all of them, or the planner's) copy them in and back. Every way matches
+    torch.optim.AdamW, and the pinned state is the moments alone."""
+    for rank, r in enumerate(trained):
+        runs = r["offload"]
+        assert runs["tide"]["devices"] == ["cpu"]
+        shapes = [shape for name, shape in runs["tide"]["local_shapes"].items() if name != "gain"]
+        sharded_elements = sum(math.prod(shape) for shape in shapes)
+        shards = sum(1 for shape in shapes if math.prod(shape) > 0)
+        for kind in ("tide", "tide_gpu", "tide_auto"):
+            plan = runs[kind]["plan"]
+            # every sharded parameter with a gradient on this rank (not the plain `gain`)
+            assert plan["host_resident_elements"] == sharded_elements, (rank, kind, plan)
+            assert plan["gradients_read_in_place"] == shards, (rank, kind, plan)
+            # offloaded: the plain `gain` alone (in its hook, and again at step() after its
+            # all-reduce)
+            assert plan["gradients_offloaded_in_backward"] <= 1, (rank, kind, plan)
+            assert plan["gradients_offloaded_at_step"] <= 1, (rank, kind, plan)
+            diff = rel_diff(runs[kind]["weights"], runs["torch"]["weights"])
+            assert diff <= FP32_BOUND, f"rank {rank}, {kind}: differs from torch by {diff:.3g}"
+        assert runs["tide_gpu"]["plan"]["cpu_subgroups"] == 0
+        assert runs["tide_gpu"]["plan"]["gpu_subgroups"] > 0
+        # the planner, with subgroups of 4 elements (under the stand-in's built-in rates), puts
+        # some on the GPU and keeps the rest on the CPU
+        auto = runs["tide_auto"]["plan"]
+        assert auto["gpu_subgroups"] > 0 and auto["cpu_subgroups"] > 0, auto
+        # no gradient hook on a host-resident shard (FSDP2 would copy its gradient to the host
+        # synchronously): the plain `gain` alone has one
+        assert runs["tide"]["hooked"] == ["gain"]
+        assert runs["tide_own_masters"]["hooked"] == sorted(
+            name for name, shape in runs["tide"]["local_shapes"].items() if math.prod(shape) > 0)
+        own = runs["tide_own_masters"]["plan"]
+        assert own["host_resident_elements"] == 0
+        assert rel_diff(runs["tide_own_masters"]["weights"], runs["torch"]["weights"]) <= FP32_BOUND
+        # fp32 shards: master 4 + moments 8 + gradient 4 bytes per element against the moments'
+        # 8 (the plain `gain` keeps its own in both)
+        assert (own["pinned_state_bytes"] - runs["tide"]["plan"]["pinned_state_bytes"]
+                == 8 * sharded_elements)
+
+
 def test_torch_clip_grad_norm_on_dtensor_gradients(trained):
     for r in trained:
         tide, ref = r["torch_clip_tide"], r["torch_clip_torch"]
         assert tide["norms"] == pytest.approx(ref["norms"], rel=1e-6)
         assert rel_diff(tide["weights"], ref["weights"]) <= FP32_BOUND
+
+
+def test_bf16_master_weights_are_refused_on_host_resident_shards(trained):
+    """master_dtype=torch.bfloat16 needs bf16 parameters; CPUOffloadPolicy's fp32 shards are
+    stepped where they are as their own masters: the combination is refused by name."""
+    for r in trained:
+        error = r["offload_bf16_master"]
+        assert error is not None and "master_dtype=torch.bfloat16" in error, error
+        assert "host_params" in error and "CPUOffloadPolicy" in error, error
 
 
 def test_bf16_shards_keep_fp32_masters(trained):

@@ -118,6 +118,20 @@ def test_fp32_parameters_and_8bit_moments_are_refused():
         make_opt(make_params(), state_dtype="q8")
 
 
+def test_host_resident_parameters_are_refused(monkeypatch):
+    """host_params steps fp32 parameters in host memory as their own master weights; bf16 master
+    weights need bf16 parameters: asking for both (the argument or TIDE_MASTER_DTYPE) is a
+    ValueError naming both, whatever the parameters' dtype."""
+    monkeypatch.delenv("TIDE_MASTER_DTYPE", raising=False)
+    for dtype in (torch.bfloat16, torch.float32):
+        with pytest.raises(ValueError, match="host_params=True and master_dtype=torch.bfloat16"):
+            make_opt(make_params(dtype), host_params=True)
+    monkeypatch.setenv("TIDE_MASTER_DTYPE", "bfloat16")
+    with pytest.raises(ValueError, match="host_params=True and master_dtype=torch.bfloat16"):
+        tt.AdamW(make_params(), host_params=True)
+    tt.AdamW(make_params(), host_params=False)  # no host-resident parameters: fine
+
+
 # ---- numbers ----
 
 def kernel_reference(steps, state_dtype):

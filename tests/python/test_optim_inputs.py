@@ -199,3 +199,19 @@ def test_a_pinned_arena_knob_out_of_range_is_reported_under_its_name(repo):
     result = run_python(repo, code, TIDE_PINNED_CHUNK="1MiB")
     assert 'TIDE_PINNED_CHUNK="1MiB" is not valid: TIDE_PINNED_CHUNK accepts a size from 4MiB ' \
            'to 1TiB' in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="host-resident parameters in CPU mode")
+@pytest.mark.parametrize("dtype, kwargs, message", [
+    (torch.float32, {"host_params": "yes"}, "host_params='yes'"),
+    (torch.bfloat16, {"host_params": True}, "float32"),
+    (torch.float32, {"host_params": True, "state_dtype": "q8"}, "float32 or bfloat16 moments"),
+])
+def test_host_params_it_cannot_honour_are_refused(dtype, kwargs, message):
+    """host_params=True steps fp32 parameters in place as their own master weights: a bf16
+    parameter is not one, nor do 8-bit moments fit; a value other than None/True/False is not an
+    answer. (Automatic, such parameters keep tide's fp32 masters in CPU mode.)"""
+    params = [torch.nn.Parameter(torch.ones(4, dtype=dtype))]
+    with pytest.raises(ValueError, match=message):
+        tt.AdamW(params, **kwargs)
+    tt.AdamW(params, state_dtype=kwargs.get("state_dtype"))  # automatic: fine

@@ -179,6 +179,20 @@ def test_placements_and_subgroup_sizes_give_the_same_bits():
     assert not same(snapshot(params, opt), reference)
 
 
+def test_host_resident_parameters_round_as_tides_own_masters_do():
+    """Host-resident fp32 parameters (host_params=True, FSDP2's CPUOffloadPolicy regime) are
+    stepped slice by slice on the CPU: each slice hashes its own elements' indices, so the bits
+    equal those of the same parameters with tide's own masters, on either side."""
+    for placement in ("cpu", "gpu", 2):
+        runs = []
+        for host in (False, True):
+            params = make_params()
+            opt = make_opt(params, placement, host_params=host)
+            step_with(params, opt, range(1, 5))
+            runs.append(snapshot(params, opt))
+        assert same(runs[1], runs[0]), placement
+
+
 def test_the_seed_defaults_to_torchs():
     runs = []
     for seed in (7, 7, 8):

@@ -87,10 +87,10 @@ class Standin:
             self.arm(kind, 0)
 
 
-def make(dtype, placement, state_dtype=torch.float32):
+def make(dtype, placement, state_dtype=torch.float32, host=False):
     model = Net(dtype)
     opt = tt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, subgroup_size=SUBGROUP,
-                   placement=placement, state_dtype=state_dtype)
+                   placement=placement, state_dtype=state_dtype, host_params=host)
     return model, opt
 
 
@@ -129,10 +129,10 @@ def standin():
     s.disarm()
 
 
-def fault_free(dtype, placement, standin, state_dtype):
+def fault_free(dtype, placement, standin, state_dtype, host=False):
     """Snapshots before the step under test, after it and after the next, and what one such
     step counts of copies, allocations and driver calls."""
-    model, opt = make(dtype, placement, state_dtype)
+    model, opt = make(dtype, placement, state_dtype, host)
     backward(model, opt, 1)
     opt.step()
     backward(model, opt, 2)
@@ -142,6 +142,8 @@ def fault_free(dtype, placement, standin, state_dtype):
     counts = tuple(after - start for after, start in
                    zip((standin.copies(), standin.allocations(), standin.calls()), counts))
     after = snapshot(model, opt)
+    if host:  # the parameters were stepped where they are, with no master copy
+        assert opt.last_plan["host_resident_elements"] == 4 * SUBGROUP - 16
     backward(model, opt, 3)
     opt.step()
     return before, after, snapshot(model, opt), counts
@@ -166,9 +168,9 @@ def torch_reference(dtype):
     return [m.detach().clone() for m in masters]
 
 
-def run_with_fault(dtype, placement, standin, kind, n, expected, state_dtype):
+def run_with_fault(dtype, placement, standin, kind, n, expected, state_dtype, host=False):
     before, after, final = expected
-    model, opt = make(dtype, placement, state_dtype)
+    model, opt = make(dtype, placement, state_dtype, host)
     backward(model, opt, 1)
     opt.step()
     backward(model, opt, 2)
@@ -229,9 +231,16 @@ def test_with_8bit_moments_a_step_completes_exactly_or_not_at_all(standin, place
     completes_exactly_or_not_at_all(standin, placement, torch.bfloat16, "q8")
 
 
-def completes_exactly_or_not_at_all(standin, placement, dtype, state_dtype):
+# Host-resident fp32 parameters (host_params, FSDP2's CPUOffloadPolicy regime): the weights are
+# the master weights, written in place by CPU updates and by the commit of GPU subgroups.
+@pytest.mark.parametrize("placement", ["gpu", 2])
+def test_host_resident_parameters_step_exactly_or_not_at_all(standin, placement):
+    completes_exactly_or_not_at_all(standin, placement, torch.float32, torch.float32, host=True)
+
+
+def completes_exactly_or_not_at_all(standin, placement, dtype, state_dtype, host=False):
     expected_before, expected_after, expected_final, (copies, allocations, calls) = fault_free(
-        dtype, placement, standin, state_dtype)
+        dtype, placement, standin, state_dtype, host)
     expected = (expected_before, expected_after, expected_final)
     assert copies > 0 and calls > 0
     reference = torch_reference(dtype)
@@ -241,7 +250,7 @@ def completes_exactly_or_not_at_all(standin, placement, dtype, state_dtype):
     outcomes = {"raised": 0, "completed": 0}
     for kind, n in positions:
         raised, model = run_with_fault(dtype, placement, standin, kind, n, expected,
-                                       state_dtype)
+                                       state_dtype, host)
         outcomes["raised" if raised else "completed"] += 1
     # Both outcomes occur: a device lost at the step's first call cannot complete it.
     assert outcomes["raised"] > 0 and outcomes["completed"] > 0, outcomes

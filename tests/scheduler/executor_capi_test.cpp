@@ -367,6 +367,85 @@ TEST(ExecutorCapi, AStepAfterReadyCompletesAndSaysWhatItCouldNotWrite) {
   dlclose(standin);
 }
 
+// host_params: fp32 parameters in host memory are the master weights (no param or grad buffer),
+// the gradients given per slice and read in place; the bad uses are refused by name.
+TEST(ExecutorCapi, HostParamsStepInPlaceWithGradientsGivenPerSlice) {
+  driver::PrimaryContext context;
+  std::vector<float> params(300), grads(300), expected(300);
+  for (std::size_t e = 0; e < params.size(); ++e) {
+    params[e] = expected[e] = value_at(1, e, 1.0f);
+    grads[e] = value_at(2, e, 0.5f);
+  }
+  const std::uint64_t sizes[] = {200, 100};
+  // Two parameters of 150: the first all in subgroup 0, the second straddling both.
+  const auto at = [&](std::size_t e) { return reinterpret_cast<std::uint64_t>(&params[e]); };
+  const tide_param_slice slices[] = {
+      {0, 0, 150, at(0)}, {0, 150, 50, at(150)}, {1, 0, 100, at(200)}};
+  tide_optimizer_options options;
+  ASSERT_EQ(tide_optimizer_options_default(&options), TIDE_OK);
+  EXPECT_EQ(options.host_params, 0);
+  options.grad_dtype = options.param_dtype = TIDE_FLOAT32;
+  options.host_params = 1;
+  tide_optimizer* opt = nullptr;
+  ASSERT_EQ(tide_optimizer_create(sizes, 2, slices, 3, &options, &opt), TIDE_OK)
+      << tide::capi::last_error_text();
+  tide_subgroup_buffers b;
+  ASSERT_EQ(tide_optimizer_buffers(opt, 0, &b), TIDE_OK);
+  EXPECT_EQ(b.param, nullptr);
+  EXPECT_EQ(b.grad, nullptr);
+  EXPECT_NE(b.exp_avg, nullptr);
+  EXPECT_EQ(tide_optimizer_offload_gradient(opt, 0, 0, at(0), 10, TIDE_FLOAT32, nullptr),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  const std::uint64_t two[] = {1, 2};
+  EXPECT_EQ(tide_optimizer_set_gradients(opt, two, 2), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("slice_count"), std::string::npos);
+  const std::uint64_t given[] = {reinterpret_cast<std::uint64_t>(&grads[0]),
+                                 reinterpret_cast<std::uint64_t>(&grads[150]),
+                                 reinterpret_cast<std::uint64_t>(&grads[200])};
+  ASSERT_EQ(tide_optimizer_set_gradients(opt, given, 3), TIDE_OK);
+  const kernels::AdamHyper h = hyper(1);
+  const tide_adam_hyper ch{h.lr,         h.beta1, h.beta2, h.eps, h.weight_decay,
+                           h.grad_scale, h.step,  1,       0};
+  const tide_placement_policy policy{TIDE_PLACEMENT_GPU, 0};
+  tide_phase_report report;
+  ASSERT_EQ(tide_optimizer_step(opt, &ch, &policy, 1u << 30, &report), TIDE_OK)
+      << tide::capi::last_error_text();
+  EXPECT_EQ(report.gpu_subgroups, 2u);
+  std::vector<float> m(300, 0.0f), v(300, 0.0f);
+  kernels::AdamSubgroup sub;
+  sub.grad = grads.data();
+  sub.param = expected.data();
+  sub.exp_avg = m.data();
+  sub.exp_avg_sq = v.data();
+  sub.count = 300;
+  sub.grad_dtype = Dtype::kFloat32;
+  kernels::cpu_adam_step(sub, h);
+  EXPECT_EQ(params, expected);
+  // The gradients were forgotten with the step: a step without new ones is refused.
+  EXPECT_EQ(tide_optimizer_step(opt, &ch, &policy, 1u << 30, &report), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(params, expected);
+  ASSERT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+
+  // bf16 master weights need bf16 parameters: never with host_params, whatever the dtypes.
+  for (const tide_dtype param_dtype : {TIDE_FLOAT32, TIDE_BFLOAT16}) {
+    options.grad_dtype = options.param_dtype = param_dtype;
+    options.master_dtype = TIDE_BFLOAT16;
+    EXPECT_EQ(tide_optimizer_create(sizes, 2, slices, 3, &options, &opt),
+              TIDE_ERROR_INVALID_ARGUMENT);
+    const std::string error = tide::capi::last_error_text();
+    EXPECT_NE(error.find("host_params and master_dtype TIDE_BFLOAT16"), std::string::npos) << error;
+  }
+  options.grad_dtype = options.param_dtype = TIDE_FLOAT32;
+  options.master_dtype = TIDE_FLOAT32;
+
+  // Without host_params there is nothing to set.
+  options.host_params = 0;
+  ASSERT_EQ(tide_optimizer_create(sizes, 2, slices, 3, &options, &opt), TIDE_OK);
+  EXPECT_EQ(tide_optimizer_set_gradients(opt, given, 3), TIDE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(tide::capi::last_error_text()).find("host_params"), std::string::npos);
+  ASSERT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+}
+
 TEST(ExecutorPolicy, ParsesAndNames) {
   EXPECT_EQ(policy_name(parse_policy("auto")), "auto");
   EXPECT_EQ(policy_name(parse_policy("cpu")), "cpu");

@@ -34,6 +34,7 @@ const Export kExports[] = {
     {"cuDeviceGet", "cuDeviceGet", 12000, false},
     {"cuDeviceGetCount", "cuDeviceGetCount", 12000, false},
     {"cuDeviceGetName", "cuDeviceGetName", 12000, false},
+    {"cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId", 12000, false},
     {"cuDeviceTotalMem", "cuDeviceTotalMem", 3010, false},
     {"cuDeviceTotalMem_v2", "cuDeviceTotalMem", 12000, false},
     {"cuDeviceGetAttribute", "cuDeviceGetAttribute", 12000, false},

@@ -30,8 +30,13 @@ class Bucket:
                  device: int, cpu_threads: int, gradients_on_gpu: bool,
                  state_dtype: torch.dtype = torch.float32,
                  master_dtype: torch.dtype = torch.float32,
-                 owners: list[torch.Tensor] | None = None):
+                 owners: list[torch.Tensor] | None = None, host: bool = False):
         self.group_index = group_index
+        self.device = device
+        # Host-resident (FSDP2's CPUOffloadPolicy): the fp32 parameters in host memory are the
+        # master weights, updated where they are; the gradients are read where they are
+        # (host_grads, per slice, handed over at every step); the pinned state is the moments.
+        self.host = host
         self.params = params
         # The model's parameters: `params` themselves, or the FSDP2 DTensors whose local shards
         # `params` are (_distributed): their gradients, their keys in opt.state.
@@ -46,6 +51,10 @@ class Bucket:
         # "param" is the parameters' own bf16 values, "comp" their bf16 compensation.
         self.master_dtype = master_dtype
         self.bf16_master = master_dtype == torch.bfloat16
+        if self.bf16_master and host:
+            raise ValueError("tide: master_dtype=torch.bfloat16 does not go with host-resident "
+                             "parameters (host_params: fp32 parameters that are their own master "
+                             "weights); bf16 master weights need bfloat16 parameters")
         if self.bf16_master and self.dtype != torch.bfloat16:
             raise ValueError(f"tide: master_dtype=torch.bfloat16 needs bfloat16 parameters (the "
                              f"model's parameters are the master weights), got {self.dtype}; "
@@ -68,7 +77,14 @@ class Bucket:
                                            state_dtype=(_quant8.TIDE_STATE_BLOCK_Q8
                                                         if self.quantized
                                                         else TIDE_DTYPES[state_dtype]),
-                                           master_dtype=TIDE_DTYPES[master_dtype])
+                                           master_dtype=TIDE_DTYPES[master_dtype],
+                                           host_params=host)
+        self.host_grads = [0] * len(slices)  # host: per slice, its gradient's address
+        first = 0  # parameter i's slices are slices[first_slice[i]:][:len(pieces[i])]
+        self.first_slice = []
+        for mine in self.pieces:
+            self.first_slice.append(first)
+            first += len(mine)
         # What tide's slices describe: the memory the parameters had when the optimizer was made.
         self.layouts = [layout_of(p) for p in params]
         self.versions = [self.version(i) for i in range(len(params))]
@@ -111,17 +127,19 @@ class Bucket:
     @property
     def views(self) -> list[dict[str, torch.Tensor]]:
         """CPU tensors over each subgroup's pinned buffers (no copy): "param" (the fp32 master
-        weights; bf16 master weights: the bf16 weights, and "comp" their compensation), "exp_avg", "exp_avg_sq" (of state_dtype; 8-bit moments: their uint8 codes, and
-        "exp_avg_scale", "exp_avg_sq_scale" their blocks' fp32 scales), "grad". A step may move a
-        subgroup's state to another buffer (executor.h): after one, those of the subgroups that moved are made again. Each
-        keeps its buffer allocated while it, or a tensor on its storage, lives
-        (Executor.memory)."""
+        weights; bf16 master weights: the bf16 weights, and "comp" their compensation),
+        "exp_avg", "exp_avg_sq" (of state_dtype; 8-bit moments: their uint8 codes, and
+        "exp_avg_scale", "exp_avg_sq_scale" their blocks' fp32 scales), "grad"; host-resident
+        buckets have no "param" (the parameters are) and no "grad". A step may move a
+        subgroup's state to another buffer (executor.h): after one, those of the subgroups that
+        moved are made again. Each keeps its buffer allocated while it, or a tensor on its
+        storage, lives (Executor.memory)."""
         if self._views is None:
             self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
         elif self._moved:
             for i, views in enumerate(self._views):
                 b = self.executor.buffers(i)
-                if self._master_address(i, b) != views["param"].data_ptr():
+                if b.exp_avg != views["exp_avg"].data_ptr():  # the slot moved as a whole
                     self._views[i] = self._subgroup_views(i, b)
         self._moved = False
         return self._views
@@ -133,10 +151,6 @@ class Bucket:
     def drop_views(self) -> None:
         self._views = None
 
-    def _master_address(self, subgroup: int, b: _executor.SubgroupBuffers) -> int:
-        """Where the subgroup's master weights are now (fp32, or bf16 weights)."""
-        return self.executor.master_bf16(subgroup)[0] if self.bf16_master else b.param
-
     def _subgroup_views(self, subgroup: int, b: _executor.SubgroupBuffers | None = None
                         ) -> dict[str, torch.Tensor]:
         b = self.executor.buffers(subgroup) if b is None else b
@@ -146,16 +160,16 @@ class Bucket:
             return torch.frombuffer(raw, dtype=dtype, count=b.count)
 
         moment_size = torch.empty(0, dtype=self.state_dtype).element_size()
+        views = {"exp_avg": view(b.exp_avg, self.state_dtype, moment_size),
+                 "exp_avg_sq": view(b.exp_avg_sq, self.state_dtype, moment_size)}
         if self.bf16_master:
             weights, comp = self.executor.master_bf16(subgroup)
-            master = {"param": view(weights, torch.bfloat16, 2),
-                      "comp": view(comp, torch.bfloat16, 2)}
-        else:
-            master = {"param": view(b.param, torch.float32, 4)}
-        views = {**master,
-                 "exp_avg": view(b.exp_avg, self.state_dtype, moment_size),
-                 "exp_avg_sq": view(b.exp_avg_sq, self.state_dtype, moment_size),
-                 "grad": view(b.grad, self.dtype, self.element_size)}
+            views["param"] = view(weights, torch.bfloat16, 2)
+            views["comp"] = view(comp, torch.bfloat16, 2)
+        elif not self.host:  # host-resident: the parameters are the masters
+            views["param"] = view(b.param, torch.float32, 4)
+        if not self.host:  # host-resident: no gradient buffer
+            views["grad"] = view(b.grad, self.dtype, self.element_size)
         if self.quantized:
             scale_m, scale_v, blocks = self.executor.q8_scales(subgroup)
             for key, address in (("exp_avg_scale", scale_m), ("exp_avg_sq_scale", scale_v)):
@@ -168,7 +182,10 @@ class Bucket:
 
     def read_master(self, i: int) -> None:
         """Master weights of parameter i from the parameter itself (bf16 master weights: its
-        values, with zero compensation)."""
+        values, with zero compensation; host-resident: they are the parameter)."""
+        if self.host:
+            self.versions[i] = self.version(i)
+            return
         flat = self.params[i].detach().reshape(-1)
         for piece in self.pieces[i]:
             self.pinned("param", piece).copy_(
@@ -186,6 +203,9 @@ class Bucket:
             # state to the parameter's dtype: bf16 survives it exactly).
             out = torch.empty(self.params[i].shape,
                               dtype=torch.bfloat16 if key == "comp" else torch.float32)
+        if self.host and key == "param":
+            out.view(-1).copy_(self.params[i].detach().reshape(-1))
+            return out
         flat = out.view(-1)
         for piece in self.pieces[i]:
             part = flat[piece.param_offset:piece.param_offset + piece.count]
@@ -206,6 +226,9 @@ class Bucket:
         if flat.numel() != self.params[i].numel():
             raise ValueError(f"state {key!r} has {flat.numel()} elements, the parameter "
                              f"{self.params[i].numel()}")
+        if self.host and key == "param":
+            self.params[i].detach().view(-1).copy_(flat)
+            return
         for piece in self.pieces[i]:
             part = flat[piece.param_offset:piece.param_offset + piece.count]
             if self.quantized and key != "param":
@@ -285,6 +308,14 @@ class Bucket:
                 views[key + "_scale"][touched] = scales[done_scales:done_scales + n]
                 done_codes += piece.count
                 done_scales += n
+
+    def set_gradient(self, i: int, grad: torch.Tensor | None) -> None:
+        """Host-resident: parameter i's gradient for the coming step (fp32, contiguous, in host
+        memory, held by the caller until the step returned), or None."""
+        base = 0 if grad is None else grad.data_ptr()
+        for k, piece in enumerate(self.pieces[i]):
+            self.host_grads[self.first_slice[i] + k] = (
+                base + piece.param_offset * self.element_size if base else 0)
 
     def set_frozen(self, frozen: list[int]) -> None:
         """The parameters (indices) the coming steps leave exactly as they are."""

@@ -52,6 +52,28 @@ def check_supported(p: torch.Tensor) -> None:
             "on dim 0 of a 1-D mesh (FSDP2's fully_shard), not HSDP or tensor parallelism")
 
 
+def cpu_offloaded(params: list[torch.Tensor]) -> set[int]:
+    """The ids of those of `params` that FSDP2 keeps in host memory (CPUOffloadPolicy): read from
+    FSDP2's state of the modules that went through fully_shard (torch internals: the module ->
+    state registry, each state's FSDPParams with `offload_to_cpu`); empty when they cannot be
+    read (another torch), and then on a GPU a shard on the CPU still says it."""
+    wanted = {id(p) for p in params if is_sharded(p)}
+    found: set[int] = set()
+    if not wanted:
+        return found
+    try:
+        from torch.distributed._composable_state import _module_state_mapping
+        states = [ref() for ref in list(_module_state_mapping.values())]
+        for state in states:
+            for group in getattr(state, "_fsdp_param_groups", None) or []:
+                for fsdp_param in group.fsdp_params:
+                    if fsdp_param.offload_to_cpu and id(fsdp_param.sharded_param) in wanted:
+                        found.add(id(fsdp_param.sharded_param))
+    except (ImportError, AttributeError, TypeError):
+        return set()
+    return found
+
+
 def group_of(p: torch.Tensor) -> Any:
     """The process group that shards `p` (None for a plain parameter)."""
     return p.device_mesh.get_group() if is_sharded(p) else None

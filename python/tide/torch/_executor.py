@@ -40,7 +40,7 @@ class Options(c.Structure):
                 ("gradients_on_gpu", c.c_int32), ("max_buffers", c.c_uint64),
                 ("use_rates", c.c_int32), ("refine", c.c_int32), ("rates", Rates),
                 ("cpu_threads", c.c_int32), ("state_dtype", c.c_int32),
-                ("master_dtype", c.c_int32)]
+                ("master_dtype", c.c_int32), ("host_params", c.c_int32)]
 
 
 class SubgroupBuffers(c.Structure):
@@ -96,6 +96,7 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_last_outcome": [opt, p(c.c_uint8), c.c_size_t],
                 "tide_optimizer_write_params": [opt],
                 "tide_optimizer_set_frozen": [opt, p(c.c_uint8), c.c_size_t],
+                "tide_optimizer_set_gradients": [opt, p(c.c_uint64), c.c_size_t],
                 "tide_optimizer_step": [opt, p(AdamHyper), p(PlacementPolicy), c.c_uint64,
                                         p(PhaseReport)],
                 "tide_optimizer_release_buffers": [opt],
@@ -181,7 +182,7 @@ class Executor:
 
     def __init__(self, subgroup_params: list[int], slices: list[tuple[int, int, int, int]], *,
                  device: int, dtype: int, cpu_threads: int = 0, gradients_on_gpu: bool = False,
-                 state_dtype: int = 0, master_dtype: int = 0):
+                 state_dtype: int = 0, master_dtype: int = 0, host_params: bool = False):
         lib = _cdll()
         options = Options()
         _lib.check(lib.tide_optimizer_options_default(c.byref(options)))
@@ -192,6 +193,7 @@ class Executor:
         options.gradients_on_gpu = int(gradients_on_gpu)
         options.state_dtype = state_dtype
         options.master_dtype = master_dtype
+        options.host_params = int(host_params)
         sizes = (c.c_uint64 * len(subgroup_params))(*subgroup_params)
         placed = (ParamSlice * len(slices))(*[ParamSlice(*s) for s in slices])
         handle = c.c_void_p()
@@ -303,6 +305,12 @@ class Executor:
         """Per slice (in the order given at creation): leave its elements as they are."""
         flags = (c.c_uint8 * len(frozen))(*[1 if f else 0 for f in frozen])
         _lib.check(self._lib.tide_optimizer_set_frozen(self._handle, flags, len(frozen)))
+
+    def set_gradients(self, addresses: list[int]) -> None:
+        """host_params: per slice (in the order given at creation), the host address of its
+        gradient for the coming step (0: none; the slice must be frozen), read in place."""
+        grads = (c.c_uint64 * len(addresses))(*addresses)
+        _lib.check(self._lib.tide_optimizer_set_gradients(self._handle, grads, len(addresses)))
 
     def release_buffers(self) -> None:
         _lib.check(self._lib.tide_optimizer_release_buffers(self._handle))

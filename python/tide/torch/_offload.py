@@ -17,6 +17,10 @@ moved DTensor version (the non-foreach in-place ops: `p.grad.mul_`, `div_`, `zer
 clip_grad_norm_(foreach=False)), GradScaler.unscale_ (scaler.step then hands step() no
 grad_scale), or `opt.gradients_changed()`, which any other in-place write to DTensor gradients
 after backward needs (torch.nn.utils.clip_grad_norm_ with foreach, any torch._foreach_* op).
+
+Host-resident buckets (FSDP2's CPUOffloadPolicy: the gradients are in host memory already) copy
+nothing: at every step() their gradients' addresses are handed to the executor, which reads them
+where they are (counted as read in place).
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ class GradientOffload:
         self.sharded_in_backward = sharded_gradients == "backward"
         self._changed = False  # gradients_changed() was called since the offloads
         # Gradients offloaded in their hook and at step() (again, or first), this step and the last.
-        self.counts = {"backward": 0, "step": 0}
+        self.counts = {"backward": 0, "step": 0, "in_place": 0}
         self.last_counts = dict(self.counts)
         self.hooks: list[Any] = []  # the post-accumulate-grad hooks, removed with the optimizer
         self._offloaded: dict[int, tuple[torch.Tensor, int]] = {}  # id(param) -> (grad, version)
         self._keepalive: list[torch.Tensor] = []  # gradients whose offload may be in flight
+        self._read_in_place: set[int] = set()  # host-resident parameters counted this step
         self._streams: dict[int, Any] = {}
 
     def _stream(self, bucket: Bucket) -> Any:
@@ -64,6 +69,8 @@ class GradientOffload:
         if (id(p) in self.where and p.grad is not None
                 and (self.sharded_in_backward or not is_sharded(p))):
             bucket, i = self.where[id(p)]
+            if bucket.host:
+                return  # read in place at step()
             if layout_of(local(p)) == bucket.layouts[i]:
                 self.offload(p)
                 self.counts["backward"] += 1
@@ -81,6 +88,12 @@ class GradientOffload:
             if source.is_sparse:
                 raise ValueError("tide: sparse gradients are not supported")
             source = source.to(bucket.dtype).contiguous()
+        if bucket.host:
+            if source.device.type != "cpu":
+                source = source.cpu()
+            bucket.set_gradient(i, source)  # read where it is by the step
+            self._keepalive.append(source)
+            return
         stream = None if self.cpu else torch.cuda.current_stream(p.device).cuda_stream
         base = source.data_ptr()
         for piece in bucket.pieces[i]:
@@ -116,8 +129,17 @@ class GradientOffload:
                 if bucket.version(i) != bucket.versions[i]:
                     bucket.read_master(i)
                 grad = p.grad
+                if bucket.host:
+                    bucket.set_gradient(i, None)
+                    if grad is not None:
+                        self.offload(p)  # every time: its address, nothing copied
+                        if id(p) not in self._read_in_place:
+                            self._read_in_place.add(id(p))
+                            self.counts["in_place"] += 1
                 if grad is None:
                     missing.append((bucket, i))
+                    continue
+                if bucket.host:
                     continue
                 seen = self._offloaded.get(id(p))
                 unseen = is_sharded(p) and (unscaled or not self.sharded_in_backward)
@@ -126,12 +148,16 @@ class GradientOffload:
                     self.offload(p)
                     self.counts["step"] += 1
         self._changed = False  # until the gradients change again, what was offloaded holds
+        for bucket in buckets:
+            if bucket.host:
+                bucket.executor.set_gradients(bucket.host_grads)
         return missing
 
     def release_gradients(self) -> None:
         """After a wait on every offload (grad_stats or step): the gradients may go."""
         self._keepalive.clear()
         self._offloaded.clear()
+        self._read_in_place.clear()
         self._changed = False
         self.last_counts = self.counts
-        self.counts = {"backward": 0, "step": 0}
+        self.counts = {"backward": 0, "step": 0, "in_place": 0}

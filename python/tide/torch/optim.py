@@ -105,7 +105,18 @@ class AdamW(torch.optim.Optimizer):
       sharded_gradients: when FSDP2 (DTensor) gradients are offloaded: "step" (default: read
                          at step()) or "backward" (in their hooks, after FSDP2's reduce-scatter,
                          overlapping backward; foreach in-place writes to them afterwards, e.g.
-                         torch.nn.utils.clip_grad_norm_ on CUDA, need opt.gradients_changed()).
+                         torch.nn.utils.clip_grad_norm_ on CUDA, need opt.gradients_changed());
+      host_params:       whether fp32 parameters in host memory are stepped where they are, as
+                         their own master weights, with their gradients read where they are (no
+                         master copy, no gradient offload; GPU subgroups copy them in and their
+                         results back): FSDP2's CPUOffloadPolicy regime. None (default): yes for
+                         the FSDP2 parameters whose FSDP2 offload policy is CPUOffloadPolicy, and
+                         on a GPU for any DTensor whose shard is on the CPU; True: every fp32 CPU
+                         parameter (False: none; in CPU mode tide then keeps its own fp32 masters
+                         as for parameters on a GPU). Only fp32 parameters (bf16 ones on the CPU
+                         keep fp32 masters in CPU mode and raise on a GPU), not with 8-bit moments
+                         nor with master_dtype=torch.bfloat16 (ValueError: that needs bf16
+                         parameters).
     """
 
     _decoupled = True
@@ -124,7 +135,8 @@ class AdamW(torch.optim.Optimizer):
                  keep_buffers: bool = False, state_dtype: torch.dtype | str | None = None,
                  sharded_gradients: str = "step",
                  master_dtype: torch.dtype | str | None = None,
-                 state_rounding: str | None = None, state_rounding_seed: int | None = None):
+                 state_rounding: str | None = None, state_rounding_seed: int | None = None,
+                 host_params: bool | None = None):
         if weight_decay is None:
             weight_decay = self._default_weight_decay
         for name, value in (("amsgrad", amsgrad), ("capturable", capturable),
@@ -154,6 +166,14 @@ class AdamW(torch.optim.Optimizer):
                              "kernels round to nearest")
         self._gradients_on_gpu = bool(gradients_on_gpu)
         self._keep_buffers = bool(keep_buffers)
+        if host_params not in (None, True, False):
+            raise ValueError(f"tide: host_params={host_params!r}; it accepts None (automatic), "
+                             "True or False")
+        if host_params and self._master_dtype == torch.bfloat16:
+            raise ValueError("tide: host_params=True and master_dtype=torch.bfloat16 do not go "
+                             "together: host-resident parameters are float32 and their own master "
+                             "weights, bf16 master weights need bfloat16 parameters")
+        self._host_params = host_params
         self._cpu = _runtime.cpu_mode()
         if self._cpu:
             _runtime.ensure_cpu_mode_driver()
@@ -187,26 +207,50 @@ class AdamW(torch.optim.Optimizer):
         if self._ready:
             self._build(len(self.param_groups) - 1)
 
-    def _device_index(self, p: torch.Tensor) -> int:
-        """The device of a parameter (of a DTensor's local shard)."""
-        if self._cpu:
-            if p.device.type != "cpu":
-                raise ValueError(f"tide: CPU mode (no GPU) needs CPU parameters, got {p.device}")
-            return 0
-        if p.device.type != "cuda":
-            if p.device.type == "cpu" and _distributed.is_sharded(p):
+    def _placement(self, p: torch.Tensor, offloaded: set[int]) -> tuple[int, bool]:
+        """The device of a parameter (of a DTensor's local shard), and whether it is
+        host-resident (stepped where it is in host memory: `host_params`). `offloaded`: ids of
+        the FSDP2 parameters under CPUOffloadPolicy."""
+        shard = _distributed.local(p)
+        on_cpu = shard.device.type == "cpu"
+        if self._host_params is None:
+            host = id(p) in offloaded or (not self._cpu and on_cpu and _distributed.is_sharded(p))
+        else:
+            host = self._host_params and on_cpu
+        if host and (p.dtype != torch.float32 or self._state_dtype == torch.uint8):
+            if self._cpu and self._host_params is None:
+                host = False  # tide's own fp32 masters, as for parameters on the stand-in's GPU
+            else:
                 raise ValueError(
-                    "tide: an FSDP2 parameter's shard is in host memory (CPUOffloadPolicy): on a "
-                    "GPU, tide steps shards on the GPU only (CPUOffloadPolicy is supported in CPU "
-                    "mode, without a GPU)")
-            raise ValueError(f"tide: parameters must be CUDA tensors, got one on {p.device}")
-        return p.device.index if p.device.index is not None else torch.cuda.current_device()
+                    f"tide: a {p.dtype} parameter in host memory (an FSDP2 CPUOffloadPolicy "
+                    "shard): tide steps host-resident parameters in place when they are float32 "
+                    "(their own master weights) with float32 or bfloat16 moments; use float32 "
+                    "sharded parameters (MixedPrecisionPolicy(param_dtype=torch.bfloat16) for "
+                    "bf16 compute)")
+        if host and self._master_dtype == torch.bfloat16:
+            raise ValueError(
+                "tide: master_dtype=torch.bfloat16 with a float32 parameter in host memory (an "
+                "FSDP2 CPUOffloadPolicy shard, stepped where it is as its own fp32 master: "
+                "host_params): bf16 master weights need bfloat16 parameters; use "
+                "master_dtype=torch.float32 here")
+        if self._cpu:
+            if not on_cpu:
+                raise ValueError(f"tide: CPU mode (no GPU) needs CPU parameters, got {p.device}")
+            return 0, host
+        if host:
+            return torch.cuda.current_device(), True
+        if shard.device.type != "cuda":
+            raise ValueError(f"tide: parameters must be CUDA tensors (or host-resident fp32 "
+                             f"ones: host_params), got one on {shard.device}")
+        return (shard.device.index if shard.device.index is not None
+                else torch.cuda.current_device()), False
 
     def _build(self, group_index: int) -> None:
         # FSDP2 parameters (DTensors): tide steps their local shards (_distributed), in buckets
         # of their own process group, whose gradient norm is summed over its ranks.
-        by_key: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
+        by_key: dict[tuple[torch.dtype, int, int, bool], list[torch.Tensor]] = {}
         groups = self.param_groups[group_index]["params"]
+        offloaded = _distributed.cpu_offloaded(groups) if self._host_params is None else set()
         for p in groups:
             _distributed.check_supported(p)
             shard = _distributed.local(p)
@@ -220,20 +264,23 @@ class AdamW(torch.optim.Optimizer):
                 if p.numel() != 0 and p.requires_grad:
                     self._empty_shards.params.append(p)
                 continue
-            key = (p.dtype, self._device_index(p), id(_distributed.group_of(p)))
+            key = (p.dtype, *self._placement(p, offloaded), id(_distributed.group_of(p)))
             by_key.setdefault(key, []).append(p)
         _distributed.groups_of(groups, self._process_groups)
-        for (_, device, _), owners in by_key.items():
+        for (_, device, host, _), owners in by_key.items():
             params = [_distributed.local(p) for p in owners]
             bucket = Bucket(group_index, params, self._subgroup_size, device=device,
-                            cpu_threads=self._threads, gradients_on_gpu=self._gradients_on_gpu,
+                            cpu_threads=self._threads,
+                            gradients_on_gpu=self._gradients_on_gpu and not host,
                             state_dtype=self._state_dtype, master_dtype=self._master_dtype,
-                            owners=owners)
+                            owners=owners, host=host)
             self._buckets.append(bucket)
             self._round_moments(len(self._buckets) - 1)
             for i, p in enumerate(owners):
                 self._where[id(p)] = (bucket, i)
-                if p.requires_grad:
+                # A host-resident gradient is read at step(), so no hook: FSDP2 copies a
+                # gradient to host memory synchronously when its parameter has one.
+                if p.requires_grad and not host:
                     # The hook must not hold the optimizer: the finalizer's arguments (held
                     # until it runs) reach the parameters, so the optimizer could never go.
                     self._gradients.hooks.append(
@@ -386,7 +433,7 @@ class AdamW(torch.optim.Optimizer):
         return reports, problems, headroom, skipped
 
     def _device_of(self, bucket: Bucket) -> int:
-        return 0 if self._cpu else bucket.params[0].device.index
+        return bucket.device
 
     def _hyper(self, bucket: Bucket, scale: float) -> kernels.AdamHyper:
         group = self.param_groups[bucket.group_index]
@@ -434,6 +481,11 @@ class AdamW(torch.optim.Optimizer):
             # Gradients offloaded during backward (in their hooks) and at step() (first or again).
             "gradients_offloaded_in_backward": self._gradients.last_counts["backward"],
             "gradients_offloaded_at_step": self._gradients.last_counts["step"],
+            # Host-resident parameters (FSDP2's CPUOffloadPolicy): elements stepped where they
+            # are, and gradients read in place (not offloaded).
+            "host_resident_elements": sum(sum(b.sizes) for b in self._buckets if b.host),
+            "gradients_read_in_place": self._gradients.last_counts["in_place"],
+            "pinned_state_bytes": self.pinned_state_bytes(),
         }
         self.stats.append(stat)
 
@@ -450,9 +502,19 @@ class AdamW(torch.optim.Optimizer):
         subgroups placed on the GPU and the CPU, pinned bytes and elements of the optimizer state,
         and the slowest rank's update phase (seconds) with the elements per second it gives."""
         elements = sum(sum(b.sizes) for b in self._buckets)
-        pinned = sum(sum(b.sizes) * (4 + 2 * b.state_dtype.itemsize + b.element_size)
-                     for b in self._buckets)
-        return _distributed.node_summary(self.last_plan, pinned, elements)
+        return _distributed.node_summary(self.last_plan, self.pinned_state_bytes(), elements)
+
+    def pinned_state_bytes(self) -> int:
+        """Bytes of pinned memory tide holds per step for the optimizer state (before the
+        arenas' rounding): fp32 master weights, moments, gradient buffers and the low-precision
+        weights' upload copies; host-resident parameters only their moments."""
+        total = 0
+        for b in self._buckets:
+            moments = 2 * (1 if b.quantized else b.state_dtype.itemsize)
+            per = moments if b.host else (
+                4 + moments + b.element_size + (b.element_size if b.element_size < 4 else 0))
+            total += sum(b.sizes) * per
+        return total
 
     # ---- checkpoints ----
 
