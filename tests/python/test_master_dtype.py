@@ -219,6 +219,21 @@ def test_state_shows_torch_keys_and_the_compensation():
     assert set(saved[0]) == {"step", "exp_avg", "exp_avg_sq", "master_comp"}
 
 
+def test_pinned_bytes_count_no_weight_copy():
+    """The state's pinned bytes (opt.last_plan["pinned_state_bytes"], the node summary's
+    figure): a bf16 master's weights and compensation take the fp32 master's 4 bytes and no
+    bf16 upload copy is kept, so 2 bytes per parameter fewer than an fp32 master of the same
+    bf16 parameters."""
+    n = sum(torch.Size(shape).numel() for shape in SHAPES)
+    figures = {}
+    for master in (torch.float32, torch.bfloat16):
+        params = make_params()
+        opt = make_opt(params, master_dtype=master)
+        step_with(params, opt, [1])
+        figures[master] = opt.last_plan["pinned_state_bytes"]
+    assert figures[torch.float32] - figures[torch.bfloat16] == 2 * n
+
+
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 def test_a_checkpoint_round_trip_is_bit_exact(tmp_path, state_dtype):
     params = make_params()

@@ -358,6 +358,19 @@ def test_bad_exact_state_is_refused():
         opt.load_state_dict(sd)
 
 
+def test_pinned_bytes_count_the_block_scales():
+    """opt.last_plan["pinned_state_bytes"] with 8-bit moments: 2 bytes per parameter fewer than
+    bf16 moments' 4, and two fp32 scales (8 bytes) per 256-element block."""
+    figures = {}
+    for state_dtype in (torch.bfloat16, "q8"):
+        params = make_params()
+        opt = make_opt(params, state_dtype=state_dtype)
+        step_with(params, opt, [1])
+        figures[state_dtype] = opt.last_plan["pinned_state_bytes"]
+    n = sum(p.numel() for p in make_params())
+    assert figures[torch.bfloat16] - figures["q8"] == 2 * n - 8 * -(-n // 256)
+
+
 def test_a_parameter_without_a_gradient_keeps_its_state():
     """Frozen for a step: its weights bit for bit; its moments' codes and scales too where its
     elements fill whole blocks, and their values within a code's rounding where a block is shared

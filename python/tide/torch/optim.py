@@ -507,13 +507,18 @@ class AdamW(torch.optim.Optimizer):
     def pinned_state_bytes(self) -> int:
         """Bytes of pinned memory tide holds per step for the optimizer state (before the
         arenas' rounding): fp32 master weights, moments, gradient buffers and the low-precision
-        weights' upload copies; host-resident parameters only their moments."""
+        weights' upload copies (none with bf16 master weights: their bf16 weights and
+        compensation take the fp32 master's 4 bytes); host-resident parameters only their
+        moments; 8-bit moments their block scales too."""
         total = 0
         for b in self._buckets:
+            n = sum(b.sizes)
             moments = 2 * (1 if b.quantized else b.state_dtype.itemsize)
-            per = moments if b.host else (
-                4 + moments + b.element_size + (b.element_size if b.element_size < 4 else 0))
-            total += sum(b.sizes) * per
+            upload = b.element_size if b.element_size < 4 and not b.bf16_master else 0
+            per = moments if b.host else 4 + moments + b.element_size + upload
+            total += n * per
+            if b.quantized:
+                total += 8 * -(-n // 256)  # two fp32 scales per 256-element block
         return total
 
     # ---- checkpoints ----
