@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the master weights: float32 (an fp32 copy in pinned memory) or "
                         "bfloat16 (the bf16 model's parameters with a bf16 compensation each; "
                         "needs --dtype bf16) (%(default)s: TIDE_MASTER_DTYPE, else float32)")
+    p.add_argument("--state-rounding", choices=["nearest", "stochastic"], default=None,
+                   help="how bf16 moments are rounded (stochastic needs --state-dtype bfloat16) "
+                        "(%(default)s: TIDE_STATE_ROUNDING, else nearest)")
     p.add_argument("--compare", action=argparse.BooleanOptionalAction, default=False,
                    help="also train with torch.optim.AdamW from the same seed and compare")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out"),
@@ -76,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.master_dtype == "bfloat16" and args.dtype != "bf16":
         p.error("--master-dtype bfloat16 needs --dtype bf16 (the model's bf16 parameters are "
                 "the master weights)")
+    if args.state_rounding == "stochastic" and args.state_dtype != "bfloat16":
+        p.error("--state-rounding stochastic needs --state-dtype bfloat16 (it rounds bf16 moments)")
     return args
 
 
@@ -113,6 +118,8 @@ def tide_optimizer(args, model: GPT) -> torch.optim.Optimizer:
                                   else getattr(torch, args.state_dtype))
     if args.master_dtype is not None:
         options["master_dtype"] = getattr(torch, args.master_dtype)
+    if args.state_rounding is not None:
+        options["state_rounding"] = args.state_rounding
     return tide.torch.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                             **options)
 
@@ -207,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
           f"seq {args.seq_len}, batch {args.batch}: {n_params / 1e6:.2f}M parameters, "
           f"{args.dtype} on {device}; tide AdamW lr {args.lr:g}, placement {args.placement}, "
           f"{args.steps} steps", flush=True)
+    fmt = opt.state_format
+    rounding = f" ({fmt['rounding']} rounding)" if fmt["moments"] == "bfloat16" else ""
+    print(f"train_gpt: optimizer state: {fmt['moments']} moments{rounding}, "
+          f"{fmt['master']} master weights", flush=True)
 
     def report(step, times):
         print(iteration_line(step, args.steps, times, opt.last_plan), flush=True)

@@ -96,3 +96,32 @@ def test_bad_placement_is_a_usage_error():
                             check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "--placement must be auto, cpu, gpu or a number" in result.stderr
+
+
+@pytest.mark.parametrize("options, state", [
+    (["--dtype", "bf16", "--master-dtype", "bfloat16", "--state-dtype", "bfloat16"],
+     "bfloat16 moments (nearest rounding), bfloat16 master weights"),
+    (["--state-dtype", "bfloat16", "--state-rounding", "stochastic"],
+     "bfloat16 moments (stochastic rounding), float32 master weights"),
+    (["--state-dtype", "q8"], "q8 moments, float32 master weights"),
+])
+def test_state_formats_run(tmp_path, options, state):
+    """The formats the README's quality tables come from (bf16 master weights, stochastically
+    rounded bf16 moments, 8-bit moments) reach tide.torch, as the optimizer's state_format
+    says, and train: finite losses on every line."""
+    result = run_example(*TINY, "--steps", "2", *options, "--out", str(tmp_path))
+    assert f"train_gpt: optimizer state: {state}\n" in result.stdout, result.stdout
+    lines = ITERATION.findall(result.stdout)
+    assert len(lines) == 2, result.stdout
+    assert all(float(line[2]) == float(line[2]) and float(line[2]) < 10 for line in lines)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--master-dtype", "bfloat16"], "--master-dtype bfloat16 needs --dtype bf16"),
+    (["--state-rounding", "stochastic"], "--state-rounding stochastic needs --state-dtype bfloat16"),
+])
+def test_state_format_combinations_are_usage_errors(options, message):
+    result = subprocess.run([sys.executable, str(REPO / "examples" / "train_gpt.py"), *options],
+                            check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr

@@ -490,6 +490,15 @@ class AdamW(torch.optim.Optimizer):
         self.stats.append(stat)
 
     @property
+    def state_format(self) -> dict[str, str]:
+        """How this optimizer keeps its state, as resolved from the arguments and the TIDE_*
+        variables: "moments" ("float32", "bfloat16" or "q8"), "master" ("float32" or
+        "bfloat16") and "rounding" of bf16 moments ("nearest" or "stochastic")."""
+        moments = "q8" if self._state_dtype == torch.uint8 else str(self._state_dtype)[6:]
+        return {"moments": moments, "master": str(self._master_dtype)[6:],
+                "rounding": self._state_rounding}
+
+    @property
     def last_plan(self) -> dict[str, Any] | None:
         """The last step's placement and times (see `stats`), or None before the first step."""
         return self.stats[-1] if self.stats else None
