@@ -115,6 +115,8 @@ def test_the_knob_turns_it_on_and_the_argument_wins(monkeypatch):
         params = make_params()
         opt = tt.AdamW(params, lr=LR, state_dtype=torch.bfloat16, state_rounding=argument,
                        state_rounding_seed=5, subgroup_size=SUBGROUP, placement="cpu")
+        assert opt.state_format == {"moments": "bfloat16", "master": "float32",
+                                    "rounding": argument or knob or "nearest"}
         step_with(params, opt, range(1, 4))
         runs[(knob, argument)] = snapshot(params, opt)
     nearest, stochastic = runs[(None, None)], runs[(None, "stochastic")]
