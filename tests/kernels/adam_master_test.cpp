@@ -108,14 +108,6 @@ MasterState random_state(std::size_t n, Dtype g, Dtype s, std::mt19937_64& rng, 
   return st;
 }
 
-std::vector<CpuIsa> supported_isas() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (cpu_supports(isa)) out.push_back(isa);
-  }
-  return out;
-}
-
 std::uint64_t cpu_step(MasterState& st, const AdamHyper& h, CpuIsa isa) {
   CpuAdamOptions o;
   o.force_isa = true;

@@ -412,14 +412,6 @@ void expect_reference(const AdamHyper& h, const Q8Subgroup& before, const Q8Subg
 
 // ---- Running the implementations ----
 
-std::vector<CpuIsa> supported_isas() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (cpu_supports(isa)) out.push_back(isa);
-  }
-  return out;
-}
-
 std::uint64_t run_cpu(Q8Subgroup& s, const AdamHyper& h, CpuIsa isa, unsigned threads) {
   CpuAdamOptions o;
   o.force_isa = true;

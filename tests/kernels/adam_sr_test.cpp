@@ -89,14 +89,6 @@ SrState random_state(std::size_t n, Dtype g, Dtype c, std::mt19937_64& rng, bool
   return st;
 }
 
-std::vector<CpuIsa> supported_isas() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (cpu_supports(isa)) out.push_back(isa);
-  }
-  return out;
-}
-
 std::uint64_t cpu_step(const AdamSubgroup& s, const AdamHyper& h, CpuIsa isa,
                        unsigned threads = 1) {
   CpuAdamOptions o;

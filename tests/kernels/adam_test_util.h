@@ -41,6 +41,15 @@ inline std::uint64_t fresh_seed() {
   return (std::uint64_t{device()} << 32) ^ device();
 }
 
+// The CPU variants this machine runs, scalar first (the others are compared with it).
+inline std::vector<CpuIsa> supported_isas() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (cpu_supports(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
 inline float to_float(const void* base, Dtype d, std::size_t i) {
   switch (d) {
     case Dtype::kFloat32:
