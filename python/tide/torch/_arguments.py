@@ -68,6 +68,19 @@ def placement_in_force(option: str | int | None) -> str | int:
     return int(text.lstrip("kK"))
 
 
+def choice_knob(variable: str, choices: dict[str, Any], default: Any) -> Any:
+    """A TIDE_* variable that names one of `choices` (their values returned): unset or empty
+    gives `default`; anything else, spelled exactly, is a ValueError listing what it accepts."""
+    text = os.environ.get(variable)
+    if not text:
+        return default
+    if text not in choices:
+        names = list(choices)
+        accepted = ", ".join(names[:-1]) + " or " + names[-1]
+        raise ValueError(f"{variable}={text!r}: expected {accepted}")
+    return choices[text]
+
+
 # "q8": 8-bit block-wise moments (_quant8), kept as torch.uint8 codes.
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "q8": torch.uint8}
 
@@ -82,12 +95,7 @@ def state_dtype(option: torch.dtype | str | None) -> torch.dtype:
             raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or \"q8\" "
                              f"(torch.uint8), got {option!r}")
         return option
-    text = os.environ.get("TIDE_STATE_DTYPE")
-    if not text:
-        return torch.float32
-    if text not in STATE_DTYPES:
-        raise ValueError(f"TIDE_STATE_DTYPE={text!r}: expected float32, bfloat16 or q8")
-    return STATE_DTYPES[text]
+    return choice_knob("TIDE_STATE_DTYPE", STATE_DTYPES, torch.float32)
 
 
 MASTER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -103,12 +111,7 @@ def master_dtype(option: torch.dtype | str | None) -> torch.dtype:
             raise ValueError(f"master_dtype must be torch.float32 or torch.bfloat16, got "
                              f"{option!r}")
         return option
-    text = os.environ.get("TIDE_MASTER_DTYPE")
-    if not text:
-        return torch.float32
-    if text not in MASTER_DTYPES:
-        raise ValueError(f"TIDE_MASTER_DTYPE={text!r}: expected float32 or bfloat16")
-    return MASTER_DTYPES[text]
+    return choice_knob("TIDE_MASTER_DTYPE", MASTER_DTYPES, torch.float32)
 
 
 STATE_ROUNDINGS = ("nearest", "stochastic")
@@ -124,13 +127,8 @@ def state_rounding(option: str | None, state_dtype: torch.dtype) -> str:
         where = "state_rounding='stochastic'"
         mode = option
     else:
-        text = os.environ.get("TIDE_STATE_ROUNDING")
-        if not text:
-            return "nearest"
-        if text not in STATE_ROUNDINGS:
-            raise ValueError(f"TIDE_STATE_ROUNDING={text!r}: expected nearest or stochastic")
+        mode = choice_knob("TIDE_STATE_ROUNDING", {r: r for r in STATE_ROUNDINGS}, "nearest")
         where = "TIDE_STATE_ROUNDING=stochastic"
-        mode = text
     if mode == "stochastic" and state_dtype != torch.bfloat16:
         raise ValueError(f"{where} applies to bf16 moments (state_dtype=torch.bfloat16) only; "
                          f"the moments here are {'q8' if state_dtype == torch.uint8 else state_dtype}")
