@@ -395,7 +395,7 @@ void Executor::Phase::copy_state_in(const GpuTask& t) {
                                    *x.h2d_);
     }
     const std::uint64_t skip = 2 * state.params(s);
-    driver::copy_to_device_async(base + skip, reinterpret_cast<const char*>(state.param(s)) + skip,
+    driver::copy_to_device_async(base + skip, reinterpret_cast<const char*>(state.slot(s)) + skip,
                                  state.slot_bytes(s) - skip, *x.h2d_);
   } else {
     driver::copy_to_device_async(base, state.slot(s), state.slot_bytes(s), *x.h2d_);
@@ -644,25 +644,23 @@ void Executor::Phase::commit(const GpuTask& t) {
   report.nonfinite += host_counters[t.position];
   report.devices[s] = Device::gpu;
   committed.push_back(t);
+  // The weights reach the model from the committed state only.
+  const std::vector<ParamSlice>& slices = state.spec(s).slices;
   if (host) {
-    // The new weights into the parameters, on the host: nothing here can fail.
-    const std::vector<ParamSlice>& slices = state.spec(s).slices;
+    // Into the parameters, on the host: nothing here can fail.
     for (std::size_t k = 0; k < slices.size(); ++k) {
       if (x.frozen_[s][k]) continue;
       std::memcpy(reinterpret_cast<void*>(slices[k].device_ptr), t.staging + slices[k].offset,
                   slices[k].count * 4);
     }
     free_staging(t);
-  }
-  // The weights reach the model from the committed state only.
-  if (!host) {
+  } else {
     try {
-      const unsigned size = ps;  // the copy's, or the state's own weights (fp32 or bf16)
-      const std::vector<ParamSlice>& slices = state.spec(s).slices;
+      // ps bytes per parameter: the weight copy's, or the state's own weights (fp32 or bf16).
       for (std::size_t k = 0; k < slices.size(); ++k) {
         if (x.frozen_[s][k]) continue;
-        driver::copy_on_device_async(slices[k].device_ptr, t.weights + slices[k].offset * size,
-                                     slices[k].count * size, *x.params_);
+        driver::copy_on_device_async(slices[k].device_ptr, t.weights + slices[k].offset * ps,
+                                     slices[k].count * ps, *x.params_);
       }
       lane.written.record(*x.params_);
       lane.written_recorded = true;
