@@ -55,7 +55,21 @@ if [[ ${1:-} == --python ]]; then
   fi
   if ! cmp -s python/requirements.txt "$stamp"; then
     log "installing python/requirements.txt into $venv (PyTorch is large: minutes on a fresh machine)"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r python/requirements.txt
+    # PyTorch with its CUDA libraries takes about 6 GiB installed; pip's wheel cache would keep
+    # another 3 GiB of downloads that nothing reads again, so it is off. The build trees and the
+    # sanitizer builds of `make test` take about 4 GiB more.
+    need_kib=$((10 * 1024 * 1024))
+    free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+    if [[ $free_kib =~ ^[0-9]+$ && $free_kib -lt $need_kib ]]; then
+      log "warning: $((free_kib / 1024)) MiB free on the file system of $PWD;" \
+          "the venv, the build and the tests need about $((need_kib / 1024)) MiB"
+    fi
+    if ! "$venv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check \
+         -r python/requirements.txt; then
+      echo "bootstrap: pip could not install python/requirements.txt into $venv" \
+           "($(df -Pk . | awk 'NR == 2 { print int($4 / 1024) }') MiB free now); see pip's error above" >&2
+      exit 1
+    fi
     cp python/requirements.txt "$stamp"
   fi
   # The package itself, from the source tree (an editable install without a second C++ build:
