@@ -59,22 +59,33 @@ std::string read_small(const std::filesystem::path& path) {
 
 LocalRanks local_ranks() {
   const auto rank_text = env_text("LOCAL_RANK");
-  const auto size_text = env_text("LOCAL_WORLD_SIZE");
+  // DeepSpeed's launcher says LOCAL_SIZE where torchrun says LOCAL_WORLD_SIZE.
+  auto size_text = env_text("LOCAL_WORLD_SIZE");
+  const char* size_name = "LOCAL_WORLD_SIZE";
+  const auto deepspeed_size = env_text("LOCAL_SIZE");
+  if (!size_text && deepspeed_size) {
+    size_text = deepspeed_size;
+    size_name = "LOCAL_SIZE";
+  } else if (size_text && deepspeed_size && *size_text != *deepspeed_size) {
+    throw EnvError("LOCAL_SIZE", *deepspeed_size,
+                   "the value of LOCAL_WORLD_SIZE (" + *size_text + "), or to be unset");
+  }
   if (!rank_text && !size_text) return {};
-  const std::string size_accepts =
-      "an integer from 1 to " + std::to_string(kMaxLocalRanks) + ", set with LOCAL_RANK";
+  const std::string size_accepts = "an integer from 1 to " + std::to_string(kMaxLocalRanks) +
+                                   ", set with LOCAL_RANK (LOCAL_SIZE: DeepSpeed's name for it)";
   if (!size_text) throw EnvError("LOCAL_WORLD_SIZE", "", size_accepts);
   if (!rank_text) {
-    throw EnvError("LOCAL_RANK", "", "an integer from 0 to LOCAL_WORLD_SIZE - 1, set with it");
+    throw EnvError("LOCAL_RANK", "",
+                   std::string("an integer from 0 to ") + size_name + " - 1, set with it");
   }
   LocalRanks r;
   try {
-    r.size = static_cast<int>(parse_int("LOCAL_WORLD_SIZE", *size_text, 1, kMaxLocalRanks));
+    r.size = static_cast<int>(parse_int(size_name, *size_text, 1, kMaxLocalRanks));
   } catch (const EnvError&) {
-    throw EnvError("LOCAL_WORLD_SIZE", *size_text, size_accepts);
+    throw EnvError(size_name, *size_text, size_accepts);
   }
-  const std::string rank_accepts =
-      "an integer from 0 to LOCAL_WORLD_SIZE - 1 (" + std::to_string(r.size - 1) + ")";
+  const std::string rank_accepts = std::string("an integer from 0 to ") + size_name + " - 1 (" +
+                                   std::to_string(r.size - 1) + ")";
   try {
     r.rank = static_cast<int>(parse_int("LOCAL_RANK", *rank_text, 0, r.size - 1));
   } catch (const EnvError&) {

@@ -24,8 +24,9 @@ struct LocalRanks {
 };
 
 // LOCAL_RANK and LOCAL_WORLD_SIZE, both or neither (neither: one rank alone), each strictly an
-// integer, 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= kMaxLocalRanks. Throws EnvError naming the
-// variable otherwise.
+// integer, 0 <= LOCAL_RANK < LOCAL_WORLD_SIZE <= kMaxLocalRanks. LOCAL_SIZE (DeepSpeed's
+// launcher) stands for LOCAL_WORLD_SIZE when that is unset, and must equal it when both are set.
+// Throws EnvError naming the variable otherwise.
 LocalRanks local_ranks();
 
 struct NumaNode {

@@ -184,6 +184,7 @@ class LocalRanksTest : public ::testing::Test {
   void TearDown() override {
     ::unsetenv("LOCAL_RANK");
     ::unsetenv("LOCAL_WORLD_SIZE");
+    ::unsetenv("LOCAL_SIZE");
   }
   static void set(const char* rank, const char* size) {
     if (rank)
@@ -217,6 +218,28 @@ TEST_F(LocalRanksTest, ReadsTorchrunsVariablesStrictly) {
           << what;
     }
   }
+}
+
+// DeepSpeed's launcher sets LOCAL_RANK and LOCAL_SIZE, not LOCAL_WORLD_SIZE.
+TEST_F(LocalRanksTest, TakesDeepSpeedsLocalSizeWhenLocalWorldSizeIsUnset) {
+  set("1", nullptr);
+  ::setenv("LOCAL_SIZE", "3", 1);
+  EXPECT_EQ(local_ranks(), (LocalRanks{1, 3}));
+  set("1", "3");  // both, the same: fine
+  EXPECT_EQ(local_ranks(), (LocalRanks{1, 3}));
+  for (const char* size : {"2", "x"}) {  // both, different; or not an integer
+    set("1", std::string(size) == "x" ? nullptr : "3");
+    ::setenv("LOCAL_SIZE", size, 1);
+    try {
+      local_ranks();
+      ADD_FAILURE() << "LOCAL_SIZE=" << size << " accepted";
+    } catch (const EnvError& e) {
+      EXPECT_NE(std::string(e.what()).find("LOCAL_SIZE"), std::string::npos) << e.what();
+    }
+  }
+  set("3", nullptr);  // LOCAL_RANK beyond LOCAL_SIZE - 1
+  ::setenv("LOCAL_SIZE", "3", 1);
+  EXPECT_THROW(local_ranks(), EnvError);
 }
 
 // The GPU's NUMA node from a sysfs PCI devices folder (a fake one here).

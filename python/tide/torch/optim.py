@@ -190,7 +190,14 @@ class AdamW(torch.optim.Optimizer):
         self._release = weakref.finalize(self, release, self._gradients.hooks, self._buckets)
         self._clip_coef = 1.0
         self.stats: list[dict[str, Any]] = []
+        # tide's param groups (the dicts) and the params each listed when tide last looked:
+        # step() may see param_groups set to some of these dicts (DeepSpeed steps one group at a
+        # time) or a group's params replaced (_rebind).
+        self._groups: list[dict[str, Any]] = []
+        self._listed: dict[int, list[torch.Tensor]] = {}
+        self._hooks: dict[int, Any] = {}  # id(param) -> its gradient hook
         super().__init__(params, defaults)
+        self._groups = list(self.param_groups)
         self._ready = True
         try:
             for index in range(len(self.param_groups)):
@@ -205,7 +212,8 @@ class AdamW(torch.optim.Optimizer):
         _arguments.hyperparameters({**self.defaults, **param_group})
         super().add_param_group(param_group)
         if self._ready:
-            self._build(len(self.param_groups) - 1)
+            self._groups.append(self.param_groups[-1])
+            self._build(len(self._groups) - 1)
 
     def _placement(self, p: torch.Tensor, offloaded: set[int]) -> tuple[int, bool]:
         """The device of a parameter (of a DTensor's local shard), and whether it is
@@ -245,11 +253,14 @@ class AdamW(torch.optim.Optimizer):
         return (shard.device.index if shard.device.index is not None
                 else torch.cuda.current_device()), False
 
-    def _build(self, group_index: int) -> None:
+    def _build(self, group_index: int, groups: list[torch.Tensor] | None = None) -> None:
+        """Buckets for the parameters of a group (all, or `groups`: those it gained)."""
         # FSDP2 parameters (DTensors): tide steps their local shards (_distributed), in buckets
         # of their own process group, whose gradient norm is summed over its ranks.
         by_key: dict[tuple[torch.dtype, int, int, bool], list[torch.Tensor]] = {}
-        groups = self.param_groups[group_index]["params"]
+        if groups is None:
+            groups = self._groups[group_index]["params"]
+            self._listed[group_index] = list(groups)
         offloaded = _distributed.cpu_offloaded(groups) if self._host_params is None else set()
         for p in groups:
             _distributed.check_supported(p)
@@ -283,8 +294,9 @@ class AdamW(torch.optim.Optimizer):
                 if p.requires_grad and not host:
                     # The hook must not hold the optimizer: the finalizer's arguments (held
                     # until it runs) reach the parameters, so the optimizer could never go.
-                    self._gradients.hooks.append(
-                        p.register_post_accumulate_grad_hook(self._gradients.on_grad))
+                    hook = p.register_post_accumulate_grad_hook(self._gradients.on_grad)
+                    self._gradients.hooks.append(hook)
+                    self._hooks[id(p)] = hook
 
     def _round_moments(self, k: int) -> None:
         """Bucket k's executor rounds as state_rounding says; each bucket its own seed (its
@@ -293,6 +305,91 @@ class AdamW(torch.optim.Optimizer):
             seed = (self._rounding_seed + k * 0x9E3779B97F4A7C15) & (2**64 - 1)
             self._buckets[k].executor.set_state_rounding(True, seed)
 
+    # ---- param groups changed after construction ----
+
+    def _covered_groups(self) -> set[int]:
+        """The param groups (indices into tide's groups) that the coming step covers: all, or
+        those whose dicts param_groups holds now (DeepSpeed's ZeRO steps one group at a time,
+        setting param_groups to that group's dict alone). A list of as many groups is taken
+        as tide's groups, position by position (torch's load_state_dict makes new dicts)."""
+        now = self.param_groups
+        if len(now) == len(self._groups):
+            self._groups[:] = now
+            return set(range(len(now)))
+        index = {id(group): k for k, group in enumerate(self._groups)}
+        covered = {index.get(id(group), -1) for group in now}
+        if -1 in covered:
+            raise RuntimeError(
+                "tide: param_groups holds a group this optimizer was not given; add groups with "
+                "add_param_group()")
+        return covered
+
+    def _stepped_buckets(self) -> list[Bucket]:
+        """The buckets of the groups the coming step covers, built for the groups' params as
+        they are now."""
+        covered = self._covered_groups()
+        self._rebind()
+        return [b for b in self._buckets
+                if b.group_index in covered and len(self._unlisted(b)) < len(b.owners)]
+
+    def _rebind(self) -> None:
+        """Groups whose `params` were replaced since tide last looked (DeepSpeed's ZeRO 1 and 2
+        put one flat fp32 partition there at deepspeed.initialize; ZeRO-3 one sub-group's at
+        each step, and none between steps) are stepped as torch.optim steps them: a parameter
+        new to tide gets buckets and fresh state, with its group's hyperparameters; one no
+        longer listed is not stepped, and keeps its state if it has any (as torch's opt.state
+        does). A bucket without state that the listing does not cover goes, memory and all,
+        and what is still listed of it is new again. A new parameter gets a bucket of its own."""
+        for k, group in enumerate(self._groups):
+            listed = list(group["params"])
+            before = self._listed.get(k, [])
+            if len(listed) == len(before) and all(p is q for p, q in zip(listed, before)):
+                continue
+            ids = set()
+            for p in listed:
+                if not isinstance(p, torch.Tensor):
+                    raise TypeError(f"tide: param group {k} holds a {type(p).__name__}, not a "
+                                    "tensor")
+                held = self._where.get(id(p))
+                if held is not None and held[0].group_index != k:
+                    raise ValueError(f"tide: a parameter of param group {held[0].group_index} "
+                                     f"is now listed in param group {k} too")
+                ids.add(id(p))
+            for bucket in [b for b in self._buckets if b.group_index == k]:
+                # Without state a bucket is made again for what is listed of it: its
+                # parameters are then stepped together (one step count, the bias correction's).
+                if not all(id(p) in ids for p in bucket.owners) and not self._has_state(bucket):
+                    self._drop(bucket)
+            self._empty_shards.params[:] = [
+                p for p in self._empty_shards.params
+                if not any(p is q for q in before) or id(p) in ids or p in self.state]
+            new = [p for p in listed if id(p) not in self._where and p not in self._empty_shards]
+            self._listed[k] = listed
+            # Each in a bucket of its own: one step count each (the bias correction's), as
+            # ZeRO-3 steps its sub-groups' partitions one at a time.
+            for p in new:
+                self._build(k, [p])
+
+    def _has_state(self, bucket: Bucket) -> bool:
+        return bucket.step > 0 or any(p in self.state for p in bucket.owners)
+
+    def _drop(self, bucket: Bucket) -> None:
+        """A bucket without state, its parameters no longer listed: it goes, with its hooks."""
+        for p in bucket.owners:
+            del self._where[id(p)]
+            hook = self._hooks.pop(id(p), None)
+            if hook is not None:
+                hook.remove()
+                self._gradients.hooks.remove(hook)
+        self._buckets.remove(bucket)
+        bucket.drop_views()
+        bucket.executor.close()
+
+    def _unlisted(self, bucket: Bucket) -> list[int]:
+        """The parameters of a bucket that its group does not list now: not stepped."""
+        listed = {id(p) for p in self._listed.get(bucket.group_index, [])}
+        return [i for i, p in enumerate(bucket.owners) if id(p) not in listed]
+
     # ---- gradient norm and clipping ----
 
     def grad_norm(self, scale: float = 1.0) -> float:
@@ -300,9 +397,10 @@ class AdamW(torch.optim.Optimizer):
         `scale` (the loss scale they carry, if any): the norm before any clipping, as
         torch.nn.utils.clip_grad_norm_ returns it. Under FSDP2 the norm of the whole model's
         gradients (an all-reduce over the ranks that shard them): call it on every rank."""
-        self._gradients.sync(self._buckets)
+        buckets = self._stepped_buckets()
+        self._gradients.sync(buckets)
         parts: dict[Any, float] = {}  # process group (None: not sharded) -> sum of squares
-        for bucket in self._buckets:
+        for bucket in buckets:
             sum_squares, _ = bucket.executor.grad_stats()
             group = _distributed.group_of(bucket.owners[0])
             parts[group] = parts.get(group, 0.0) + sum_squares
@@ -364,12 +462,13 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         t_start = time.monotonic_ns()
-        devices = sorted({self._device_of(b) for b in self._buckets})
+        buckets = self._stepped_buckets()
+        devices = sorted({self._device_of(b) for b in buckets})
         for device in devices:
             allocator.mark_phase("update", device)
         self._take_state_writes()
         try:
-            reports, problems, headroom, skipped = self._update(devices)
+            reports, problems, headroom, skipped = self._update(devices, buckets)
             if not skipped:
                 self._empty_shards.advance(self.state)
         finally:
@@ -391,15 +490,15 @@ class AdamW(torch.optim.Optimizer):
             raise problems[0]
         return loss
 
-    def _update(self, devices: list[int]
+    def _update(self, devices: list[int], buckets: list[Bucket]
                 ) -> tuple[list[dict[str, Any]], list[Exception], dict[int, int], bool]:
-        """The update phase of step() on `devices`: (per bucket reports, errors to raise after
-        the step, headroom per device, whether GradScaler skipped it)."""
+        """The update phase of step() for `buckets` on `devices`: (per bucket reports, errors to
+        raise after the step, headroom per device, whether GradScaler skipped it)."""
         found_inf = getattr(self, "found_inf", None)
         grad_scale = getattr(self, "grad_scale", None)
         # scaler.step hands found_inf without grad_scale when scaler.unscale_ ran: it changed
         # the gradients in place.
-        missing = self._gradients.sync(self._buckets,
+        missing = self._gradients.sync(buckets,
                                        unscaled=found_inf is not None and grad_scale is None)
         skipped = found_inf is not None and float(found_inf) != 0.0
         if found_inf is not None and self._process_groups:
@@ -419,8 +518,8 @@ class AdamW(torch.optim.Optimizer):
             # executors need to complete the step from host memory alone (a failure here
             # raises, and nothing changed); then the step, which completes (_step).
             steps = []
-            for bucket in self._buckets:
-                frozen = no_grad.get(id(bucket), [])
+            for bucket in buckets:
+                frozen = sorted(set(no_grad.get(id(bucket), [])) | set(self._unlisted(bucket)))
                 if len(frozen) == len(bucket.params):
                     continue  # as torch: parameters without a gradient are not updated at all
                 steps.append(_step.BucketStep(bucket, frozen, self._hyper(bucket, scale),
@@ -428,7 +527,7 @@ class AdamW(torch.optim.Optimizer):
             reports, problems = _step.run(steps, self._policy, self._committed)
         else:
             # Nothing is updated, but the offloads must be over before the gradients may go.
-            for bucket in self._buckets:
+            for bucket in buckets:
                 bucket.executor.grad_stats()
         return reports, problems, headroom, skipped
 
@@ -436,7 +535,7 @@ class AdamW(torch.optim.Optimizer):
         return bucket.device
 
     def _hyper(self, bucket: Bucket, scale: float) -> kernels.AdamHyper:
-        group = self.param_groups[bucket.group_index]
+        group = self._groups[bucket.group_index]
         lr, beta1, beta2, eps, weight_decay = _arguments.hyperparameters(group)
         return kernels.AdamHyper(
             lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
@@ -536,6 +635,7 @@ class AdamW(torch.optim.Optimizer):
         """torch.optim.AdamW's layout: per parameter "step", "exp_avg", "exp_avg_sq" (fp32 CPU
         tensors shaped like the parameter), plus "master_param" for low-precision parameters
         (their fp32 master weights; torch.optim ignores it)."""
+        self._stepped_buckets()  # parameters replaced before any step: the state is theirs
         self._take_state_writes()
         live = self.state
         full: dict[Any, Any] = {}
@@ -580,6 +680,7 @@ class AdamW(torch.optim.Optimizer):
         checked before anything is replaced: a state dict that does not fit (another model's
         shapes, another optimizer's, non-finite values, a negative step or second moment)
         raises ValueError naming the parameter, and the optimizer is left as it was."""
+        self._stepped_buckets()  # parameters replaced before any step: the state is theirs
         rounding = state_dict.get("tide_state_rounding")  # stochastic rounding's seed
         seed = None
         if rounding is not None:
@@ -594,6 +695,7 @@ class AdamW(torch.optim.Optimizer):
         groups_only = {"state": {}, "param_groups": state_dict["param_groups"]}
         live = self.state
         super().load_state_dict(groups_only)  # takes the groups' hyperparameters
+        self._groups[:] = self.param_groups  # new dicts, over the same parameters
         self.state = live
         by_bucket: dict[int, list[int]] = {}
         exact: dict[int, list[tuple[int, dict]]] = {}  # 8-bit moments saved with this layout
@@ -627,6 +729,12 @@ class AdamW(torch.optim.Optimizer):
                     warnings.warn("tide: parameters of one bucket have different step counts; "
                                   "tide's bias correction uses the largest", stacklevel=2)
                 bucket.step = max(steps)
+            if bucket.dtype == torch.float32 and not bucket.host:
+                # An fp32 parameter holds its master weights' value: they are read from it again
+                # at the next step, so that what is written into it before then unseen by its
+                # version counter counts (DeepSpeed restores its fp32 partitions through .data
+                # after loading the optimizer's state), as torch.optim, which has no master.
+                bucket.versions = [(-1, -1)] * len(bucket.versions)
 
     def _load_entry(self, bucket: Bucket, i: int, step: int, entry: dict) -> None:
         _checkpoint.load_entry(bucket, i, step, entry)
