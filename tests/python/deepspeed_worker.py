@@ -1,15 +1,19 @@
 """One rank of tests/python/test_deepspeed.py: a small model trained under DeepSpeed ZeRO on the CPU
 (DS_ACCELERATOR=cpu, gloo) with torch.optim.AdamW and with tide.torch.AdamW as the client
-optimizer, under one config. Run with DeepSpeed on PYTHONPATH (it is not in .venv) and RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; rank 0 prints one JSON line:
+optimizer, under each config named on the command line ("3:offload": ZeRO-3 with
+offload_optimizer on the CPU; "2:none": ZeRO-2 without), one after the other in this process.
+Run with DeepSpeed on PYTHONPATH (it is not in .venv) and RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT set; rank 0 prints one JSON line per config, with "config" and:
 
   spread:      how far correct implementations land from torch's for-loop AdamW here (torch's
                fused AdamW, and the for-loop one from weights nudged by +-1e-7), the largest
                relative difference of any parameter (torch_reference.py's measure);
   bound:       max(1e-5, FACTOR x spread), torch_reference's bound for fp32 training;
   tide:        tide's difference from torch's for-loop AdamW (default, and host_params=True);
-  resumed:     whether tide saved with engine.save_checkpoint at half way and loaded into a fresh
-               engine and optimizer ends bit for bit where the uninterrupted tide run ends;
+  resumed:     how far a run saved by engine.save_checkpoint half way and loaded into a fresh
+               engine and optimizer ends from the uninterrupted run (0: bit for bit), with tide
+               and with torch; torch_checkpoint_continued_by_tide: torch's checkpoint continued
+               with tide, against torch's uninterrupted run;
   losses:      the reference's and tide's losses per step.
 """
 
@@ -28,10 +32,9 @@ from torch_reference import FACTOR, REFERENCE, VARIANTS  # noqa: E402
 
 import tide.torch as tt  # noqa: E402
 
-STAGE = int(sys.argv[1])
-OFFLOAD = sys.argv[2] == "offload"
 STEPS = 6
 RANK = int(os.environ["RANK"])
+STAGE, OFFLOAD = 0, False  # the config being run
 
 
 def config() -> dict:
@@ -101,9 +104,10 @@ def run(make_optimizer, nudge: float = 0.0) -> tuple[list[torch.Tensor], list[fl
     return weights(engine), losses
 
 
-def resume(make_optimizer, uninterrupted: list[torch.Tensor]) -> float:
-    """Trains half the steps, saves a checkpoint, loads it into a fresh engine and optimizer and
-    trains the rest: how far that lands from the uninterrupted run (relative; 0: bit for bit)."""
+def resume(make_optimizer, uninterrupted: list[torch.Tensor], make_next=None) -> float:
+    """Trains half the steps, saves a checkpoint, loads it into a fresh engine and optimizer
+    (make_next's, else make_optimizer's) and trains the rest: how far that lands from the
+    uninterrupted run (relative; 0: bit for bit)."""
     half = STEPS // 2
     engine = engine_for(make_optimizer)
     train(engine, 0, half)
@@ -113,7 +117,7 @@ def resume(make_optimizer, uninterrupted: list[torch.Tensor]) -> float:
         torch.distributed.broadcast_object_list(shared, src=0)
         directory = shared[0]
     engine.save_checkpoint(directory, tag="half")
-    engine = engine_for(make_optimizer)
+    engine = engine_for(make_next or make_optimizer)
     engine.load_checkpoint(directory, tag="half")
     train(engine, half, STEPS)
     return max_rel_diff(weights(engine), uninterrupted)
@@ -124,6 +128,14 @@ def max_rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 
 def main() -> None:
+    global STAGE, OFFLOAD
+    for name in sys.argv[1:]:
+        stage, offload = name.split(":")
+        STAGE, OFFLOAD = int(stage), offload == "offload"
+        compare(name)
+
+
+def compare(name: str) -> None:
     reference, reference_losses = run(lambda g: torch.optim.AdamW(g, lr=1e-2, **REFERENCE))
     spread = 0.0
     for options, nudge in VARIANTS.values():
@@ -133,15 +145,18 @@ def main() -> None:
     host_weights, _ = run(lambda g: tt.AdamW(g, lr=1e-2, host_params=True))
 
     # a checkpoint half way, loaded into a fresh engine and optimizer: with tide, and with torch
+    make_torch = lambda g: torch.optim.AdamW(g, lr=1e-2, **REFERENCE)  # noqa: E731
     resumed = {"tide": resume(lambda g: tt.AdamW(g, lr=1e-2), tide_weights),
-               "torch": resume(lambda g: torch.optim.AdamW(g, lr=1e-2, **REFERENCE), reference)}
+               "torch": resume(make_torch, reference)}
+    # torch's checkpoint continued by tide: as far from torch's uninterrupted run as tide's
+    cross = resume(make_torch, reference, lambda g: tt.AdamW(g, lr=1e-2))
 
     if RANK == 0:
         print(json.dumps({
-            "spread": spread, "bound": max(1e-5, FACTOR * spread),
+            "config": name, "spread": spread, "bound": max(1e-5, FACTOR * spread),
             "tide": max_rel_diff(tide_weights, reference),
             "tide_host_params": max_rel_diff(host_weights, reference),
-            "resumed": resumed,
+            "resumed": resumed, "torch_checkpoint_continued_by_tide": cross,
             "losses": {"torch": reference_losses, "tide": tide_losses}}), flush=True)
 
 
