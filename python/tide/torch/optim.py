@@ -195,6 +195,7 @@ class AdamW(torch.optim.Optimizer):
         # time) or a group's params replaced (_rebind).
         self._groups: list[dict[str, Any]] = []
         self._listed: dict[int, list[torch.Tensor]] = {}
+        self._listed_ids: dict[int, set[int]] = {}
         self._hooks: dict[int, Any] = {}  # id(param) -> its gradient hook
         super().__init__(params, defaults)
         self._groups = list(self.param_groups)
@@ -261,6 +262,7 @@ class AdamW(torch.optim.Optimizer):
         if groups is None:
             groups = self._groups[group_index]["params"]
             self._listed[group_index] = list(groups)
+            self._listed_ids[group_index] = {id(p) for p in groups}
         offloaded = _distributed.cpu_offloaded(groups) if self._host_params is None else set()
         for p in groups:
             _distributed.check_supported(p)
@@ -365,6 +367,7 @@ class AdamW(torch.optim.Optimizer):
                 if not any(p is q for q in before) or id(p) in ids or p in self.state]
             new = [p for p in listed if id(p) not in self._where and p not in self._empty_shards]
             self._listed[k] = listed
+            self._listed_ids[k] = ids
             # Each in a bucket of its own: one step count each (the bias correction's), as
             # ZeRO-3 steps its sub-groups' partitions one at a time.
             for p in new:
@@ -387,7 +390,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _unlisted(self, bucket: Bucket) -> list[int]:
         """The parameters of a bucket that its group does not list now: not stepped."""
-        listed = {id(p) for p in self._listed.get(bucket.group_index, [])}
+        listed = self._listed_ids.get(bucket.group_index, set())
         return [i for i, p in enumerate(bucket.owners) if id(p) not in listed]
 
     # ---- gradient norm and clipping ----
