@@ -81,6 +81,7 @@ std::vector<std::string> run_ranks(
       ::close(result.read);
       int status = 0;
       try {
+        ::unsetenv("LOCAL_SIZE");  // DeepSpeed's name for LOCAL_WORLD_SIZE (config/node.h)
         if (local_env) {
           ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
           ::setenv("LOCAL_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
