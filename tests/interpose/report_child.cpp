@@ -71,7 +71,7 @@ EXPORTED CUdeviceptr report_child_update() { return allocate(kMiB); }
 
 // One unmarked iteration: activations climb (forward), fall (backward), a little update.
 void unmarked_iteration() {
-  const timespec step{0, 2000000};  // 2 ms between events: a curve with a time axis
+  const timespec step{0, 5000000};  // 5 ms between events: a curve with a time axis
   CUdeviceptr activations[8] = {};
   for (auto& a : activations) {
     a = allocate(4 * kMiB);

@@ -167,9 +167,17 @@ TEST(Report, OnSigtermThenTheProcessDiesOfIt) {
   EXPECT_TRUE(contains(run.report, "\"peak_bytes\": " + std::to_string(20 * kMiB)));
 }
 
+// The detector reads a curve whose time axis is the OS scheduler's: on a loaded machine one
+// stall of the child (hundreds of ms against its 5 ms steps) can break the period, which is
+// the detector doing its job. So the child gets three tries; every try must still report.
 TEST(Report, AnUnmarkedTrainersIterationsAndPhasesAreDetected) {
-  const ChildRun run = run_child("loop", {});
-  ASSERT_TRUE(WIFEXITED(run.status));
+  ChildRun run;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    run = run_child("loop", {});
+    ASSERT_TRUE(WIFEXITED(run.status));
+    ASSERT_TRUE(valid_json(run.report)) << run.report;
+    if (contains(run.report, "\"phases_from\": \"detected\"")) break;
+  }
   ASSERT_FALSE(run.report.empty());
   EXPECT_TRUE(valid_json(run.report));
   EXPECT_TRUE(contains(run.report, "\"phases_from\": \"detected\"")) << run.report;
