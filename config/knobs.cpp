@@ -32,7 +32,7 @@ void margin(std::string_view name, std::string_view value) { parse_double(name, 
 
 // The names kernels/cpu_isa.cpp reads; whether this CPU runs the one named is the kernels' check.
 void cpu_isa(std::string_view name, std::string_view value) {
-  parse_choice(name, value, {"auto", "avx512", "avx2", "scalar"});
+  parse_choice(name, value, {"auto", "avx512bf16", "avx512", "avx2", "scalar"});
 }
 
 void boolean(std::string_view name, std::string_view value) { parse_bool(name, value); }
@@ -154,9 +154,10 @@ std::span<const Knob> knobs() {
        "with LOCAL_WORLD_SIZE > 1: pin the CPU optimizer kernels' threads to the rank's share of "
        "the node's cores (default on; off: the share's size, placed by the kernel)",
        &boolean},
-      {"TIDE_CPU_ISA", "auto, avx512, avx2 or scalar",
+      {"TIDE_CPU_ISA", "auto, avx512bf16, avx512, avx2 or scalar",
        "instruction set of the CPU optimizer kernels: auto, the widest this CPU runs, or the one "
-       "named, which this CPU must be able to run (default auto)",
+       "named, which this CPU must be able to run; avx512bf16 is avx512 with AVX512_BF16's bf16 "
+       "conversion, the same bits (default auto)",
        &cpu_isa},
       {"TIDE_STANDIN_MEMORY", "a size (e.g. 8GiB)",
        "stand-in driver: device memory capacity (default 8GiB)", &size},

@@ -64,16 +64,18 @@ struct AdamSubgroup {
 };
 
 // Instruction sets of the CPU implementation.
-enum class CpuIsa : std::uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAvx512Bf16 is the AVX-512 variant that rounds to bf16 with VCVTNEPS2BF16 (AVX512_BF16) and
+// kAvx512 the same without it (its bf16 roundings in integer operations); both give the same bits.
+enum class CpuIsa : std::uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 std::string_view isa_name(CpuIsa isa);
 // Whether this CPU (and OS) can run `isa`: AVX2 needs AVX2, FMA and F16C; AVX-512 needs
-// AVX-512 F, BW, VL and DQ.
+// AVX-512 F, BW, VL and DQ; avx512bf16 AVX-512 and AVX512_BF16.
 bool cpu_supports(CpuIsa isa);
 // The widest supported instruction set.
 CpuIsa best_cpu_isa();
 // What the kernels use unless the caller forces one (CpuAdamOptions::force_isa): TIDE_CPU_ISA
-// (auto, avx512, avx2 or scalar; read once), auto meaning best_cpu_isa(). Throws
+// (auto, avx512bf16, avx512, avx2 or scalar; read once), auto meaning best_cpu_isa(). Throws
 // config::EnvError naming TIDE_CPU_ISA for a value it does not accept or one this CPU cannot run.
 CpuIsa default_cpu_isa();
 // TIDE_CPU_ISA's rule over a given value and set of instruction sets (bit 1 << isa for each one

@@ -1,10 +1,13 @@
 // The AVX-512 variant of the CPU implementation: 16 elements per step, tails with masked loads
-// and stores (so any length and any alignment take the same code), bf16 conversions done with
-// integer operations so that they round exactly as kernels/dtype.h does (VCVTNEPS2BF16 would
-// flush denormals to zero).
+// and stores (so any length and any alignment take the same code). Its bf16 roundings to nearest
+// even are done with integer operations, so that they round exactly as kernels/dtype.h does.
+// cpu_avx512_bf16.cpp compiles this file once more with TIDE_AVX512_BF16 set, for CPUs with
+// AVX512_BF16: there VCVTNEPS2BF16 rounds, and the integer operations take only the vectors it
+// would round differently (to_bf16).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <utility>
 
@@ -12,12 +15,23 @@
 #include "kernels/cpu_simd.h"
 #include "kernels/cpu_variant.h"
 
+#ifndef TIDE_AVX512_BF16
+#define TIDE_AVX512_BF16 0
+#endif
+
 // Everything below is compiled for AVX-512 (see cpu_variant.h for why this is a region after
-// the #includes and not a per-file flag).
-#if defined(__clang__)
+// the #includes and not a per-file flag), with AVX512_BF16 in cpu_avx512_bf16.cpp's copy only.
+#if defined(__clang__) && TIDE_AVX512_BF16
+#pragma clang attribute push(                                                                      \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,popcnt"))), \
+    apply_to = function)
+#elif defined(__clang__)
 #pragma clang attribute push(                                                           \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,popcnt"))), \
     apply_to = function)
+#elif TIDE_AVX512_BF16
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,popcnt")
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,popcnt")
@@ -48,6 +62,17 @@ struct Avx512Math {
 
 // fp32 → bf16, round to nearest even; NaN stays NaN, quieted (kernels/dtype.h's float_to_bf16).
 __m256i to_bf16(__m512 x) {
+#if TIDE_AVX512_BF16
+  // VCVTNEPS2BF16 rounds normal numbers (those that round to infinity included) and infinities
+  // exactly so, but flushes denormal inputs to zero. NaNs also take the integer operations: the
+  // manual gives them the same bits, but checking for them here costs nothing more. One such lane
+  // sends the whole vector there: rare (a moment decaying through the denormals), and one
+  // branch on a mask is cheaper than merging both results every time.
+  constexpr int kNotByInstruction = 0x01 | 0x20 | 0x80;  // fpclass: QNaN, denormal, SNaN
+  if (_mm512_fpclass_ps_mask(x, kNotByInstruction) == 0) [[likely]] {
+    return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  }
+#endif
   const __m512i u = _mm512_castps_si512(x);
   const __m512i high = _mm512_srli_epi32(u, 16);
   const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
@@ -341,10 +366,18 @@ std::uint64_t count_nonfinite(const void* values, Dtype dtype, std::size_t begin
 
 namespace tide::kernels {
 
+#if TIDE_AVX512_BF16
+const CpuKernels& avx512_bf16_kernels() {
+  static constexpr CpuKernels kKernels{CpuIsa::kAvx512Bf16, &adam_for_dtypes<AdamRange>,
+                                       &count_nonfinite, &cast};
+  return kKernels;
+}
+#else
 const CpuKernels& avx512_kernels() {
   static constexpr CpuKernels kKernels{CpuIsa::kAvx512, &adam_for_dtypes<AdamRange>,
                                        &count_nonfinite, &cast};
   return kKernels;
 }
+#endif
 
 }  // namespace tide::kernels

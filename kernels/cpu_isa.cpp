@@ -19,6 +19,7 @@ namespace {
 struct Features {
   bool avx2 = false;
   bool avx512 = false;
+  bool avx512bf16 = false;
 };
 
 Features detect() {
@@ -46,6 +47,9 @@ Features detect() {
   const bool avx512vl = (b & (1u << 31)) != 0;
   f.avx2 = os_avx && avx2 && fma && f16c && popcnt;
   f.avx512 = f.avx2 && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl;
+  // AVX512_BF16: CPUID leaf 7, subleaf 1, EAX bit 5.
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return f;
+  f.avx512bf16 = f.avx512 && (a & (1u << 5)) != 0;
 #endif
   return f;
 }
@@ -59,6 +63,8 @@ const Features& features() {
 
 std::string_view isa_name(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAvx512Bf16:
+      return "avx512bf16";
     case CpuIsa::kAvx512:
       return "avx512";
     case CpuIsa::kAvx2:
@@ -71,6 +77,8 @@ std::string_view isa_name(CpuIsa isa) {
 
 bool cpu_supports(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAvx512Bf16:
+      return features().avx512bf16;
     case CpuIsa::kAvx512:
       return features().avx512;
     case CpuIsa::kAvx2:
@@ -82,15 +90,17 @@ bool cpu_supports(CpuIsa isa) {
 }
 
 CpuIsa best_cpu_isa() {
+  if (cpu_supports(CpuIsa::kAvx512Bf16)) return CpuIsa::kAvx512Bf16;
   if (cpu_supports(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
   if (cpu_supports(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
   return CpuIsa::kScalar;
 }
 
 CpuIsa choose_cpu_isa(std::string_view knob_value, unsigned supported) {
-  static constexpr CpuIsa kWidestFirst[] = {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar};
-  const std::size_t choice =
-      config::parse_choice("TIDE_CPU_ISA", knob_value, {"auto", "avx512", "avx2", "scalar"});
+  static constexpr CpuIsa kWidestFirst[] = {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2,
+                                            CpuIsa::kScalar};
+  const std::size_t choice = config::parse_choice(
+      "TIDE_CPU_ISA", knob_value, {"auto", "avx512bf16", "avx512", "avx2", "scalar"});
   const auto runs = [&](CpuIsa isa) {
     return isa == CpuIsa::kScalar || (supported & (1u << static_cast<unsigned>(isa))) != 0;
   };
@@ -115,7 +125,7 @@ CpuIsa default_cpu_isa() {
   // every call, never just the first.
   static const CpuIsa isa = [] {
     unsigned supported = 0;
-    for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
       if (cpu_supports(i)) supported |= 1u << static_cast<unsigned>(i);
     }
     return choose_cpu_isa(config::env_text("TIDE_CPU_ISA").value_or("auto"), supported);
@@ -129,6 +139,8 @@ const CpuKernels& cpu_kernels(CpuIsa isa) {
                                 " kernels");
   }
   switch (isa) {
+    case CpuIsa::kAvx512Bf16:
+      return avx512_bf16_kernels();
     case CpuIsa::kAvx512:
       return avx512_kernels();
     case CpuIsa::kAvx2:

@@ -1,7 +1,7 @@
-// The per-instruction-set entry points of the CPU implementation: cpu_scalar.cpp, cpu_avx2.cpp
-// and cpu_avx512.cpp each define one table (the SIMD ones from the loops of cpu_simd.h, over their
-// vector width). Every entry works on elements [begin, end) of its buffers on the calling thread;
-// cpu_adam.cpp splits the work over threads and picks the table.
+// The per-instruction-set entry points of the CPU implementation: cpu_scalar.cpp, cpu_avx2.cpp,
+// cpu_avx512.cpp and cpu_avx512_bf16.cpp each define one table (the SIMD ones from the loops of
+// cpu_simd.h, over their vector width). Every entry works on elements [begin, end) of its buffers
+// on the calling thread; cpu_adam.cpp splits the work over threads and picks the table.
 //
 // The AVX2 and AVX-512 files are compiled for their instruction set with a `#pragma GCC target`
 // region that starts after every #include, and keep all their code in an anonymous namespace:
@@ -34,6 +34,7 @@ struct CpuKernels {
 const CpuKernels& scalar_kernels();
 const CpuKernels& avx2_kernels();
 const CpuKernels& avx512_kernels();
+const CpuKernels& avx512_bf16_kernels();
 
 // The table of `isa`; throws std::invalid_argument if this CPU cannot run it.
 const CpuKernels& cpu_kernels(CpuIsa isa);

@@ -16,9 +16,13 @@ numerics_ctest='^(kernels_.*|executor_numerics_test|executor_fault_test|gradient
 read -r widest supported < <(env -u TIDE_CPU_ISA "$py" -c \
   'from tide import kernels; i = kernels.cpu_info(); print(i["isa"], " ".join(i["supported"]))')
 echo "CPU kernel variants: ${supported} (widest: ${widest}, tested by the other runs)"
-for isa in avx2 scalar; do
+for isa in avx512 avx2 scalar; do
   [[ " ${supported} " == *" ${isa} "* && ${isa} != "${widest}" ]] || continue
   case ${isa} in
+    # avx512 beside avx512bf16: the same instructions but for the bf16 roundings; PyTorch's
+    # kernels and oneDNN without AVX512_BF16 too.
+    avx512) torch_env=(ATEN_CPU_CAPABILITY=avx512 ONEDNN_MAX_CPU_ISA=AVX512_CORE
+                       MKL_ENABLE_INSTRUCTIONS=AVX512) ;;
     avx2) torch_env=(ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2) ;;
     scalar) torch_env=(ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
                        MKL_ENABLE_INSTRUCTIONS=SSE4_2) ;;

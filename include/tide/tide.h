@@ -164,8 +164,9 @@ typedef enum tide_dtype { TIDE_FLOAT32 = 0, TIDE_BFLOAT16 = 1, TIDE_FLOAT16 = 2 
 typedef enum tide_cpu_isa {
   TIDE_CPU_ISA_AUTO = 0, /* the widest this CPU supports */
   TIDE_CPU_ISA_SCALAR = 1,
-  TIDE_CPU_ISA_AVX2 = 2,  /* AVX2 + FMA + F16C */
-  TIDE_CPU_ISA_AVX512 = 3 /* AVX-512 F, BW, VL, DQ */
+  TIDE_CPU_ISA_AVX2 = 2,       /* AVX2 + FMA + F16C */
+  TIDE_CPU_ISA_AVX512 = 3,     /* AVX-512 F, BW, VL, DQ; bf16 roundings in integer operations */
+  TIDE_CPU_ISA_AVX512_BF16 = 4 /* the same and AVX512_BF16: roundings by VCVTNEPS2BF16, same bits */
 } tide_cpu_isa;
 
 /* The hyperparameters of one step, as torch.optim.Adam/AdamW name them; they may change from

@@ -25,8 +25,9 @@ from tide import _lib
 
 FLOAT32, BFLOAT16, FLOAT16 = 0, 1, 2
 STATE_BLOCK_Q8 = 16  # TIDE_STATE_BLOCK_Q8: 8-bit block-wise moments (uint8 codes, fp32 scales)
-ISA_AUTO, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2, 3
-ISA_NAMES = {ISA_SCALAR: "scalar", ISA_AVX2: "avx2", ISA_AVX512: "avx512"}
+ISA_AUTO, ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AVX512_BF16 = 0, 1, 2, 3, 4
+ISA_NAMES = {ISA_SCALAR: "scalar", ISA_AVX2: "avx2", ISA_AVX512: "avx512",
+             ISA_AVX512_BF16: "avx512bf16"}
 _ISA_BY_NAME = {"auto": ISA_AUTO, **{name: isa for isa, name in ISA_NAMES.items()}}
 
 

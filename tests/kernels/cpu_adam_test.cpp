@@ -112,6 +112,64 @@ TEST_P(CpuAdamIsaTest, AgreesBitForBitWithTheScalarVariant) {
   }
 }
 
+// The bf16 stores' hard cases, each variant against the scalar one bit for bit: denormal
+// moments (a moment decaying through the denormals: VCVTNEPS2BF16 would flush them to zero, so
+// the avx512bf16 variant must round those vectors with integer operations), and, with lr = 0 so
+// that the weights pass to the copy unchanged, weights that are denormal, exact ties, and just
+// below fp32's maximum (rounding to bf16's infinity). Every vector of 16 holds a few of each.
+TEST_P(CpuAdamIsaTest, StoresDenormalsTiesAndOverflowsAsTheScalarVariantDoes) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const Layout& layout : all_layouts()) {
+    SCOPED_TRACE(layout.name());
+    std::mt19937_64 rng(seed);
+    Subgroup a(1021, layout, rng, 7);
+    for (std::size_t i = 0; i < a.count; ++i) {
+      const auto r = static_cast<std::uint32_t>(rng());
+      const std::uint32_t sign = r & 0x80000000u;
+      const std::uint32_t denormal = sign | ((r >> 7) & 0x007fffffu);
+      switch (i % 5) {
+        case 0:  // denormal moments, no gradient: both stay denormal
+          a.grad.set(i, 0.0f);
+          a.exp_avg.set(i, bits_float(denormal));
+          a.exp_avg_sq.set(i, bits_float(denormal & 0x7fffffffu));
+          a.param.set(i, bits_float(denormal));
+          break;
+        case 1:  // a tie: halfway between two bf16 values, odd or even below
+          a.param.set(i, bits_float(sign | (r & 0x7e7f0000u) | 0x8000u));
+          break;
+        case 2:  // at or above bf16's largest value's halfway point: rounds to infinity
+          a.param.set(i, bits_float(sign | 0x7f7f8000u | (r & 0x7fffu)));
+          break;
+        case 3:  // a denormal weight with an ordinary moment
+          a.param.set(i, bits_float(denormal));
+          break;
+        default:  // random bits of a finite value
+          a.param.set(i, bits_float(r & 0xfe7fffffu));
+          break;
+      }
+    }
+    Subgroup b = a;
+    AdamHyper h;
+    h.step = 3;
+    for (double lr : {0.0, 1e-3}) {
+      h.lr = lr;
+      cpu_adam_step(a.view(), h, options());
+      CpuAdamOptions scalar = options();
+      scalar.isa = CpuIsa::kScalar;
+      cpu_adam_step(b.view(), h, scalar);
+      SCOPED_TRACE("lr " + std::to_string(lr));
+      EXPECT_EQ(a.param.bytes(a.count), b.param.bytes(b.count));
+      EXPECT_EQ(a.exp_avg.bytes(a.count), b.exp_avg.bytes(b.count));
+      EXPECT_EQ(a.exp_avg_sq.bytes(a.count), b.exp_avg_sq.bytes(b.count));
+      if (layout.copy) {
+        EXPECT_EQ(a.copy.bytes(a.count), b.copy.bytes(b.count));
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
 // Non-finite gradients (±inf, NaN) and an update that overflows: those elements keep their
 // weights, moments and copy (the cast of the unchanged weight); the others are updated; the
 // result counts them.
@@ -237,7 +295,8 @@ TEST_P(CpuAdamIsaTest, CastRoundsExactlyAsDtypeH) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, CpuAdamIsaTest,
-                         ::testing::Values(CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512),
+                         ::testing::Values(CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512,
+                                           CpuIsa::kAvx512Bf16),
                          [](const ::testing::TestParamInfo<CpuIsa>& p) {
                            return std::string(isa_name(p.param));
                          });
@@ -246,7 +305,9 @@ TEST(CpuAdamTest, TheDefaultIsTheWidestSupportedInstructionSet) {
   EXPECT_TRUE(cpu_supports(CpuIsa::kScalar));
   const CpuIsa best = best_cpu_isa();
   EXPECT_TRUE(cpu_supports(best));
-  if (cpu_supports(CpuIsa::kAvx512)) {
+  if (cpu_supports(CpuIsa::kAvx512Bf16)) {
+    EXPECT_EQ(best, CpuIsa::kAvx512Bf16);
+  } else if (cpu_supports(CpuIsa::kAvx512)) {
     EXPECT_EQ(best, CpuIsa::kAvx512);
   }
   EXPECT_EQ(cpu_kernels(best).isa, best);

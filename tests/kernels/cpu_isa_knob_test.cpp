@@ -1,4 +1,5 @@
-// TIDE_CPU_ISA picks the CPU kernels' instruction set: auto (the widest), avx512, avx2 or scalar.
+// TIDE_CPU_ISA picks the CPU kernels' instruction set: auto (the widest),
+// avx512bf16, avx512, avx2 or scalar.
 // A value it does not accept, or one this CPU cannot run, is an error naming the knob. In a
 // process of its own: the knob is read once.
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@ constexpr unsigned bit(CpuIsa isa) { return 1u << static_cast<unsigned>(isa); }
 constexpr unsigned kScalarOnly = bit(CpuIsa::kScalar);
 constexpr unsigned kAvx2Machine = kScalarOnly | bit(CpuIsa::kAvx2);
 constexpr unsigned kAvx512Machine = kAvx2Machine | bit(CpuIsa::kAvx512);
+constexpr unsigned kAvx512Bf16Machine = kAvx512Machine | bit(CpuIsa::kAvx512Bf16);
 
 std::string refusal(std::string_view value, unsigned supported) {
   try {
@@ -28,12 +30,15 @@ std::string refusal(std::string_view value, unsigned supported) {
 }
 
 TEST(CpuIsaKnobTest, AutoIsTheWidestTheMachineRuns) {
+  EXPECT_EQ(choose_cpu_isa("auto", kAvx512Bf16Machine), CpuIsa::kAvx512Bf16);
   EXPECT_EQ(choose_cpu_isa("auto", kAvx512Machine), CpuIsa::kAvx512);
   EXPECT_EQ(choose_cpu_isa("auto", kAvx2Machine), CpuIsa::kAvx2);
   EXPECT_EQ(choose_cpu_isa("auto", kScalarOnly), CpuIsa::kScalar);
 }
 
 TEST(CpuIsaKnobTest, ForcesAnyVariantTheMachineRuns) {
+  EXPECT_EQ(choose_cpu_isa("avx512bf16", kAvx512Bf16Machine), CpuIsa::kAvx512Bf16);
+  EXPECT_EQ(choose_cpu_isa("avx512", kAvx512Bf16Machine), CpuIsa::kAvx512);
   EXPECT_EQ(choose_cpu_isa("avx512", kAvx512Machine), CpuIsa::kAvx512);
   EXPECT_EQ(choose_cpu_isa("avx2", kAvx512Machine), CpuIsa::kAvx2);
   EXPECT_EQ(choose_cpu_isa("scalar", kAvx512Machine), CpuIsa::kScalar);
@@ -45,6 +50,11 @@ TEST(CpuIsaKnobTest, RefusesAVariantTheMachineCannotRun) {
   EXPECT_NE(on_avx2.find("TIDE_CPU_ISA=\"avx512\""), std::string::npos) << on_avx2;
   EXPECT_NE(on_avx2.find("this CPU cannot run the avx512 kernels"), std::string::npos) << on_avx2;
   EXPECT_NE(on_avx2.find("one of: auto, avx2, scalar"), std::string::npos) << on_avx2;
+  const std::string on_avx512 = refusal("avx512bf16", kAvx512Machine);
+  EXPECT_NE(on_avx512.find("one of: auto, avx512, avx2, scalar (this CPU cannot run the "
+                           "avx512bf16 kernels)"),
+            std::string::npos)
+      << on_avx512;
   const std::string on_scalar = refusal("avx2", kScalarOnly);
   EXPECT_NE(on_scalar.find("one of: auto, scalar (this CPU cannot run the avx2 kernels)"),
             std::string::npos)
@@ -52,10 +62,11 @@ TEST(CpuIsaKnobTest, RefusesAVariantTheMachineCannotRun) {
 }
 
 TEST(CpuIsaKnobTest, RefusesValuesItDoesNotAccept) {
-  for (const char* bad : {"AVX2", "avx", "sse", "best", "1", "avx2,scalar"}) {
+  for (const char* bad : {"AVX2", "avx", "sse", "best", "1", "avx2,scalar", "avx512_bf16"}) {
     const std::string message = refusal(bad, kAvx512Machine);
     EXPECT_NE(message.find("TIDE_CPU_ISA"), std::string::npos) << bad << ": " << message;
-    EXPECT_NE(message.find("one of: auto avx512 avx2 scalar"), std::string::npos) << message;
+    EXPECT_NE(message.find("one of: auto avx512bf16 avx512 avx2 scalar"), std::string::npos)
+        << message;
   }
 }
 
@@ -66,6 +77,10 @@ TEST(CpuIsaKnobTest, TheEnvironmentPicksTheKernelsDefault) {
   EXPECT_THROW(default_cpu_isa(), config::EnvError);  // every call, not just the first
   if (!cpu_supports(CpuIsa::kAvx512)) {
     ::setenv("TIDE_CPU_ISA", "avx512", 1);
+    EXPECT_THROW(default_cpu_isa(), config::EnvError);
+  }
+  if (!cpu_supports(CpuIsa::kAvx512Bf16)) {
+    ::setenv("TIDE_CPU_ISA", "avx512bf16", 1);
     EXPECT_THROW(default_cpu_isa(), config::EnvError);
   }
   ::setenv("TIDE_CPU_ISA", "scalar", 1);

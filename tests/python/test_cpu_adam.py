@@ -106,7 +106,7 @@ def test_matches_torchs_foreach_and_fused_implementations(optimizer, torch_impl)
         maximize=False, torch_options={torch_impl: True}).check()
 
 
-@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512", "avx512bf16"])
 def test_every_instruction_set_matches_torch(isa):
     if isa not in kernels.cpu_info()["supported"]:
         pytest.skip(f"this CPU cannot run {isa}")
@@ -196,5 +196,6 @@ def test_cpu_info_names_the_default_instruction_set():
     assert "scalar" in info["supported"]
     assert info["threads"] >= 1
     forced = os.environ.get("TIDE_CPU_ISA", "auto")
-    widest = [isa for isa in ("avx512", "avx2", "scalar") if isa in info["supported"]][0]
+    widest = [isa for isa in ("avx512bf16", "avx512", "avx2", "scalar")
+              if isa in info["supported"]][0]
     assert info["isa"] == (widest if forced == "auto" else forced)

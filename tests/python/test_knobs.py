@@ -48,7 +48,7 @@ def test_tide_env_lists_what_each_knob_accepts(build_dir):
     assert "TIDE_CUDA_DRIVER=" in out and "accepts:" in out
 
 
-@pytest.mark.parametrize("value", ["avx3", "AVX2", "avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("value", ["avx3", "AVX2", "avx512bf16", "avx512", "avx2", "scalar"])
 def test_tide_cpu_isa_is_checked(value):
     """A value TIDE_CPU_ISA does not accept, or a variant this CPU cannot run, is an error naming
     the knob; one it runs is what the kernels use. In a fresh process: the knob is read once."""
@@ -68,6 +68,6 @@ def test_tide_cpu_isa_is_checked(value):
     else:
         assert result.returncode != 0
         assert "TideError" in result.stderr and f'TIDE_CPU_ISA="{value}"' in result.stderr
-        expected = ("this CPU cannot run the avx512 kernels" if value == "avx512"
-                    else "accepts one of: auto avx512 avx2 scalar")
+        expected = (f"this CPU cannot run the {value} kernels" if value.startswith("avx512")
+                    else "accepts one of: auto avx512bf16 avx512 avx2 scalar")
         assert expected in result.stderr, result.stderr
