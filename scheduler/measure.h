@@ -12,13 +12,16 @@
 // The driver context must be current on the calling thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "kernels/cpu_adam.h"
 #include "scheduler/calibration_file.h"
+#include "scheduler/cpu_update_factors.h"
 #include "scheduler/rates.h"
 
 namespace tide::scheduler {
@@ -35,6 +38,9 @@ struct MeasureOptions {
 };
 
 Rates measure_rates(const MeasureOptions& options = {});
+
+// The CPU update's options `options` asks for (its threads and instruction set).
+kernels::CpuAdamOptions cpu_adam_options(const MeasureOptions& options);
 
 // What the CPU update and a memcpy cost per second of this thread's CPU time (not wall time), over
 // one pinned subgroup of `params` parameters, best of `repeats` after a warm-up: the same on a
@@ -54,5 +60,26 @@ CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& op
 // subgroup of `params` parameters, best of `repeats`. `ready` is called once the buffers are
 // warm, and the timed runs start when it returns (the ranks' barrier).
 RankRates measure_rank_rates(std::uint64_t params, int repeats, const std::function<void()>& ready);
+
+// The CPU update of each state format (scheduler/cpu_update_factors.h), each measured in rounds of
+// one fp32-state update and one in the format, over pinned subgroups of `params` parameters with
+// the same gradients (bf16, not zero: the 8-bit kernels' work depends on the values), best of
+// `repeats` rounds for each: a load that comes and goes slows both alike. Wall-clock rates, as
+// measure_rates' cpu_update (the same `options`' threads and instruction set). `ready`, if given,
+// is called before each format's timed rounds, which start when it returns (tide calibrate
+// --ranks: the ranks' barrier, so that the ranks update the same format at once).
+struct FormatRates {
+  double fp32 = 0;    // params/s, fp32 state, in the format's rounds
+  double format = 0;  // params/s
+};
+using CpuFormatRates = std::array<FormatRates, kUpdateFormatCount>;
+CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
+                                   const kernels::CpuAdamOptions& options = {},
+                                   const std::function<void()>& ready = {});
+
+// The factors of the ranks' measurements (one entry each): for each format, the slowest rank's
+// rate in the format over the slowest rank's fp32 rate, which is what the planner's rate for one
+// rank (the slowest's fp32 rate, tide calibrate --ranks) times the factor gives.
+CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks);
 
 }  // namespace tide::scheduler
