@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -202,42 +203,42 @@ CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
     throw std::invalid_argument("tide: measure_cpu_formats: at least 1024 parameters, one repeat");
   }
   allocator::pinned::PinnedArena arena;
-  const FormatSubgroup fp32(arena, params, std::nullopt);
+  // fp32 state first, then the formats in UpdateFormat order.
+  std::vector<std::unique_ptr<FormatSubgroup>> subgroups;
+  subgroups.push_back(std::make_unique<FormatSubgroup>(arena, params, std::nullopt));
+  for (const UpdateFormatInfo& info : kUpdateFormats) {
+    subgroups.push_back(std::make_unique<FormatSubgroup>(arena, params, info.format));
+  }
   const kernels::AdamHyper hyper;
   auto once = [&](const FormatSubgroup& s) {
     const Clock::time_point t = Clock::now();
     kernels::cpu_adam_step(s.adam(), hyper, options);
     return std::max(1e-9, seconds_since(t));
   };
+  for (const auto& s : subgroups) once(*s);  // warm: pages, the thread pool
+  if (ready) ready();
+  std::vector<double> best(subgroups.size(), 1e300);
+  for (int round = 0; round < repeats; ++round) {
+    for (std::size_t i = 0; i < subgroups.size(); ++i) {
+      best[i] = std::min(best[i], once(*subgroups[i]));
+    }
+  }
   const double nd = static_cast<double>(params);
   CpuFormatRates out;
-  for (const UpdateFormatInfo& info : kUpdateFormats) {
-    const FormatSubgroup format(arena, params, info.format);
-    once(fp32);  // warm: pages, the thread pool
-    once(format);
-    if (ready) ready();
-    double fp32_best = 1e300;
-    double format_best = 1e300;
-    for (int i = 0; i < repeats; ++i) {
-      fp32_best = std::min(fp32_best, once(fp32));
-      format_best = std::min(format_best, once(format));
-    }
-    out[static_cast<std::size_t>(info.format)] = {nd / fp32_best, nd / format_best};
-  }
+  out.fp32 = nd / best[0];
+  for (std::size_t i = 0; i < kUpdateFormatCount; ++i) out.format[i] = nd / best[i + 1];
   return out;
 }
 
 CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks) {
   if (ranks.empty()) throw std::invalid_argument("tide: cpu_update_factors: no measurements");
+  double fp32 = ranks.front().fp32;
+  for (const CpuFormatRates& r : ranks) fp32 = std::min(fp32, r.fp32);
   CpuUpdateFactors factors;
   for (const UpdateFormatInfo& info : kUpdateFormats) {
     const auto i = static_cast<std::size_t>(info.format);
-    double fp32 = ranks.front()[i].fp32;
-    double format = ranks.front()[i].format;
-    for (const CpuFormatRates& r : ranks) {
-      fp32 = std::min(fp32, r[i].fp32);
-      format = std::min(format, r[i].format);
-    }
+    double format = ranks.front().format[i];
+    for (const CpuFormatRates& r : ranks) format = std::min(format, r.format[i]);
     const double factor = format / fp32;
     if (!(factor >= kMinCpuUpdateFactor && factor <= kMaxCpuUpdateFactor)) {
       throw std::runtime_error("tide: the CPU update with " + std::string(info.description) +

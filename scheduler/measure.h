@@ -61,25 +61,25 @@ CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& op
 // warm, and the timed runs start when it returns (the ranks' barrier).
 RankRates measure_rank_rates(std::uint64_t params, int repeats, const std::function<void()>& ready);
 
-// The CPU update of each state format (scheduler/cpu_update_factors.h), each measured in rounds of
-// one fp32-state update and one in the format, over pinned subgroups of `params` parameters with
-// the same gradients (bf16, not zero: the 8-bit kernels' work depends on the values), best of
-// `repeats` rounds for each: a load that comes and goes slows both alike. Wall-clock rates, as
-// measure_rates' cpu_update (the same `options`' threads and instruction set). `ready`, if given,
-// is called before each format's timed rounds, which start when it returns (tide calibrate
-// --ranks: the ranks' barrier, so that the ranks update the same format at once).
-struct FormatRates {
-  double fp32 = 0;    // params/s, fp32 state, in the format's rounds
-  double format = 0;  // params/s
+// The CPU update of fp32 state and of each state format (scheduler/cpu_update_factors.h), over
+// pinned subgroups of `params` parameters with the same gradients (bf16, not zero: the 8-bit
+// kernels' work depends on the values), in `repeats` rounds of one update of each, the best of
+// each kept: the rounds spread every format's runs over the same time, so that a load that comes
+// and goes slows them alike. Wall-clock rates, as measure_rates' cpu_update (the same `options`'
+// threads and instruction set). `ready`, if given, is called once the buffers are warm, and the
+// rounds start when it returns (tide calibrate --ranks: the ranks' barrier).
+struct CpuFormatRates {
+  double fp32 = 0;                                  // params/s
+  std::array<double, kUpdateFormatCount> format{};  // params/s, in UpdateFormat order
 };
-using CpuFormatRates = std::array<FormatRates, kUpdateFormatCount>;
 CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
                                    const kernels::CpuAdamOptions& options = {},
                                    const std::function<void()>& ready = {});
 
 // The factors of the ranks' measurements (one entry each): for each format, the slowest rank's
-// rate in the format over the slowest rank's fp32 rate, which is what the planner's rate for one
-// rank (the slowest's fp32 rate, tide calibrate --ranks) times the factor gives.
+// rate in the format over the slowest rank's fp32 rate, so that the planner's rate for one rank
+// (the slowest's fp32 rate, tide calibrate --ranks) times the factor is the slowest's in the
+// format. Throws std::runtime_error for a factor outside kMinCpuUpdateFactor..kMaxCpuUpdateFactor.
 CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks);
 
 }  // namespace tide::scheduler

@@ -104,10 +104,8 @@ RanksMeasured measure_ranks_at_once(int ranks, std::uint64_t params, int repeats
         };
         add(r.cpu_update);
         add(r.memory);
-        for (const FormatRates& f : formats) {
-          add(f.fp32);
-          add(f.format);
-        }
+        add(formats.fp32);
+        for (double f : formats.format) add(f);
         return line;
       });
   RanksMeasured out;
@@ -116,10 +114,10 @@ RanksMeasured measure_ranks_at_once(int ranks, std::uint64_t params, int repeats
     CpuFormatRates formats;
     int used = 0;
     const char* p = line.c_str();
-    bool ok = std::sscanf(p, "%lg %lg%n", &r.cpu_update, &r.memory, &used) == 2;
-    for (FormatRates& f : formats) {
+    bool ok = std::sscanf(p, "%lg %lg %lg%n", &r.cpu_update, &r.memory, &formats.fp32, &used) == 3;
+    for (double& f : formats.format) {
       p += used;
-      ok = ok && std::sscanf(p, " %lg %lg%n", &f.fp32, &f.format, &used) == 2;
+      ok = ok && std::sscanf(p, " %lg%n", &f, &used) == 1;
     }
     if (!ok) throw std::runtime_error("tide calibrate --ranks: a rank reported \"" + line + "\"");
     out.rates.push_back(r);
@@ -129,19 +127,17 @@ RanksMeasured measure_ranks_at_once(int ranks, std::uint64_t params, int repeats
 }
 
 void print_factors(const CpuUpdateFactors& factors, const std::vector<CpuFormatRates>& measured) {
-  std::printf("CPU update by state format, against fp32 state's in the same rounds%s:\n",
+  double fp32 = measured.front().fp32;
+  for (const CpuFormatRates& r : measured) fp32 = std::min(fp32, r.fp32);
+  std::printf("CPU update by state format, against fp32 state's (%s) in the same rounds%s:\n",
+              format_rate(RateKind::cpu_update, fp32).c_str(),
               measured.size() > 1 ? " (the slowest rank's over the slowest rank's)" : "");
   for (const UpdateFormatInfo& info : kUpdateFormats) {
     const auto i = static_cast<std::size_t>(info.format);
-    double fp32 = measured.front()[i].fp32;
-    double format = measured.front()[i].format;
-    for (const CpuFormatRates& r : measured) {
-      fp32 = std::min(fp32, r[i].fp32);
-      format = std::min(format, r[i].format);
-    }
-    std::printf("  %-36s x%.3g (%s against %s)\n", std::string(info.description).c_str(),
-                factors[info.format], format_rate(RateKind::cpu_update, format).c_str(),
-                format_rate(RateKind::cpu_update, fp32).c_str());
+    double format = measured.front().format[i];
+    for (const CpuFormatRates& r : measured) format = std::min(format, r.format[i]);
+    std::printf("  %-36s x%.3g (%s)\n", std::string(info.description).c_str(), factors[info.format],
+                format_rate(RateKind::cpu_update, format).c_str());
   }
 }
 

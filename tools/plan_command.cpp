@@ -234,8 +234,9 @@ void print_rates(const ResolvedRates& resolved, const Footprint& base) {
   }
   std::printf("  CPU update by state format, x the CPU update rates above (fp32 state's):\n");
   for (const FormatFactor& f : format_factors(resolved, base)) {
-    std::printf("    %-34s %18s   %s\n", std::string(f.info->description).c_str(),
-                ("x" + format_sci(f.factor)).c_str(),
+    char factor[32];
+    std::snprintf(factor, sizeof factor, "x%.3g", f.factor);
+    std::printf("    %-34s %18s   %s\n", std::string(f.info->description).c_str(), factor,
                 f.calibrated ? "calibration file (measured)"
                              : (f.info->format == UpdateFormat::q8_moments
                                     ? "model (compute-bound: a constant)"
