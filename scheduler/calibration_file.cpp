@@ -191,12 +191,13 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
         if (key == f.key) info = &f;
       }
       if (info == nullptr) {
-        std::string known;
-        for (const UpdateFormatInfo& f : kUpdateFormats) {
-          known += (known.empty() ? "" : ", ") + std::string(f.key);
+        std::string message = "unknown member \"" + key + "\" (expected: ";
+        for (std::size_t i = 0; i < kUpdateFormats.size(); ++i) {
+          if (i != 0) message += ", ";
+          message += kUpdateFormats[i].key;
         }
-        reader.fail("cpu_update_factors",
-                    "unknown member \"" + key + "\" (expected: " + known + ")");
+        message += ")";
+        reader.fail("cpu_update_factors", message);
       }
       if (value.kind() != json::Value::Kind::number || !std::isfinite(value.number()) ||
           value.number() < kMinCpuUpdateFactor || value.number() > kMaxCpuUpdateFactor) {

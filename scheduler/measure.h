@@ -9,6 +9,7 @@
 //   h2d, d2h              one copy of the state (12 bytes per parameter) from/to pinned memory
 //   h2d_duplex, d2h_duplex  both directions at once, on two streams
 //   gpu_update            the fused Adam kernel over the subgroup in device memory
+// and, apart (measure_cpu_formats), the CPU update of each state format against fp32 state's.
 // The driver context must be current on the calling thread.
 #pragma once
 

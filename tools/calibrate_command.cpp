@@ -35,8 +35,8 @@ node idle. With --ranks N it measures the node as N local ranks use it: N proces
 share of the cores, update and copy memory at once, and the file holds each rank's rates and, as
 the rates, one rank's share (the slowest's). It also measures the CPU update of each state format
 (bf16 moments, 8-bit moments, bf16 master weights with fp32 or bf16 moments) against fp32 state's,
-in rounds of both (with --ranks, all ranks at once), and writes the factors the planner applies to
-the CPU update rate for that format.
+in rounds of one update of each (with --ranks, all ranks at once), and writes the factors the
+planner applies to the CPU update rate for that format.
 
 options:
   --long                 a longer, steadier measurement (32 Mi parameters, 5 repeats; about a

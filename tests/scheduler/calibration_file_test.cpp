@@ -383,7 +383,11 @@ TEST_F(CalibrationFile, CpuUpdateFactorsRoundTrip) {
             "cpu_update_factors: unknown member \"fp8_moments\" (expected: bf16_moments, "
             "q8_moments, bf16_master, bf16_master_bf16_moments)"},
            {"[1.2]", "cpu_update_factors: must be an object"}}) {
-    const fs::path path = write("bad.json", good + ", \"cpu_update_factors\": " + factors + "}");
+    std::string bad = good;
+    bad += ", \"cpu_update_factors\": ";
+    bad += factors;
+    bad += "}";
+    const fs::path path = write("bad.json", bad);
     try {
       load_calibration(path);
       ADD_FAILURE() << factors << " accepted";
