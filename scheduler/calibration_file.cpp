@@ -114,8 +114,9 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
     reader.fail("", std::string("not valid JSON: ") + e.what());
   }
   reader.object(root, "the top level");
-  reader.only(root, "the top level",
-              {"format", "version", "measured_at", "machine", "rates", "ranks"});
+  reader.only(
+      root, "the top level",
+      {"format", "version", "measured_at", "machine", "rates", "ranks", "cpu_update_factors"});
   if (reader.string(root, "", "format", true) != kCalibrationFormat) {
     reader.fail("format", "must be \"" + std::string(kCalibrationFormat) + "\"");
   }
@@ -182,6 +183,33 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
       calibration.ranks.push_back(r);
     }
   }
+  if (const json::Value* factors = reader.member(root, "", "cpu_update_factors", false)) {
+    reader.object(*factors, "cpu_update_factors");
+    for (const auto& [key, value] : factors->members()) {
+      const UpdateFormatInfo* info = nullptr;
+      for (const UpdateFormatInfo& f : kUpdateFormats) {
+        if (key == f.key) info = &f;
+      }
+      if (info == nullptr) {
+        std::string message = "unknown member \"" + key + "\" (expected: ";
+        for (std::size_t i = 0; i < kUpdateFormats.size(); ++i) {
+          if (i != 0) message += ", ";
+          message += kUpdateFormats[i].key;
+        }
+        message += ")";
+        reader.fail("cpu_update_factors", message);
+      }
+      if (value.kind() != json::Value::Kind::number || !std::isfinite(value.number()) ||
+          value.number() < kMinCpuUpdateFactor || value.number() > kMaxCpuUpdateFactor) {
+        std::ostringstream range;
+        range << "must be a number from " << json::number(kMinCpuUpdateFactor) << " to "
+              << json::number(kMaxCpuUpdateFactor)
+              << " (the format's CPU update rate over fp32 state's)";
+        reader.fail(Reader::path("cpu_update_factors", key), range.str());
+      }
+      calibration.cpu_update_factors[info->format] = value.number();
+    }
+  }
   return calibration;
 }
 
@@ -230,6 +258,24 @@ std::string format_calibration(const Calibration& c) {
           << ", \"memory_bytes_per_s\": " << json::number(r.memory) << "}";
     }
     out << "\n  ]";
+  }
+  if (c.cpu_update_factors.any()) {
+    out << ",\n  \"cpu_update_factors\": {";
+    bool first_factor = true;
+    for (const UpdateFormatInfo& f : kUpdateFormats) {
+      const double factor = c.cpu_update_factors[f.format];
+      if (factor == 0) continue;
+      if (!std::isfinite(factor) || factor < kMinCpuUpdateFactor || factor > kMaxCpuUpdateFactor) {
+        throw CalibrationError("calibration: cpu_update_factors." + std::string(f.key) + ": " +
+                               json::number(factor) + " is not a number from " +
+                               json::number(kMinCpuUpdateFactor) + " to " +
+                               json::number(kMaxCpuUpdateFactor));
+      }
+      out << (first_factor ? "\n" : ",\n") << "    " << json::quote(f.key) << ": "
+          << json::number(factor);
+      first_factor = false;
+    }
+    out << "\n  }";
   }
   out << "\n}\n";
   return out.str();

@@ -27,7 +27,13 @@
 //     "ranks": [                    // optional (tide calibrate --ranks N): one entry per rank of
 //       {"cpu_update_params_per_s": 5.1e8,       // ranks_per_host, what each measured while all
 //        "memory_bytes_per_s": 9.8e9}, ...       // updated (and copied memory) at once, on its
-//     ]                                          // share of the node's cores
+//     ],                                         // share of the node's cores
+//     "cpu_update_factors": {       // optional, and each member: the CPU update's rate in a state
+//       "bf16_moments": 1.2,        // format over fp32 state's (scheduler/cpu_update_factors.h),
+//       "q8_moments": 0.5,          // measured in the same rounds (with --ranks, the slowest
+//       "bf16_master": 0.7,         // rank's over the slowest rank's); a number from 0.01 to 100.
+//       "bf16_master_bf16_moments": 0.8     // Absent (older files): the performance model's
+//     }                                     // factor (Footprint::model_cpu_update_scale)
 //   }
 //
 // Where it lives: $TIDE_CALIBRATION_FILE if set, else $XDG_CACHE_HOME/tide/calibration.json
@@ -42,6 +48,7 @@
 #include <string_view>
 #include <vector>
 
+#include "scheduler/cpu_update_factors.h"
 #include "scheduler/rates.h"
 
 namespace tide::scheduler {
@@ -71,7 +78,8 @@ struct Calibration {
   MachineInfo machine;
   std::string measured_at;  // empty: unknown
   Rates rates;
-  std::vector<RankRates> ranks;  // empty, or machine.ranks_per_host entries
+  std::vector<RankRates> ranks;         // empty, or machine.ranks_per_host entries
+  CpuUpdateFactors cpu_update_factors;  // 0 for a format not measured
 
   bool operator==(const Calibration&) const = default;
 };

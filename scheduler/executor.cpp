@@ -71,12 +71,26 @@ Policy policy_from_env(const Policy& fallback) {
   }
 }
 
+namespace {
+
+// `options` with the rates resolved when not given (built-in, calibration file, TIDE_RATE_*,
+// shared out to the node's ranks), and the calibration's CPU update factors with them.
+ExecutorOptions with_rates(ExecutorOptions options) {
+  if (!options.rates) {
+    const ResolvedRates resolved = resolve_node_rates();
+    options.rates = resolved.rates;
+    if (!options.cpu_update_factors) options.cpu_update_factors = resolved.cpu_update_factors();
+  }
+  return options;
+}
+
+}  // namespace
+
 Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
     : state_(state),
-      options_(options),
+      options_(with_rates(options)),
       context_(options.device),
-      refiner_(options.rates ? *options.rates : resolve_node_rates().rates,
-               options.refine_options) {
+      refiner_(*options_.rates, options_.refine_options) {
   if (state_.host_params() && options_.gradients_on_gpu) {
     throw std::invalid_argument(
         "tide: executor: host-resident parameters read their gradients where they are: "
@@ -335,6 +349,7 @@ Footprint Executor::footprint(bool gradients_on_gpu) const {
     f.state_bytes_on_gpu = state_.param_bytes();  // GPU subgroups take them from the model
   }
   f.gradients_on_gpu = gradients_on_gpu;
+  if (options_.cpu_update_factors) f.calibrate_cpu(*options_.cpu_update_factors);
   return f;
 }
 

@@ -113,6 +113,9 @@ Policy policy_from_env(const Policy& fallback);
 struct ExecutorOptions {
   int device = 0;
   std::optional<Rates> rates;  // nullopt: resolve_rates (built-in, calibration file, TIDE_RATE_*)
+  // The CPU update's rate by state format against fp32 state's (scheduler/cpu_update_factors.h).
+  // nullopt: the calibration file's when `rates` is nullopt too, else none (the model's factor).
+  std::optional<CpuUpdateFactors> cpu_update_factors;
   // GPU subgroups of a prepared plan keep their gradients on the GPU (offloaded device to device)
   // instead of copying them in from pinned memory with their state.
   bool gradients_on_gpu = false;

@@ -6,14 +6,18 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "allocator/pinned/arena.h"
 #include "driver/memory.h"
 #include "driver/stream.h"
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
+#include "kernels/dtype.h"
 
 namespace tide::scheduler {
 namespace {
@@ -56,6 +60,70 @@ struct HostSubgroup {
   float* state;
   void* grad;
   void* copy;
+};
+
+// Pinned buffers of one subgroup in a state format (nullopt: fp32 state) with bf16 gradients of
+// varied values, fp32 or bf16 master weights likewise, zero moments, and a bf16 weight copy (none
+// with bf16 master weights: they are the model's weights). Released with the arena.
+class FormatSubgroup {
+ public:
+  FormatSubgroup(allocator::pinned::PinnedArena& arena, std::uint64_t n,
+                 std::optional<UpdateFormat> format)
+      : arena_(arena) {
+    s_.count = n;
+    s_.grad_dtype = kernels::Dtype::kBFloat16;
+    auto* grad = static_cast<std::uint16_t*>(take(2 * n));
+    for (std::uint64_t i = 0; i < n; ++i) {
+      grad[i] = kernels::float_to_bf16(1e-3f * static_cast<float>(static_cast<int>(i % 97) - 48));
+    }
+    s_.grad = grad;
+    auto weight = [](std::uint64_t i) {
+      return 1e-2f * static_cast<float>(static_cast<int>(i % 31) - 15);
+    };
+    const bool bf16_master =
+        format == UpdateFormat::bf16_master || format == UpdateFormat::bf16_master_bf16_moments;
+    if (bf16_master) {
+      s_.master_dtype = kernels::Dtype::kBFloat16;
+      s_.param_bf16 = static_cast<std::uint16_t*>(take(2 * n));
+      s_.param_comp = static_cast<std::uint16_t*>(take(2 * n));
+      for (std::uint64_t i = 0; i < n; ++i) s_.param_bf16[i] = kernels::float_to_bf16(weight(i));
+    } else {
+      s_.param = static_cast<float*>(take(4 * n));
+      for (std::uint64_t i = 0; i < n; ++i) s_.param[i] = weight(i);
+      s_.param_copy = take(2 * n);
+    }
+    if (format == UpdateFormat::q8_moments) {
+      s_.state_format = kernels::StateFormat::kBlockQ8;
+      s_.exp_avg = take(n, kernels::kQuantBlock);
+      s_.exp_avg_sq = take(n, kernels::kQuantBlock);
+      s_.exp_avg_scale = static_cast<float*>(take(4 * kernels::quant_blocks(n)));
+      s_.exp_avg_sq_scale = static_cast<float*>(take(4 * kernels::quant_blocks(n)));
+    } else {
+      const bool bf16 =
+          format == UpdateFormat::bf16_moments || format == UpdateFormat::bf16_master_bf16_moments;
+      s_.state_dtype = bf16 ? kernels::Dtype::kBFloat16 : kernels::Dtype::kFloat32;
+      s_.exp_avg = take((bf16 ? 2 : 4) * n);
+      s_.exp_avg_sq = take((bf16 ? 2 : 4) * n);
+    }
+    kernels::validate(s_);
+  }
+  ~FormatSubgroup() {
+    for (const auto& [p, bytes] : buffers_) arena_.deallocate(p, bytes);
+  }
+  FormatSubgroup(const FormatSubgroup&) = delete;
+  FormatSubgroup& operator=(const FormatSubgroup&) = delete;
+  const kernels::AdamSubgroup& adam() const { return s_; }
+
+ private:
+  void* take(std::size_t bytes, std::size_t alignment = 0) {
+    void* p = arena_.allocate(bytes, alignment);
+    buffers_.emplace_back(p, bytes);
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  allocator::pinned::PinnedArena& arena_;
+  std::vector<std::pair<void*, std::size_t>> buffers_;
+  kernels::AdamSubgroup s_;
 };
 
 // Seconds of CPU time the calling thread spent in f().
@@ -128,6 +196,71 @@ RankRates measure_rank_rates(std::uint64_t params, int repeats,
   return r;
 }
 
+CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
+                                   const kernels::CpuAdamOptions& options,
+                                   const std::function<void()>& ready) {
+  if (params < 1024 || repeats < 1) {
+    throw std::invalid_argument("tide: measure_cpu_formats: at least 1024 parameters, one repeat");
+  }
+  allocator::pinned::PinnedArena arena;
+  // fp32 state first, then the formats in UpdateFormat order.
+  std::vector<std::unique_ptr<FormatSubgroup>> subgroups;
+  subgroups.push_back(std::make_unique<FormatSubgroup>(arena, params, std::nullopt));
+  for (const UpdateFormatInfo& info : kUpdateFormats) {
+    subgroups.push_back(std::make_unique<FormatSubgroup>(arena, params, info.format));
+  }
+  const kernels::AdamHyper hyper;
+  auto once = [&](const FormatSubgroup& s) {
+    const Clock::time_point t = Clock::now();
+    kernels::cpu_adam_step(s.adam(), hyper, options);
+    return std::max(1e-9, seconds_since(t));
+  };
+  for (const auto& s : subgroups) once(*s);  // warm: pages, the thread pool
+  if (ready) ready();
+  std::vector<double> best(subgroups.size(), 1e300);
+  for (int round = 0; round < repeats; ++round) {
+    for (std::size_t i = 0; i < subgroups.size(); ++i) {
+      best[i] = std::min(best[i], once(*subgroups[i]));
+    }
+  }
+  const double nd = static_cast<double>(params);
+  CpuFormatRates out;
+  out.fp32 = nd / best[0];
+  for (std::size_t i = 0; i < kUpdateFormatCount; ++i) out.format[i] = nd / best[i + 1];
+  return out;
+}
+
+CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks) {
+  if (ranks.empty()) throw std::invalid_argument("tide: cpu_update_factors: no measurements");
+  double fp32 = ranks.front().fp32;
+  for (const CpuFormatRates& r : ranks) fp32 = std::min(fp32, r.fp32);
+  CpuUpdateFactors factors;
+  for (const UpdateFormatInfo& info : kUpdateFormats) {
+    const auto i = static_cast<std::size_t>(info.format);
+    double format = ranks.front().format[i];
+    for (const CpuFormatRates& r : ranks) format = std::min(format, r.format[i]);
+    const double factor = format / fp32;
+    if (!(factor >= kMinCpuUpdateFactor && factor <= kMaxCpuUpdateFactor)) {
+      throw std::runtime_error("tide: the CPU update with " + std::string(info.description) +
+                               " measured " + std::to_string(factor) +
+                               "x fp32 state's, outside the plausible " +
+                               std::to_string(kMinCpuUpdateFactor) + " to " +
+                               std::to_string(kMaxCpuUpdateFactor) + ": measure again");
+    }
+    factors[info.format] = factor;
+  }
+  return factors;
+}
+
+kernels::CpuAdamOptions cpu_adam_options(const MeasureOptions& options) {
+  kernels::CpuAdamOptions cpu_options{.threads = options.cpu_threads};
+  if (options.cpu_isa) {
+    cpu_options.force_isa = true;
+    cpu_options.isa = *options.cpu_isa;
+  }
+  return cpu_options;
+}
+
 Rates measure_rates(const MeasureOptions& options) {
   if (options.params < 1024 || options.repeats < 1) {
     throw std::invalid_argument("tide: measure_rates: at least 1024 parameters and one repeat");
@@ -145,11 +278,7 @@ Rates measure_rates(const MeasureOptions& options) {
     if (options.progress) options.progress(kind, rate_of(r, kind));
   };
 
-  kernels::CpuAdamOptions cpu_options{.threads = options.cpu_threads};
-  if (options.cpu_isa) {
-    cpu_options.force_isa = true;
-    cpu_options.isa = *options.cpu_isa;
-  }
+  const kernels::CpuAdamOptions cpu_options = cpu_adam_options(options);
   auto cpu_once = [&] {
     const auto t0 = Clock::now();
     kernels::cpu_adam_step(a.adam(), hyper, cpu_options);

@@ -9,16 +9,20 @@
 //   h2d, d2h              one copy of the state (12 bytes per parameter) from/to pinned memory
 //   h2d_duplex, d2h_duplex  both directions at once, on two streams
 //   gpu_update            the fused Adam kernel over the subgroup in device memory
+// and, apart (measure_cpu_formats), the CPU update of each state format against fp32 state's.
 // The driver context must be current on the calling thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string_view>
 
 #include "kernels/cpu_adam.h"
 #include "scheduler/calibration_file.h"
+#include "scheduler/cpu_update_factors.h"
 #include "scheduler/rates.h"
 
 namespace tide::scheduler {
@@ -35,6 +39,9 @@ struct MeasureOptions {
 };
 
 Rates measure_rates(const MeasureOptions& options = {});
+
+// The CPU update's options `options` asks for (its threads and instruction set).
+kernels::CpuAdamOptions cpu_adam_options(const MeasureOptions& options);
 
 // What the CPU update and a memcpy cost per second of this thread's CPU time (not wall time), over
 // one pinned subgroup of `params` parameters, best of `repeats` after a warm-up: the same on a
@@ -54,5 +61,26 @@ CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& op
 // subgroup of `params` parameters, best of `repeats`. `ready` is called once the buffers are
 // warm, and the timed runs start when it returns (the ranks' barrier).
 RankRates measure_rank_rates(std::uint64_t params, int repeats, const std::function<void()>& ready);
+
+// The CPU update of fp32 state and of each state format (scheduler/cpu_update_factors.h), over
+// pinned subgroups of `params` parameters with the same gradients (bf16, not zero: the 8-bit
+// kernels' work depends on the values), in `repeats` rounds of one update of each, the best of
+// each kept: the rounds spread every format's runs over the same time, so that a load that comes
+// and goes slows them alike. Wall-clock rates, as measure_rates' cpu_update (the same `options`'
+// threads and instruction set). `ready`, if given, is called once the buffers are warm, and the
+// rounds start when it returns (tide calibrate --ranks: the ranks' barrier).
+struct CpuFormatRates {
+  double fp32 = 0;                                  // params/s
+  std::array<double, kUpdateFormatCount> format{};  // params/s, in UpdateFormat order
+};
+CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
+                                   const kernels::CpuAdamOptions& options = {},
+                                   const std::function<void()>& ready = {});
+
+// The factors of the ranks' measurements (one entry each): for each format, the slowest rank's
+// rate in the format over the slowest rank's fp32 rate, so that the planner's rate for one rank
+// (the slowest's fp32 rate, tide calibrate --ranks) times the factor is the slowest's in the
+// format. Throws std::runtime_error for a factor outside kMinCpuUpdateFactor..kMaxCpuUpdateFactor.
+CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks);
 
 }  // namespace tide::scheduler

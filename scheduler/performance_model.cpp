@@ -1,6 +1,7 @@
 #include "scheduler/performance_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace tide::scheduler {
@@ -10,6 +11,10 @@ PerformanceModel::PerformanceModel(const Rates& rates, const Footprint& footprin
   validate(rates_, "performance model");
   if (footprint_.state_bytes_per_param == 0) {
     throw std::invalid_argument("performance model: state_bytes_per_param must be > 0");
+  }
+  if (!(footprint_.cpu_update_factor >= 0) || !std::isfinite(footprint_.cpu_update_factor)) {
+    throw std::invalid_argument(
+        "performance model: cpu_update_factor must be a finite number >= 0 (0: the model's)");
   }
   rates_.cpu_update *= footprint_.cpu_update_scale();
   rates_.cpu_update_contended *= footprint_.cpu_update_scale();

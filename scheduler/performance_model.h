@@ -9,10 +9,12 @@
 // per GPU subgroup parameter (fp32 p, m, v = 12, plus the gradient when it comes from host
 // memory), b copied out (12), w uploaded per CPU subgroup parameter (its low-precision weights,
 // 2 for bf16, which the CPU computes and the model's parameters on the GPU need). With bf16
-// moments the state is 8 bytes (a = b = 8), and r_c, r_cc and r_g, measured with fp32 state, are
-// scaled by the bytes each update moves (Footprint::update_rate_scale: 28/20 with bf16 gradients
-// and weights). 8-bit moments: a = b = 6 and the block scales; the GPU update scaled by its bytes
-// (28/16), the CPU update, compute-bound, by Footprint::kQ8CpuUpdateFactor.
+// moments the state is 8 bytes (a = b = 8); 8-bit moments: a = b = 6 and the block scales. r_c,
+// r_cc and r_g, measured with fp32 state, are scaled to the format: r_g by the bytes each update
+// moves (Footprint::update_rate_scale: 28/20 for bf16 moments with bf16 gradients and weights,
+// 28/16 for 8-bit moments), r_c and r_cc by the factor `tide calibrate` measured for the format on
+// this machine (scheduler/cpu_update_factors.h), else by the same bytes' ratio, or for 8-bit
+// moments, whose CPU kernels are compute-bound, Footprint::kQ8CpuUpdateFactor.
 //
 // The host→GPU link carries both the GPU subgroups' copy-ins and the CPU subgroups' weight
 // uploads. The uploads are small and steady (each CPU subgroup's weights as soon as it is
@@ -59,10 +61,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "kernels/quant8.h"
+#include "scheduler/cpu_update_factors.h"
 #include "scheduler/rates.h"
 
 namespace tide::scheduler {
@@ -85,9 +89,13 @@ struct Footprint {
   std::uint32_t state_bytes_on_gpu = 0;  // of state_bytes_per_param, not copied in
   // 8-bit block-wise moments (kernels/quant8.h; state_bytes_per_param 6): the state also holds
   // each moment's fp32 scale per kQuantBlock parameters (8 bytes per block, 0.5% more than the 6
-  // bytes), copied with it, and the CPU update runs at kQ8CpuUpdateFactor of fp32 state's rate.
-  // (8-bit moments and bf16 master weights do not go together: the kernels have no such variant.)
+  // bytes), copied with it, and the CPU update runs at kQ8CpuUpdateFactor of fp32 state's rate
+  // unless calibrated. (8-bit moments and bf16 master weights do not go together: the kernels
+  // have no such variant.)
   bool quantized_moments = false;
+  // The CPU update's rate against fp32 state's as calibration measured it for this format
+  // (calibrate_cpu); 0: not measured, the model's (model_cpu_update_scale).
+  double cpu_update_factor = 0;
   static constexpr std::uint32_t kScaleBytesPerBlock = 8;
 
   // The state's bytes per parameter on the links: state_bytes_per_param and the scales.
@@ -100,12 +108,13 @@ struct Footprint {
            (gradients_on_gpu ? 0u : gradient_bytes_per_param);
   }
   double d2h_bytes_per_param() const { return state_copy_bytes_per_param(); }
-  // The update rates (CPU and GPU) are measured with fp32 state (kCalibratedStateBytes). Both
-  // updates are memory-bound: per parameter they read and write the state and read the gradient
-  // and write the low-precision weights, at a rate in bytes/s that does not depend on the state
-  // format. A format that moves fewer bytes updates proportionally more parameters per second:
-  // the model multiplies the update rates by this factor (1 for fp32 state; 28/20 = 1.4 for bf16
-  // moments with bf16 gradients and weights).
+  // The update rates (CPU and GPU) are measured with fp32 state (kCalibratedStateBytes). A
+  // memory-bound update reads and writes the state and reads the gradient and writes the
+  // low-precision weights, at a rate in bytes/s that does not depend on the state format: a
+  // format that moves fewer bytes updates proportionally more parameters per second. The model
+  // multiplies the GPU update rate by this factor (1 for fp32 state; 28/20 = 1.4 for bf16 moments
+  // with bf16 gradients and weights), and the CPU's when calibration did not measure the format
+  // (the CPU kernels are partly compute-bound: bf16 moments measured 1.15-1.24x, not 1.4x).
   // bf16 master weights: 26 bytes against fp32 state's 28 with fp32 moments (no weight copy).
   static constexpr std::uint32_t kCalibratedStateBytes = 12;
   double update_rate_scale() const {
@@ -120,8 +129,34 @@ struct Footprint {
   // The planner starts from the low end, so that it does not put on the CPU what the CPU cannot
   // do in time; the executor's refinement (scheduler/refine.h) then learns the real rate.
   static constexpr double kQ8CpuUpdateFactor = 0.35;
-  double cpu_update_scale() const {
+  double model_cpu_update_scale() const {
     return quantized_moments ? kQ8CpuUpdateFactor : update_rate_scale();
+  }
+  // The CPU update rates' factor the model uses: the calibrated one when set.
+  double cpu_update_scale() const {
+    return cpu_update_factor > 0 ? cpu_update_factor : model_cpu_update_scale();
+  }
+  bool cpu_update_calibrated() const { return cpu_update_factor > 0; }
+  // The format whose CPU update calibration measures (scheduler/cpu_update_factors.h); nullopt
+  // for fp32 state (the rates' own) and for state bytes of a format of their own (tide plan
+  // --state-bytes), which the model scales by their bytes.
+  std::optional<UpdateFormat> update_format() const {
+    if (quantized_moments) {
+      if (weights_in_state || state_bytes_per_param != 6) return std::nullopt;
+      return UpdateFormat::q8_moments;
+    }
+    if (weights_in_state) {
+      if (state_bytes_per_param == 12) return UpdateFormat::bf16_master;
+      if (state_bytes_per_param == 8) return UpdateFormat::bf16_master_bf16_moments;
+      return std::nullopt;
+    }
+    if (state_bytes_per_param == 8) return UpdateFormat::bf16_moments;
+    return std::nullopt;
+  }
+  // Takes the factor measured for this format, if there is one (else the model's stays).
+  void calibrate_cpu(const CpuUpdateFactors& factors) {
+    const std::optional<UpdateFormat> format = update_format();
+    cpu_update_factor = format ? factors[*format] : 0.0;
   }
   // The GPU update stays memory-bound (HBM bandwidth against its arithmetic): the bytes' ratio.
   double gpu_update_scale() const { return update_rate_scale(); }
@@ -165,7 +200,8 @@ class PerformanceModel {
  public:
   // Throws std::invalid_argument for rates that are not finite and > 0, or a footprint that
   // copies nothing. `rates` are for fp32 state; the model's own (rates()) have the update
-  // rates scaled to the footprint's state format (Footprint::update_rate_scale).
+  // rates scaled to the footprint's state format (Footprint::cpu_update_scale,
+  // gpu_update_scale).
   PerformanceModel(const Rates& rates, const Footprint& footprint);
 
   const Rates& rates() const { return rates_; }

@@ -24,6 +24,11 @@ struct ResolvedRates {
   std::optional<Calibration> calibration;
 
   bool all_builtin() const;
+  // The calibration's CPU update factors by state format (none without one). Ratios to the fp32
+  // CPU update rate: they apply to it whatever set it (calibration, TIDE_RATE_*, flags).
+  CpuUpdateFactors cpu_update_factors() const {
+    return calibration ? calibration->cpu_update_factors : CpuUpdateFactors{};
+  }
 };
 
 // `calibration_file`: a file that must be readable and valid; nullopt: the default path

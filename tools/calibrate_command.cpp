@@ -33,7 +33,10 @@ kernels and pinned-memory copies, and writes them to the calibration file: TIDE_
 else $XDG_CACHE_HOME/tide/calibration.json, else ~/.cache/tide/calibration.json. Run it with the
 node idle. With --ranks N it measures the node as N local ranks use it: N processes, each on its
 share of the cores, update and copy memory at once, and the file holds each rank's rates and, as
-the rates, one rank's share (the slowest's).
+the rates, one rank's share (the slowest's). It also measures the CPU update of each state format
+(bf16 moments, 8-bit moments, bf16 master weights with fp32 or bf16 moments) against fp32 state's,
+in rounds of one update of each (with --ranks, all ranks at once), and writes the factors the
+planner applies to the CPU update rate for that format.
 
 options:
   --long                 a longer, steadier measurement (32 Mi parameters, 5 repeats; about a
@@ -79,25 +82,63 @@ void share_measured_rates(Calibration& c, std::vector<RankRates> per_rank) {
   c.ranks = std::move(per_rank);
 }
 
-// `ranks` processes, each on its share of the cores, measuring at once.
-std::vector<RankRates> measure_ranks_at_once(int ranks, std::uint64_t params, int repeats) {
+// What the ranks measured at once.
+struct RanksMeasured {
+  std::vector<RankRates> rates;
+  std::vector<CpuFormatRates> formats;
+};
+
+// `ranks` processes, each on its share of the cores, measuring at once: the CPU update and a
+// memory copy, then the CPU update of each state format.
+RanksMeasured measure_ranks_at_once(int ranks, std::uint64_t params, int repeats) {
   const std::vector<std::string> lines =
       run_ranks(ranks, /*local_env=*/true, [&](int, const RankBarrier& barrier) {
         driver::PrimaryContext context(0);
         const RankRates r = measure_rank_rates(params, repeats, barrier);
-        char line[96];
-        std::snprintf(line, sizeof line, "%.17g %.17g", r.cpu_update, r.memory);
-        return std::string(line);
+        const CpuFormatRates formats = measure_cpu_formats(params, repeats, {}, barrier);
+        std::string line;
+        auto add = [&line](double x) {
+          char text[32];
+          std::snprintf(text, sizeof text, "%.17g", x);
+          line += (line.empty() ? "" : " ") + std::string(text);
+        };
+        add(r.cpu_update);
+        add(r.memory);
+        add(formats.fp32);
+        for (double f : formats.format) add(f);
+        return line;
       });
-  std::vector<RankRates> out;
+  RanksMeasured out;
   for (const std::string& line : lines) {
     RankRates r;
-    if (std::sscanf(line.c_str(), "%lg %lg", &r.cpu_update, &r.memory) != 2) {
-      throw std::runtime_error("tide calibrate --ranks: a rank reported \"" + line + "\"");
+    CpuFormatRates formats;
+    int used = 0;
+    const char* p = line.c_str();
+    bool ok = std::sscanf(p, "%lg %lg %lg%n", &r.cpu_update, &r.memory, &formats.fp32, &used) == 3;
+    for (double& f : formats.format) {
+      p += used;
+      ok = ok && std::sscanf(p, " %lg%n", &f, &used) == 1;
     }
-    out.push_back(r);
+    if (!ok) throw std::runtime_error("tide calibrate --ranks: a rank reported \"" + line + "\"");
+    out.rates.push_back(r);
+    out.formats.push_back(formats);
   }
   return out;
+}
+
+void print_factors(const CpuUpdateFactors& factors, const std::vector<CpuFormatRates>& measured) {
+  double fp32 = measured.front().fp32;
+  for (const CpuFormatRates& r : measured) fp32 = std::min(fp32, r.fp32);
+  std::printf("CPU update by state format, against fp32 state's (%s) in the same rounds%s:\n",
+              format_rate(RateKind::cpu_update, fp32).c_str(),
+              measured.size() > 1 ? " (the slowest rank's over the slowest rank's)" : "");
+  for (const UpdateFormatInfo& info : kUpdateFormats) {
+    const auto i = static_cast<std::size_t>(info.format);
+    double format = measured.front().format[i];
+    for (const CpuFormatRates& r : measured) format = std::min(format, r.format[i]);
+    std::printf("  %-36s x%.3g (%s)\n", std::string(info.description).c_str(), factors[info.format],
+                format_rate(RateKind::cpu_update, format).c_str());
+  }
 }
 
 }  // namespace
@@ -144,7 +185,7 @@ int calibrate_command(int argc, char** argv) {
     throw std::invalid_argument("--ranks measures the ranks itself: leave out --ranks-per-host");
   }
   // Before this process has threads or a driver context: the ranks are forked children.
-  std::vector<RankRates> per_rank;
+  RanksMeasured per_rank;
   if (concurrent > 1) {
     per_rank = measure_ranks_at_once(concurrent, options.params, options.repeats);
     ranks = concurrent;
@@ -178,7 +219,13 @@ int calibrate_command(int argc, char** argv) {
     std::fflush(stdout);
   };
   c.rates = measure_rates(options);
-  if (!per_rank.empty()) share_measured_rates(c, std::move(per_rank));
+  if (per_rank.formats.empty()) {
+    per_rank.formats.push_back(
+        measure_cpu_formats(options.params, options.repeats, cpu_adam_options(options)));
+  }
+  if (!per_rank.rates.empty()) share_measured_rates(c, std::move(per_rank.rates));
+  c.cpu_update_factors = cpu_update_factors(per_rank.formats);
+  print_factors(c.cpu_update_factors, per_rank.formats);
   c.measured_at = utc_timestamp();
   if (dry_run) {
     std::printf("dry run: nothing written (would write %s)\n", path.string().c_str());

@@ -49,8 +49,10 @@ workload:
                            the moments' dtype: float32 (default; 12 state bytes per parameter:
                            fp32 p, m, v), bfloat16 (8: fp32 p, bf16 m, v) or q8 (6: fp32 p,
                            8-bit block-wise m, v, and 8 bytes of scales per 256); the update
-                           rates, measured with fp32 state, scale with the bytes an update
-                           moves, except q8's CPU update (compute-bound: x0.35)
+                           rates are fp32 state's: the GPU's scales with the bytes an update
+                           moves, the CPU's by the factor `tide calibrate` measured for the
+                           format (the calibration file's cpu_update_factors), else by the
+                           bytes too, except q8's (compute-bound: x0.35)
   --master-dtype float32|bfloat16
                            the master weights: float32 (default: an fp32 copy, and the
                            update writes a separate bf16 weight copy) or bfloat16 (bf16
@@ -150,7 +152,43 @@ struct Setting {
   std::size_t max_k = 8;
 };
 
-std::string rates_json(const ResolvedRates& resolved) {
+// `base` (gradients, weights) in `format`, as tide plan --state-dtype/--master-dtype set it.
+Footprint in_format(Footprint base, UpdateFormat format) {
+  const bool master =
+      format == UpdateFormat::bf16_master || format == UpdateFormat::bf16_master_bf16_moments;
+  base.quantized_moments = format == UpdateFormat::q8_moments;
+  base.state_bytes_per_param =
+      format == UpdateFormat::q8_moments ? 6 : (format == UpdateFormat::bf16_master ? 12 : 8);
+  base.weights_in_state = master;
+  base.state_bytes_on_gpu = master ? 2 : 0;
+  base.cpu_update_factor = 0;
+  return base;
+}
+
+// Each state format's CPU update factor against fp32 state's, and where it comes from: the
+// calibration file, or the model (the bytes, or q8's constant) for `base`'s gradients and
+// weights.
+struct FormatFactor {
+  const UpdateFormatInfo* info;
+  double factor;
+  bool calibrated;
+};
+std::vector<FormatFactor> format_factors(const ResolvedRates& resolved, const Footprint& base) {
+  const CpuUpdateFactors measured = resolved.cpu_update_factors();
+  std::vector<FormatFactor> out;
+  for (const UpdateFormatInfo& info : kUpdateFormats) {
+    const bool calibrated = measured.measured(info.format);
+    out.push_back(
+        {&info,
+         calibrated ? measured[info.format] : in_format(base, info.format).model_cpu_update_scale(),
+         calibrated});
+  }
+  return out;
+}
+
+const char* factor_source(bool calibrated) { return calibrated ? "calibration file" : "model"; }
+
+std::string rates_json(const ResolvedRates& resolved, const Footprint& base) {
   std::string out = "{";
   for (const RateInfo& info : rate_infos()) {
     out += json::quote(info.key) + ":" + json::number(resolved.rates.*info.member) + ",";
@@ -161,6 +199,14 @@ std::string rates_json(const ResolvedRates& resolved) {
            json::quote(source_name(resolved.source[static_cast<std::size_t>(info.kind)])) +
            (info.kind == RateKind::gpu_update ? "" : ",");
   }
+  out += "},\"cpu_update_factors\":{";
+  bool first = true;
+  for (const FormatFactor& f : format_factors(resolved, base)) {
+    out += std::string(first ? "" : ",") + json::quote(f.info->key) +
+           ":{\"factor\":" + json::number(f.factor) +
+           ",\"source\":" + json::quote(factor_source(f.calibrated)) + "}";
+    first = false;
+  }
   out += "}";
   if (resolved.calibration_path) {
     out += ",\"calibration_file\":" + json::quote(resolved.calibration_path->string());
@@ -168,7 +214,7 @@ std::string rates_json(const ResolvedRates& resolved) {
   return out + "}";
 }
 
-void print_rates(const ResolvedRates& resolved) {
+void print_rates(const ResolvedRates& resolved, const Footprint& base) {
   std::printf("rates (per rank)\n");
   for (const RateInfo& info : rate_infos()) {
     const RateSource source = resolved.source[static_cast<std::size_t>(info.kind)];
@@ -185,6 +231,16 @@ void print_rates(const ResolvedRates& resolved) {
                 c.machine.cpu_threads, c.machine.gpu_name.empty() ? "" : ", ",
                 c.machine.gpu_name.c_str(), c.measured_at.empty() ? "" : " at ",
                 c.measured_at.c_str());
+  }
+  std::printf("  CPU update by state format, x the CPU update rates above (fp32 state's):\n");
+  for (const FormatFactor& f : format_factors(resolved, base)) {
+    char factor[32];
+    std::snprintf(factor, sizeof factor, "x%.3g", f.factor);
+    std::printf("    %-34s %18s   %s\n", std::string(f.info->description).c_str(), factor,
+                f.calibrated ? "calibration file (measured)"
+                             : (f.info->format == UpdateFormat::q8_moments
+                                    ? "model (compute-bound: a constant)"
+                                    : "model (the bytes an update moves)"));
   }
   bool any_builtin = false;
   for (RateSource s : resolved.source) any_builtin = any_builtin || s == RateSource::builtin;
@@ -447,6 +503,9 @@ int plan_command(int argc, char** argv) {
     }
   }
 
+  // The calibration's factor for the state format, if it measured it: it scales whatever fp32
+  // CPU rate the sources above gave.
+  workload.footprint.calibrate_cpu(resolved.cpu_update_factors());
   const Plan best = plan(workload, resolved.rates, options);
   const std::size_t n = workload.subgroup_params.size();
   std::vector<std::pair<std::size_t, std::optional<Plan>>> fixed;
@@ -475,8 +534,12 @@ int plan_command(int argc, char** argv) {
         ",\"master\":" + json::quote(workload.footprint.weights_in_state ? "bfloat16" : "float32") +
         ",\"gradient_bytes_per_param\":" +
         std::to_string(workload.footprint.gradient_bytes_per_param) +
-        ",\"gradients\":" + json::quote(workload.footprint.gradients_on_gpu ? "gpu" : "host") + "}";
-    out += ",\"rates\":" + rates_json(resolved);
+        ",\"gradients\":" + json::quote(workload.footprint.gradients_on_gpu ? "gpu" : "host") +
+        ",\"cpu_update_scale\":" + json::number(workload.footprint.cpu_update_scale()) +
+        ",\"cpu_update_scale_source\":" +
+        json::quote(factor_source(workload.footprint.cpu_update_calibrated())) +
+        ",\"gpu_update_scale\":" + json::number(workload.footprint.gpu_update_scale()) + "}";
+    out += ",\"rates\":" + rates_json(resolved, workload.footprint);
     out += ",\"plan\":" + plan_json(best);
     out += ",\"fixed_k\":[";
     for (std::size_t i = 0; i < fixed.size(); ++i) {
@@ -529,14 +592,18 @@ int plan_command(int argc, char** argv) {
   const double gpu_scale = workload.footprint.gpu_update_scale();
   if (cpu_scale != 1.0 || gpu_scale != 1.0) {
     std::printf(
-        "update rates     x%.3g CPU, x%.3g GPU for this state format (against fp32 state's: %s)\n",
-        cpu_scale, gpu_scale,
-        workload.footprint.quantized_moments
-            ? "the 8-bit CPU kernels are compute-bound, the GPU's moves fewer bytes"
-            : "the bytes an update moves");
+        "update rates     x%.3g CPU (%s), x%.3g GPU (the bytes an update moves) for this state "
+        "format, against fp32 state's\n",
+        cpu_scale,
+        workload.footprint.cpu_update_calibrated()
+            ? "measured: the calibration file's"
+            : (workload.footprint.quantized_moments ? "model: the 8-bit CPU kernels are "
+                                                      "compute-bound, a constant"
+                                                    : "model: the bytes an update moves"),
+        gpu_scale);
   }
   std::printf("\n");
-  print_rates(resolved);
+  print_rates(resolved, workload.footprint);
   std::printf("\n%s", plan_table(best).c_str());
   if (iteration) std::printf("%s", iteration->line().c_str());
   std::printf("%s", node.lines().c_str());

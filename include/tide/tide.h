@@ -490,11 +490,52 @@ typedef struct tide_plan_summary {
 /* Plans one update phase of `count` subgroups of `subgroup_params[i]` parameters with
  * `headroom_bytes` of GPU memory. Writes, per subgroup i: device[i] (0 CPU, 1 GPU) and order[i]
  * (its position in its device's order; GPU subgroup at position j uses buffer j % buffers).
- * `footprint` and `rates` may be NULL (defaults; rates as tide_rates_resolve(NULL)). */
+ * `footprint` and `rates` may be NULL (defaults; rates as tide_rates_resolve(NULL), with the
+ * calibration file's CPU update factor for the state format, as tide_plan_ex). */
 TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
                                uint64_t headroom_bytes, const tide_plan_footprint* footprint,
                                const tide_rates* rates, uint8_t* device, uint32_t* order,
                                tide_plan_summary* summary);
+
+/* tide_plan_footprint and what it cannot say: 8-bit moments, bf16 master weights, the weights a
+ * CPU subgroup uploads, and the CPU update rate of the format. tide_plan_footprint has no size
+ * field and stays as it is (callers built against it keep working); this one starts with its
+ * size: fill it with tide_plan_footprint_ex_default(), which sets struct_size, then change what
+ * you need. New fields go at the end; the library reads the struct_size bytes its caller was
+ * built with (fields beyond them keep their defaults) and refuses a struct_size larger than its
+ * own, or smaller than this first version's. */
+typedef struct tide_plan_footprint_ex {
+  size_t struct_size;                /* sizeof(tide_plan_footprint_ex) as the caller built it */
+  uint32_t state_bytes_per_param;    /* as tide_plan_footprint; 6 with 8-bit moments (fp32
+                                        weights, one byte per moment), 12 or 8 with bf16 master
+                                        weights (bf16 weights and compensation, fp32 or bf16
+                                        moments) */
+  uint32_t gradient_bytes_per_param; /* as tide_plan_footprint (default 2) */
+  int gradients_on_gpu;              /* as tide_plan_footprint (default 1) */
+  int quantized_moments;             /* 1: 8-bit block-wise moments (state_bytes_per_param 6):
+                                        their fp32 block scales are copied with the state, and the
+                                        CPU update runs at 8-bit moments' rate (default 0) */
+  int bf16_master;                   /* 1: bf16 master weights: a GPU subgroup takes its 2 weight
+                                        bytes from the model's parameters on the GPU, and an
+                                        update writes no weight copy; not with quantized_moments
+                                        (default 0) */
+  uint32_t weight_bytes_per_param;   /* low-precision weights a CPU subgroup uploads to the GPU
+                                        (default 2, bf16; 0: none) */
+  double cpu_update_factor;          /* the CPU update rate in this format over fp32 state's
+                                        (`tide calibrate` measures it: the calibration file's
+                                        cpu_update_factors), 0.01 to 100; 0 (default): the
+                                        calibration file's for the format when `rates` is NULL,
+                                        else tide's model (the bytes an update moves; 8-bit
+                                        moments: 0.35) */
+} tide_plan_footprint_ex;
+
+TIDE_API tide_plan_footprint_ex tide_plan_footprint_ex_default(void);
+
+/* tide_plan with a tide_plan_footprint_ex (NULL: the defaults). */
+TIDE_API tide_status tide_plan_ex(const uint64_t* subgroup_params, size_t count,
+                                  uint64_t headroom_bytes, const tide_plan_footprint_ex* footprint,
+                                  const tide_rates* rates, uint8_t* device, uint32_t* order,
+                                  tide_plan_summary* summary);
 
 /* ---- executor ---- */
 /* The offloading optimizer's core: the optimizer state of one rank in subgroups (fp32 master

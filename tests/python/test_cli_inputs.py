@@ -140,3 +140,66 @@ def test_tide_calibrate_writes_through_a_symlink(tide, tmp_path):
     r = tide("calibrate", "--params", "65536", "--repeats", "1", "--output", str(link))
     assert r.returncode == 0, r.stderr
     assert link.is_symlink() and '"tide-calibration"' in target.read_text()
+
+
+# The CPU update of each state format, measured against fp32 state's, goes into the calibration
+# file; tide plan scales whatever fp32 CPU rate it has (here TIDE_RATE_CPU_UPDATE's) by the file's
+# factor for the format asked for, and says so; a file without them falls back to the model.
+FORMATS = [("bfloat16", "float32", "bf16_moments", "bf16 moments"),
+           ("q8", "float32", "q8_moments", "8-bit moments"),
+           ("float32", "bfloat16", "bf16_master", "bf16 master, fp32 moments"),
+           ("bfloat16", "bfloat16", "bf16_master_bf16_moments", "bf16 master, bf16 moments")]
+
+
+def plan_json(tide, calibration, state_dtype, master_dtype):
+    r = tide("plan", "--params", "1e9", "--free-memory", "0", "--calibration", str(calibration),
+             "--state-dtype", state_dtype, "--master-dtype", master_dtype, "--json",
+             env={"TIDE_RATE_CPU_UPDATE": "1e8", "TIDE_RATE_H2D_GBPS": "1000"})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_tide_calibrate_measures_each_state_formats_cpu_update_for_tide_plan(tide, tmp_path):
+    path = tmp_path / "calibration.json"
+    r = tide("calibrate", "--params", "65536", "--repeats", "1", "--output", str(path))
+    assert r.returncode == 0, r.stderr
+    factors = json.loads(path.read_text())["cpu_update_factors"]
+    assert sorted(factors) == sorted(key for _, _, key, _ in FORMATS)
+    for _, _, key, description in FORMATS:
+        assert 0.01 <= factors[key] <= 100
+        assert f"  {description}" in r.stdout
+    for state_dtype, master_dtype, key, _ in FORMATS:
+        out = plan_json(tide, path, state_dtype, master_dtype)
+        assert out["workload"]["cpu_update_scale"] == factors[key]
+        assert out["workload"]["cpu_update_scale_source"] == "calibration file"
+        assert out["rates"]["cpu_update_factors"][key] == {"factor": factors[key],
+                                                           "source": "calibration file"}
+        # All on the CPU (no headroom): 1e9 parameters at TIDE_RATE_CPU_UPDATE times the factor.
+        assert out["plan"]["predicted"]["all_cpu_s"] == pytest.approx(10 / factors[key])
+    table = tide("plan", "--params", "1e9", "--free-memory", "0", "--calibration", str(path),
+                 "--state-dtype", "q8").stdout
+    assert "(measured: the calibration file's)" in table
+    assert "8-bit moments" in table and "calibration file (measured)" in table
+
+    # A file without them (older ones): the model's factors, said to be the model's.
+    old = json.loads(path.read_text())
+    del old["cpu_update_factors"]
+    path.write_text(json.dumps(old))
+    model = {"bf16_moments": 28 / 20, "q8_moments": 0.35, "bf16_master": 28 / 26,
+             "bf16_master_bf16_moments": 28 / 18}
+    for state_dtype, master_dtype, key, _ in FORMATS:
+        out = plan_json(tide, path, state_dtype, master_dtype)
+        assert out["workload"]["cpu_update_scale"] == pytest.approx(model[key])
+        assert out["workload"]["cpu_update_scale_source"] == "model"
+        assert out["plan"]["predicted"]["all_cpu_s"] == pytest.approx(10 / model[key])
+
+
+def test_tide_calibrate_ranks_measures_the_formats_with_all_ranks_at_once(tide, tmp_path):
+    path = tmp_path / "calibration.json"
+    r = tide("calibrate", "--ranks", "2", "--params", "65536", "--repeats", "1",
+             "--output", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "(the slowest rank's over the slowest rank's)" in r.stdout
+    saved = json.loads(path.read_text())
+    assert len(saved["ranks"]) == 2
+    assert sorted(saved["cpu_update_factors"]) == sorted(key for _, _, key, _ in FORMATS)

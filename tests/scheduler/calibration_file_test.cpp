@@ -343,6 +343,78 @@ TEST_F(CalibrationFile, PerRankRatesRoundTrip) {
   }
 }
 
+// The CPU update's factor per state format (tide calibrate measures them) round trips, alone or
+// some of them; a file without them (every file before them) reads as none measured; a bad value
+// or member is an error naming the file and the key.
+TEST_F(CalibrationFile, CpuUpdateFactorsRoundTrip) {
+  Calibration c = sample();
+  c.cpu_update_factors[UpdateFormat::bf16_moments] = 1.2;
+  c.cpu_update_factors[UpdateFormat::q8_moments] = 0.123456789012345;
+  c.cpu_update_factors[UpdateFormat::bf16_master] = 0.51;
+  c.cpu_update_factors[UpdateFormat::bf16_master_bf16_moments] = 0.79;
+  const std::string text = format_calibration(c);
+  EXPECT_NE(text.find("\"cpu_update_factors\": {\n    \"bf16_moments\": 1.2,"), std::string::npos)
+      << text;
+  EXPECT_EQ(parse_calibration(text, "text"), c);
+  save_calibration(dir_ / "factors.json", c);
+  EXPECT_EQ(load_calibration(dir_ / "factors.json").cpu_update_factors, c.cpu_update_factors);
+  c.cpu_update_factors[UpdateFormat::bf16_master] = 0;  // not measured: left out
+  EXPECT_EQ(format_calibration(c).find("\"bf16_master\""), std::string::npos);
+  EXPECT_EQ(parse_calibration(format_calibration(c), "text"), c);
+  for (double bad : {0.001, 101.0, -1.0}) {
+    c.cpu_update_factors[UpdateFormat::q8_moments] = bad;
+    EXPECT_THROW(format_calibration(c), CalibrationError) << bad;
+  }
+
+  // Without the key: nothing measured, and tide plan, the executor and the C ABI use the model.
+  EXPECT_FALSE(parse_calibration(kDocumented, "old").cpu_update_factors.any());
+  EXPECT_FALSE(parse_calibration(format_calibration(sample()), "old").cpu_update_factors.any());
+  std::string good = kDocumented;
+  good.erase(good.rfind('}'));
+  for (const auto& [factors, where] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"q8_moments": 0})",
+            "cpu_update_factors.q8_moments: must be a number from 0.01 to 100"},
+           {R"({"q8_moments": 0.001})", "cpu_update_factors.q8_moments: must be a number"},
+           {R"({"bf16_moments": -1.2})", "cpu_update_factors.bf16_moments: must be a number"},
+           {R"({"bf16_master": 150})", "cpu_update_factors.bf16_master: must be a number"},
+           {R"({"bf16_master": "0.5"})", "cpu_update_factors.bf16_master: must be a number"},
+           {R"({"bf16_master": null})", "cpu_update_factors.bf16_master: must be a number"},
+           {R"({"fp8_moments": 1})",
+            "cpu_update_factors: unknown member \"fp8_moments\" (expected: bf16_moments, "
+            "q8_moments, bf16_master, bf16_master_bf16_moments)"},
+           {"[1.2]", "cpu_update_factors: must be an object"}}) {
+    std::string bad = good;
+    bad += ", \"cpu_update_factors\": ";
+    bad += factors;
+    bad += "}";
+    const fs::path path = write("bad.json", bad);
+    try {
+      load_calibration(path);
+      ADD_FAILURE() << factors << " accepted";
+    } catch (const CalibrationError& e) {
+      EXPECT_NE(std::string(e.what()).find("calibration " + path.string() + ": " + where),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// The factors are ratios to fp32 state's CPU update rate: they come with the calibration whatever
+// overrides that rate (TIDE_RATE_CPU_UPDATE), and a node's share leaves them as they are.
+TEST_F(CalibrationFile, CpuUpdateFactorsStayWithAnOverriddenRate) {
+  Calibration c = sample();
+  c.cpu_update_factors[UpdateFormat::q8_moments] = 0.5;
+  save_calibration(dir_ / "c.json", c);
+  setenv("TIDE_CALIBRATION_FILE", (dir_ / "c.json").c_str(), 1);
+  setenv("TIDE_RATE_CPU_UPDATE", "1e9", 1);
+  const ResolvedRates resolved = resolve_rates(std::nullopt);
+  EXPECT_EQ(resolved.rates.cpu_update, 1e9);
+  EXPECT_EQ(resolved.cpu_update_factors(), c.cpu_update_factors);
+  EXPECT_EQ(share_for_node(resolved, 8).cpu_update_factors(), c.cpu_update_factors);
+  unsetenv("TIDE_CALIBRATION_FILE");
+  EXPECT_FALSE(resolve_rates(std::nullopt).cpu_update_factors().any());  // no file: none
+}
+
 // The CPU update rates are shared out from the ranks they were measured with to the ranks that
 // plan; copy and GPU rates are each rank's own; given rates are left as they are.
 TEST_F(CalibrationFile, NodeRatesShareTheCpuRates) {

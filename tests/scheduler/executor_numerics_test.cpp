@@ -2,9 +2,15 @@
 // placements give the reference's bits (the stand-in's GPU kernel is the host twin of the real
 // kernel, and both compute kernels/adam_math.h exactly), over several steps, with subgroups of
 // odd sizes and subgroups split over several parameter tensors.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <limits>
+#include <string>
 
 #include "executor_fixture.h"
+#include "scheduler/calibration_file.h"
 #include "scheduler/gradient_stats.h"
 
 namespace tide::scheduler::testing {
@@ -165,6 +171,50 @@ TEST(ExecutorNumerics, Q8MomentsSlotLayout) {
   EXPECT_LT(model.rates().cpu_update, 0.5 * r.cpu_update);
   EXPECT_LT(model.rates().cpu_update_contended, 0.5 * r.cpu_update_contended);
   EXPECT_DOUBLE_EQ(model.rates().gpu_update, r.gpu_update * 28.0 / 16.0);
+}
+
+// The executor plans with the CPU update factor calibration measured for its state format: given
+// with its options, or the calibration file's when it reads its rates from there too; rates given
+// without factors keep the model's (8-bit moments: kQ8CpuUpdateFactor).
+TEST(ExecutorNumerics, Q8MomentsPlanWithTheCalibratedCpuFactor) {
+  driver::PrimaryContext context;
+  Model q8({4096, 1000}, 0, 3, false, Dtype::kFloat32, kQ8);
+  CpuUpdateFactors factors;
+  factors[UpdateFormat::q8_moments] = 0.9;
+  factors[UpdateFormat::bf16_moments] = 1.1;
+  ExecutorOptions options;
+  options.rates = test_rates();
+  Plan model_plan;
+  {
+    Executor x(*q8.state, options);
+    EXPECT_FALSE(x.footprint(false).cpu_update_calibrated());
+    EXPECT_DOUBLE_EQ(x.footprint(false).cpu_update_scale(), Footprint::kQ8CpuUpdateFactor);
+    model_plan = x.plan_for(Policy::all_cpu(), kHeadroom);
+  }
+  {
+    options.cpu_update_factors = factors;
+    Executor x(*q8.state, options);
+    EXPECT_DOUBLE_EQ(x.footprint(true).cpu_update_scale(), 0.9);
+    EXPECT_DOUBLE_EQ(x.plan_for(Policy::all_cpu(), kHeadroom).predicted.cpu_side_s,
+                     model_plan.predicted.cpu_side_s * Footprint::kQ8CpuUpdateFactor / 0.9);
+  }
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("tide_executor_calibration_" + std::to_string(::getpid()) + ".json");
+  Calibration c;
+  c.machine.hostname = "h";
+  c.machine.cpu_threads = 1;
+  c.machine.ranks_per_host = 1;
+  c.rates = test_rates();
+  c.cpu_update_factors = factors;
+  save_calibration(path, c);
+  setenv("TIDE_CALIBRATION_FILE", path.c_str(), 1);
+  {
+    Executor x(*q8.state, ExecutorOptions{});
+    EXPECT_DOUBLE_EQ(x.footprint(false).cpu_update_scale(), 0.9);
+  }
+  unsetenv("TIDE_CALIBRATION_FILE");
+  std::filesystem::remove(path);
 }
 
 TEST(ExecutorNumerics, StateDtypeMustBeFp32OrBf16) {

@@ -181,6 +181,70 @@ TEST(PerformanceModel, AllCpuIsBoundByTheUploadsWhenTheLinkIsSlow) {
   EXPECT_DOUBLE_EQ(PerformanceModel(r, f).all_cpu(3e9), 6.0);
 }
 
+// The formats calibration measures the CPU update of, as the footprint describes them; fp32 state
+// (the rates' own) and state bytes of a format of their own have none.
+TEST(PerformanceModel, FootprintNamesItsUpdateFormat) {
+  Footprint f;
+  EXPECT_EQ(f.update_format(), std::nullopt);
+  f.state_bytes_per_param = 8;
+  EXPECT_EQ(f.update_format(), UpdateFormat::bf16_moments);
+  f.weights_in_state = true;
+  f.state_bytes_on_gpu = 2;
+  EXPECT_EQ(f.update_format(), UpdateFormat::bf16_master_bf16_moments);
+  f.state_bytes_per_param = 12;
+  EXPECT_EQ(f.update_format(), UpdateFormat::bf16_master);
+  f = Footprint{};
+  f.state_bytes_per_param = 6;
+  f.quantized_moments = true;
+  EXPECT_EQ(f.update_format(), UpdateFormat::q8_moments);
+  f.quantized_moments = false;  // tide plan --state-bytes 6: bytes of their own
+  EXPECT_EQ(f.update_format(), std::nullopt);
+}
+
+// A factor calibration measured replaces the model's for the CPU update (both of its rates), and
+// only for the format it was measured for; the GPU update keeps the bytes' ratio.
+TEST(PerformanceModel, UsesTheCalibratedCpuFactorOfItsFormat) {
+  CpuUpdateFactors measured;
+  measured[UpdateFormat::bf16_moments] = 1.2;
+  measured[UpdateFormat::q8_moments] = 0.6;
+  Footprint f = state_only();
+  f.weight_bytes_per_param = 2;
+  f.state_bytes_per_param = 8;  // bf16 moments: the model's factor is 28/20
+  f.calibrate_cpu(measured);
+  EXPECT_TRUE(f.cpu_update_calibrated());
+  EXPECT_DOUBLE_EQ(f.cpu_update_scale(), 1.2);
+  EXPECT_DOUBLE_EQ(f.model_cpu_update_scale(), 1.4);
+  const PerformanceModel model(round_rates(), f);
+  EXPECT_DOUBLE_EQ(model.rates().cpu_update, 1.2e9);
+  EXPECT_DOUBLE_EQ(model.rates().cpu_update_contended, 0.6e9);
+  EXPECT_DOUBLE_EQ(model.rates().gpu_update, 5.6e9);
+  EXPECT_DOUBLE_EQ(model.all_cpu(1.2e9), 1.0);
+
+  Footprint q8 = state_only();
+  q8.state_bytes_per_param = 6;
+  q8.quantized_moments = true;
+  EXPECT_DOUBLE_EQ(PerformanceModel(round_rates(), q8).rates().cpu_update,
+                   1e9 * Footprint::kQ8CpuUpdateFactor);
+  q8.calibrate_cpu(measured);
+  EXPECT_DOUBLE_EQ(PerformanceModel(round_rates(), q8).rates().cpu_update, 0.6e9);
+
+  // Not measured for bf16 master weights: the model's bytes (28/26 with fp32 moments).
+  Footprint master = state_only();
+  master.weight_bytes_per_param = 2;
+  master.weights_in_state = true;
+  master.state_bytes_on_gpu = 2;
+  master.calibrate_cpu(measured);
+  EXPECT_FALSE(master.cpu_update_calibrated());
+  EXPECT_DOUBLE_EQ(PerformanceModel(round_rates(), master).rates().cpu_update, 1e9 * 28 / 26);
+  // fp32 state is the rates' own, whatever was measured.
+  Footprint fp32 = state_only();
+  fp32.calibrate_cpu(measured);
+  EXPECT_DOUBLE_EQ(PerformanceModel(round_rates(), fp32).rates().cpu_update, 1e9);
+
+  f.cpu_update_factor = -1;
+  EXPECT_THROW(PerformanceModel(round_rates(), f), std::invalid_argument);
+}
+
 TEST(PerformanceModel, MoreCpuWorkNeverSpeedsTheGpuSide) {
   const PerformanceModel model(round_rates(), Footprint{});
   const std::vector<std::uint64_t> sizes = {300'000'000, 100'000'000, 200'000'000, 100'000'000};
@@ -189,7 +253,9 @@ TEST(PerformanceModel, MoreCpuWorkNeverSpeedsTheGpuSide) {
     for (double cpu = 0; cpu <= 8e9; cpu += 0.25e9) {
       const double t = model.gpu_side(sizes, d, cpu);
       EXPECT_GE(t, last) << d << " " << cpu;
-      if (d == 1) EXPECT_GE(t * (1 + 1e-12), model.serial_gpu_side(7e8)) << cpu;  // a lower bound
+      if (d == 1) {
+        EXPECT_GE(t * (1 + 1e-12), model.serial_gpu_side(7e8)) << cpu;  // a lower bound
+      }
       last = t;
     }
   }

@@ -2,11 +2,16 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "capi/status.h"
+#include "scheduler/calibration_file.h"
 #include "scheduler/planner.h"
+#include "scheduler/scheduler_capi.h"
 #include "tide/tide.h"
 
 namespace {
@@ -49,6 +54,139 @@ TEST(SchedulerCapi, PlansLikeThePlanner) {
             TIDE_OK);
   EXPECT_EQ(defaults.phase_seconds, summary.phase_seconds);
   unsetenv("XDG_CACHE_HOME");
+}
+
+tide::scheduler::Plan planner_plan(const std::vector<uint64_t>& sizes,
+                                   const tide::scheduler::Footprint& f) {
+  tide::scheduler::Workload w;
+  w.subgroup_params.assign(sizes.begin(), sizes.end());
+  w.headroom_bytes = 48'000'000'000;
+  w.footprint = f;
+  return tide::scheduler::plan(w, tide::scheduler::builtin_rates());
+}
+
+// tide_plan_ex says what tide_plan_footprint cannot: 8-bit moments (6 state bytes and the block
+// scales, the CPU update at its own rate), bf16 master weights, and the CPU update's measured
+// factor for the format.
+TEST(SchedulerCapi, PlanExPlansEveryStateFormat) {
+  const std::vector<uint64_t> sizes(50, 100'000'000);
+  const tide_rates rates = tide::scheduler::rates_to_c(tide::scheduler::builtin_rates());
+  std::vector<uint8_t> device(sizes.size());
+  std::vector<uint32_t> order(sizes.size());
+  auto plan_ex = [&](const tide_plan_footprint_ex* f, const tide_rates* r) {
+    tide_plan_summary summary{};
+    EXPECT_EQ(tide_plan_ex(sizes.data(), sizes.size(), 48'000'000'000, f, r, device.data(),
+                           order.data(), &summary),
+              TIDE_OK)
+        << tide::capi::last_error_text();
+    return summary;
+  };
+  tide_plan_footprint_ex ex = tide_plan_footprint_ex_default();
+  EXPECT_EQ(ex.struct_size, sizeof(tide_plan_footprint_ex));
+  EXPECT_EQ(ex.state_bytes_per_param, 12u);
+  EXPECT_EQ(ex.weight_bytes_per_param, 2u);
+  EXPECT_EQ(ex.cpu_update_factor, 0.0);
+
+  tide::scheduler::Footprint q8;
+  q8.state_bytes_per_param = 6;
+  q8.quantized_moments = true;
+  ex.state_bytes_per_param = 6;
+  ex.quantized_moments = 1;
+  const tide_plan_summary q8_summary = plan_ex(&ex, &rates);
+  const tide::scheduler::Plan q8_plan = planner_plan(sizes, q8);
+  EXPECT_EQ(q8_summary.phase_seconds, q8_plan.predicted.phase_s);
+  EXPECT_EQ(q8_summary.all_cpu_seconds, q8_plan.predicted.all_cpu_s);
+  EXPECT_EQ(q8_summary.buffer_bytes, q8_plan.buffer_bytes);  // the scales included
+  // The same bytes as plain state bytes are another plan (the CPU update at the bytes' ratio).
+  ex.quantized_moments = 0;
+  EXPECT_NE(plan_ex(&ex, &rates).all_cpu_seconds, q8_summary.all_cpu_seconds);
+
+  // A measured factor: all-CPU is the parameters over the fp32 rate times it.
+  ex.quantized_moments = 1;
+  ex.cpu_update_factor = 0.5;
+  EXPECT_DOUBLE_EQ(plan_ex(&ex, &rates).all_cpu_seconds,
+                   5e9 / (0.5 * tide::scheduler::builtin_rates().cpu_update));
+
+  tide::scheduler::Footprint master;
+  master.weights_in_state = true;
+  master.state_bytes_on_gpu = 2;
+  ex = tide_plan_footprint_ex_default();
+  ex.bf16_master = 1;
+  EXPECT_EQ(plan_ex(&ex, &rates).phase_seconds, planner_plan(sizes, master).predicted.phase_s);
+
+  // tide_plan is tide_plan_ex with the defaults beyond its fields.
+  const tide_plan_footprint plain = tide_plan_footprint_default();
+  tide_plan_summary summary{};
+  ASSERT_EQ(tide_plan(sizes.data(), sizes.size(), 48'000'000'000, &plain, &rates, device.data(),
+                      order.data(), &summary),
+            TIDE_OK);
+  EXPECT_EQ(summary.phase_seconds, plan_ex(nullptr, &rates).phase_seconds);
+}
+
+// Without rates, the calibration file's: its rates and its CPU update factor for the format.
+TEST(SchedulerCapi, PlanExTakesTheCalibrationFilesFactor) {
+  namespace fs = std::filesystem;
+  const fs::path path =
+      fs::temp_directory_path() / ("tide_capi_calibration_" + std::to_string(::getpid()) + ".json");
+  tide::scheduler::Calibration c;
+  c.machine.hostname = "h";
+  c.machine.cpu_threads = 1;
+  c.rates = tide::scheduler::builtin_rates();
+  c.cpu_update_factors[tide::scheduler::UpdateFormat::q8_moments] = 0.8;
+  tide::scheduler::save_calibration(path, c);
+  setenv("TIDE_CALIBRATION_FILE", path.c_str(), 1);
+  const std::vector<uint64_t> sizes(4, 100'000'000);
+  std::vector<uint8_t> device(sizes.size());
+  std::vector<uint32_t> order(sizes.size());
+  tide_plan_footprint_ex ex = tide_plan_footprint_ex_default();
+  ex.state_bytes_per_param = 6;
+  ex.quantized_moments = 1;
+  tide_plan_summary summary{};
+  ASSERT_EQ(tide_plan_ex(sizes.data(), sizes.size(), 0, &ex, nullptr, device.data(), order.data(),
+                         &summary),
+            TIDE_OK)
+      << tide::capi::last_error_text();
+  EXPECT_DOUBLE_EQ(summary.all_cpu_seconds, 4e8 / (0.8 * c.rates.cpu_update));
+  // Given rates: the model's factor (0.35 for 8-bit moments), not the file's.
+  const tide_rates rates = tide::scheduler::rates_to_c(c.rates);
+  ASSERT_EQ(tide_plan_ex(sizes.data(), sizes.size(), 0, &ex, &rates, device.data(), order.data(),
+                         &summary),
+            TIDE_OK);
+  EXPECT_DOUBLE_EQ(summary.all_cpu_seconds,
+                   4e8 / (tide::scheduler::Footprint::kQ8CpuUpdateFactor * c.rates.cpu_update));
+  unsetenv("TIDE_CALIBRATION_FILE");
+  fs::remove(path);
+}
+
+TEST(SchedulerCapi, PlanExRefusesWhatItCannotRead) {
+  const uint64_t sizes[] = {100'000'000};
+  uint8_t device[1];
+  uint32_t order[1];
+  tide_plan_summary summary{};
+  const tide_rates rates = tide::scheduler::rates_to_c(tide::scheduler::builtin_rates());
+  auto refused = [&](const tide_plan_footprint_ex& ex, const std::string& why) {
+    EXPECT_EQ(tide_plan_ex(sizes, 1, 0, &ex, &rates, device, order, &summary),
+              TIDE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(tide::capi::last_error_text()).find(why), std::string::npos)
+        << tide::capi::last_error_text();
+  };
+  tide_plan_footprint_ex ex = tide_plan_footprint_ex_default();
+  ex.struct_size = sizeof(tide_plan_footprint_ex) + 8;  // built against a newer tide.h
+  refused(ex, "struct_size");
+  ex.struct_size = sizeof(tide_plan_footprint);  // not a tide_plan_footprint_ex
+  refused(ex, "struct_size");
+  ex = tide_plan_footprint_ex_default();
+  ex.quantized_moments = 1;
+  ex.bf16_master = 1;
+  refused(ex, "bf16 master weights with 8-bit moments");
+  ex = tide_plan_footprint_ex_default();
+  ex.quantized_moments = 1;  // with 12 state bytes
+  refused(ex, "6");
+  ex = tide_plan_footprint_ex_default();
+  ex.cpu_update_factor = 1000;
+  refused(ex, "cpu_update_factor");
+  ex.cpu_update_factor = -0.5;
+  refused(ex, "cpu_update_factor");
 }
 
 TEST(SchedulerCapi, BadArgumentsAreInvalidArgumentWithAMessage) {
