@@ -44,7 +44,8 @@ bool print_node() {
     const config::CoreShare share = config::core_share(topology, ranks);
     const allocator::pinned::NodePinned pinned = allocator::pinned::node_pinned();
     std::printf(
-        "node: local rank %d of %d (LOCAL_RANK, LOCAL_WORLD_SIZE); CPU pool on cores %s of %zu "
+        "node: local rank %d of %d (LOCAL_RANK, LOCAL_WORLD_SIZE or LOCAL_SIZE); CPU pool on cores "
+        "%s of %zu "
         "(%zu NUMA node%s%s)%s; pinned memory: %s\n",
         ranks.rank, ranks.size, cpu_list(share.cpus).c_str(), topology.cpu_count(),
         topology.nodes.size(), topology.nodes.size() == 1 ? "" : "s",

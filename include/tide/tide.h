@@ -131,9 +131,10 @@ TIDE_API tide_status tide_pinned_arena_stats(const tide_pinned_arena* arena,
                                              tide_pinned_stats* stats);
 
 /* This process's pinned memory over every arena, against its share of the node's cap: ranks on
- * one host (LOCAL_RANK, LOCAL_WORLD_SIZE) share TIDE_NODE_PINNED_LIMIT equally; a chunk that
- * would pass the share is refused at the arena's growth (TIDE_ERROR_OUT_OF_MEMORY, the message
- * naming the knob). The node's total is at most local_ranks x rank_limit_bytes. */
+ * one host (LOCAL_RANK, LOCAL_WORLD_SIZE or DeepSpeed's LOCAL_SIZE) share TIDE_NODE_PINNED_LIMIT
+ * equally; a chunk that would pass the share is refused at the arena's growth
+ * (TIDE_ERROR_OUT_OF_MEMORY, the message naming the knob). The node's total is at most local_ranks
+ * x rank_limit_bytes. */
 typedef struct tide_node_pinned {
   uint64_t node_limit_bytes; /* TIDE_NODE_PINNED_LIMIT; 0: no limit */
   uint64_t rank_limit_bytes; /* node_limit_bytes / local_ranks; 0: no limit */
