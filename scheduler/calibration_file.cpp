@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <ctime>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <span>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -46,6 +48,10 @@ class Reader {
   // Rejects members outside `known`: a misspelt rate must not fall back to a default unnoticed.
   void only(const json::Value& object, std::string_view where,
             std::initializer_list<std::string_view> known) const {
+    only(object, where, std::span<const std::string_view>(known.begin(), known.size()));
+  }
+  void only(const json::Value& object, std::string_view where,
+            std::span<const std::string_view> known) const {
     for (const auto& [key, value] : object.members()) {
       bool ok = false;
       for (std::string_view k : known) ok = ok || key == k;
@@ -185,19 +191,14 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
   }
   if (const json::Value* factors = reader.member(root, "", "cpu_update_factors", false)) {
     reader.object(*factors, "cpu_update_factors");
+    std::array<std::string_view, kUpdateFormatCount> keys;
+    for (const UpdateFormatInfo& f : kUpdateFormats)
+      keys[static_cast<std::size_t>(f.format)] = f.key;
+    reader.only(*factors, "cpu_update_factors", keys);
     for (const auto& [key, value] : factors->members()) {
       const UpdateFormatInfo* info = nullptr;
       for (const UpdateFormatInfo& f : kUpdateFormats) {
         if (key == f.key) info = &f;
-      }
-      if (info == nullptr) {
-        std::string message = "unknown member \"" + key + "\" (expected: ";
-        for (std::size_t i = 0; i < kUpdateFormats.size(); ++i) {
-          if (i != 0) message += ", ";
-          message += kUpdateFormats[i].key;
-        }
-        message += ")";
-        reader.fail("cpu_update_factors", message);
       }
       if (value.kind() != json::Value::Kind::number || !std::isfinite(value.number()) ||
           value.number() < kMinCpuUpdateFactor || value.number() > kMaxCpuUpdateFactor) {
