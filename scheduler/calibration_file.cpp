@@ -200,8 +200,8 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
       for (const UpdateFormatInfo& f : kUpdateFormats) {
         if (key == f.key) info = &f;
       }
-      if (value.kind() != json::Value::Kind::number || !std::isfinite(value.number()) ||
-          value.number() < kMinCpuUpdateFactor || value.number() > kMaxCpuUpdateFactor) {
+      if (value.kind() != json::Value::Kind::number ||
+          !plausible_cpu_update_factor(value.number())) {
         std::ostringstream range;
         range << "must be a number from " << json::number(kMinCpuUpdateFactor) << " to "
               << json::number(kMaxCpuUpdateFactor)
@@ -266,7 +266,7 @@ std::string format_calibration(const Calibration& c) {
     for (const UpdateFormatInfo& f : kUpdateFormats) {
       const double factor = c.cpu_update_factors[f.format];
       if (factor == 0) continue;
-      if (!std::isfinite(factor) || factor < kMinCpuUpdateFactor || factor > kMaxCpuUpdateFactor) {
+      if (!plausible_cpu_update_factor(factor)) {
         throw CalibrationError("calibration: cpu_update_factors." + std::string(f.key) + ": " +
                                json::number(factor) + " is not a number from " +
                                json::number(kMinCpuUpdateFactor) + " to " +

@@ -48,6 +48,10 @@ inline const UpdateFormatInfo& update_format_info(UpdateFormat format) {
 // Accepted range of a factor: anything outside is a measurement gone wrong, not a CPU.
 inline constexpr double kMinCpuUpdateFactor = 0.01;
 inline constexpr double kMaxCpuUpdateFactor = 100;
+// Within the accepted range (NaN is not).
+inline bool plausible_cpu_update_factor(double factor) {
+  return factor >= kMinCpuUpdateFactor && factor <= kMaxCpuUpdateFactor;
+}
 
 // By format, the CPU update rate over fp32 state's; 0 where not measured.
 struct CpuUpdateFactors {

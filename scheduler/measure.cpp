@@ -230,17 +230,24 @@ CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
   return out;
 }
 
+CpuFormatRates slowest(std::span<const CpuFormatRates> ranks) {
+  if (ranks.empty()) throw std::invalid_argument("tide: CPU update by format: no measurements");
+  CpuFormatRates out = ranks.front();
+  for (const CpuFormatRates& r : ranks) {
+    out.fp32 = std::min(out.fp32, r.fp32);
+    for (std::size_t i = 0; i < kUpdateFormatCount; ++i) {
+      out.format[i] = std::min(out.format[i], r.format[i]);
+    }
+  }
+  return out;
+}
+
 CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks) {
-  if (ranks.empty()) throw std::invalid_argument("tide: cpu_update_factors: no measurements");
-  double fp32 = ranks.front().fp32;
-  for (const CpuFormatRates& r : ranks) fp32 = std::min(fp32, r.fp32);
+  const CpuFormatRates s = slowest(ranks);
   CpuUpdateFactors factors;
   for (const UpdateFormatInfo& info : kUpdateFormats) {
-    const auto i = static_cast<std::size_t>(info.format);
-    double format = ranks.front().format[i];
-    for (const CpuFormatRates& r : ranks) format = std::min(format, r.format[i]);
-    const double factor = format / fp32;
-    if (!(factor >= kMinCpuUpdateFactor && factor <= kMaxCpuUpdateFactor)) {
+    const double factor = s.format[static_cast<std::size_t>(info.format)] / s.fp32;
+    if (!plausible_cpu_update_factor(factor)) {
       throw std::runtime_error("tide: the CPU update with " + std::string(info.description) +
                                " measured " + std::to_string(factor) +
                                "x fp32 state's, outside the plausible " +

@@ -77,6 +77,9 @@ CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
                                    const kernels::CpuAdamOptions& options = {},
                                    const std::function<void()>& ready = {});
 
+// Each rate the slowest of the ranks' (one entry each, at least one).
+CpuFormatRates slowest(std::span<const CpuFormatRates> ranks);
+
 // The factors of the ranks' measurements (one entry each): for each format, the slowest rank's
 // rate in the format over the slowest rank's fp32 rate, so that the planner's rate for one rank
 // (the slowest's fp32 rate, tide calibrate --ranks) times the factor is the slowest's in the

@@ -93,8 +93,7 @@ TIDE_API tide_status tide_plan_ex(const uint64_t* subgroup_params, size_t count,
             "tide_plan_ex: bf16_master must be 0 or 1");
     require(!(given.quantized_moments && given.bf16_master),
             "tide_plan_ex: bf16 master weights with 8-bit moments are not supported");
-    require(given.cpu_update_factor == 0 || (given.cpu_update_factor >= kMinCpuUpdateFactor &&
-                                             given.cpu_update_factor <= kMaxCpuUpdateFactor),
+    require(given.cpu_update_factor == 0 || plausible_cpu_update_factor(given.cpu_update_factor),
             "tide_plan_ex: cpu_update_factor must be 0 (not measured) or from 0.01 to 100");
     Workload workload;
     workload.subgroup_params.assign(subgroup_params, subgroup_params + count);

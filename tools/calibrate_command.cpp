@@ -127,17 +127,14 @@ RanksMeasured measure_ranks_at_once(int ranks, std::uint64_t params, int repeats
 }
 
 void print_factors(const CpuUpdateFactors& factors, const std::vector<CpuFormatRates>& measured) {
-  double fp32 = measured.front().fp32;
-  for (const CpuFormatRates& r : measured) fp32 = std::min(fp32, r.fp32);
+  const CpuFormatRates s = slowest(measured);
   std::printf("CPU update by state format, against fp32 state's (%s) in the same rounds%s:\n",
-              format_rate(RateKind::cpu_update, fp32).c_str(),
+              format_rate(RateKind::cpu_update, s.fp32).c_str(),
               measured.size() > 1 ? " (the slowest rank's over the slowest rank's)" : "");
   for (const UpdateFormatInfo& info : kUpdateFormats) {
-    const auto i = static_cast<std::size_t>(info.format);
-    double format = measured.front().format[i];
-    for (const CpuFormatRates& r : measured) format = std::min(format, r.format[i]);
-    std::printf("  %-36s x%.3g (%s)\n", std::string(info.description).c_str(), factors[info.format],
-                format_rate(RateKind::cpu_update, format).c_str());
+    std::printf(
+        "  %-36s x%.3g (%s)\n", std::string(info.description).c_str(), factors[info.format],
+        format_rate(RateKind::cpu_update, s.format[static_cast<std::size_t>(info.format)]).c_str());
   }
 }
 
