@@ -153,6 +153,20 @@ struct Footprint {
     if (state_bytes_per_param == 8) return UpdateFormat::bf16_moments;
     return std::nullopt;
   }
+  // This footprint's gradients and weights with the state in `format` (update_format's inverse),
+  // as tide plan --state-dtype/--master-dtype set it; no calibrated factor.
+  Footprint in_format(UpdateFormat format) const {
+    const bool master =
+        format == UpdateFormat::bf16_master || format == UpdateFormat::bf16_master_bf16_moments;
+    Footprint f = *this;
+    f.quantized_moments = format == UpdateFormat::q8_moments;
+    f.state_bytes_per_param =
+        format == UpdateFormat::q8_moments ? 6 : (format == UpdateFormat::bf16_master ? 12 : 8);
+    f.weights_in_state = master;
+    f.state_bytes_on_gpu = master ? 2 : 0;
+    f.cpu_update_factor = 0;
+    return f;
+  }
   // Takes the factor measured for this format, if there is one (else the model's stays).
   void calibrate_cpu(const CpuUpdateFactors& factors) {
     const std::optional<UpdateFormat> format = update_format();

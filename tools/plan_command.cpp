@@ -152,19 +152,6 @@ struct Setting {
   std::size_t max_k = 8;
 };
 
-// `base` (gradients, weights) in `format`, as tide plan --state-dtype/--master-dtype set it.
-Footprint in_format(Footprint base, UpdateFormat format) {
-  const bool master =
-      format == UpdateFormat::bf16_master || format == UpdateFormat::bf16_master_bf16_moments;
-  base.quantized_moments = format == UpdateFormat::q8_moments;
-  base.state_bytes_per_param =
-      format == UpdateFormat::q8_moments ? 6 : (format == UpdateFormat::bf16_master ? 12 : 8);
-  base.weights_in_state = master;
-  base.state_bytes_on_gpu = master ? 2 : 0;
-  base.cpu_update_factor = 0;
-  return base;
-}
-
 // Each state format's CPU update factor against fp32 state's, and where it comes from: the
 // calibration file, or the model (the bytes, or q8's constant) for `base`'s gradients and
 // weights.
@@ -180,7 +167,7 @@ std::vector<FormatFactor> format_factors(const ResolvedRates& resolved, const Fo
     const bool calibrated = measured.measured(info.format);
     out.push_back(
         {&info,
-         calibrated ? measured[info.format] : in_format(base, info.format).model_cpu_update_scale(),
+         calibrated ? measured[info.format] : base.in_format(info.format).model_cpu_update_scale(),
          calibrated});
   }
   return out;

@@ -201,6 +201,19 @@ TEST(PerformanceModel, FootprintNamesItsUpdateFormat) {
   EXPECT_EQ(f.update_format(), std::nullopt);
 }
 
+// in_format is update_format's inverse, and keeps the gradients and weights it was given.
+TEST(PerformanceModel, FootprintInEachUpdateFormat) {
+  Footprint base;
+  base.gradient_bytes_per_param = 4;
+  base.cpu_update_factor = 1.5;
+  for (const UpdateFormatInfo& info : kUpdateFormats) {
+    const Footprint f = base.in_format(info.format);
+    EXPECT_EQ(f.update_format(), info.format) << info.key;
+    EXPECT_EQ(f.gradient_bytes_per_param, 4u) << info.key;
+    EXPECT_FALSE(f.cpu_update_calibrated()) << info.key;
+  }
+}
+
 // A factor calibration measured replaces the model's for the CPU update (both of its rates), and
 // only for the format it was measured for; the GPU update keeps the bytes' ratio.
 TEST(PerformanceModel, UsesTheCalibratedCpuFactorOfItsFormat) {
