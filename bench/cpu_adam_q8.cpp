@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
   for (std::size_t b = 0; b < blocks; ++b) sm[b] = 0.3f, sv[b] = 3e-3f;
 
   std::vector<Case> cases{{"adam_fp32_state", Format::kFp32, CpuIsa::kScalar, false, {}}};
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+  for (CpuIsa isa : tide::kernels::kCpuIsas) {
     if (tide::kernels::cpu_supports(isa)) {
       cases.push_back({"adam_8bit_state", Format::kQ8, isa, true, {}});
       cases.push_back({"adam_bf16_master", Format::kBf16Master, isa, true, {}});

@@ -184,8 +184,7 @@ TIDE_API tide_status tide_cpu_kernels_info(tide_cpu_info* info) {
     k::require(info != nullptr, "tide_cpu_kernels_info: null output pointer");
     tide_cpu_info out{};
     out.best_isa = k::abi_isa(k::default_cpu_isa());
-    for (k::CpuIsa isa :
-         {k::CpuIsa::kScalar, k::CpuIsa::kAvx2, k::CpuIsa::kAvx512, k::CpuIsa::kAvx512Bf16}) {
+    for (k::CpuIsa isa : k::kCpuIsas) {
       if (k::cpu_supports(isa)) out.supported_isas |= 1 << k::abi_isa(isa);
     }
     out.threads = static_cast<std::int32_t>(k::cpu_pool().size());

@@ -67,6 +67,10 @@ struct AdamSubgroup {
 // kAvx512Bf16 is the AVX-512 variant that rounds to bf16 with VCVTNEPS2BF16 (AVX512_BF16) and
 // kAvx512 the same without it (its bf16 roundings in integer operations); both give the same bits.
 enum class CpuIsa : std::uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+// Every variant, narrowest first: where all of them are listed (supported sets, benchmarks,
+// tests), so that a new one is listed once.
+inline constexpr CpuIsa kCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512,
+                                      CpuIsa::kAvx512Bf16};
 
 std::string_view isa_name(CpuIsa isa);
 // Whether this CPU (and OS) can run `isa`: AVX2 needs AVX2, FMA and F16C; AVX-512 needs

@@ -125,7 +125,7 @@ CpuIsa default_cpu_isa() {
   // every call, never just the first.
   static const CpuIsa isa = [] {
     unsigned supported = 0;
-    for (CpuIsa i : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+    for (CpuIsa i : kCpuIsas) {
       if (cpu_supports(i)) supported |= 1u << static_cast<unsigned>(i);
     }
     return choose_cpu_isa(config::env_text("TIDE_CPU_ISA").value_or("auto"), supported);

@@ -44,7 +44,7 @@ inline std::uint64_t fresh_seed() {
 // The CPU variants this machine runs, scalar first (the others are compared with it).
 inline std::vector<CpuIsa> supported_isas() {
   std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
+  for (CpuIsa isa : kCpuIsas) {
     if (cpu_supports(isa)) out.push_back(isa);
   }
   return out;

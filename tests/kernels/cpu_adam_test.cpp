@@ -294,9 +294,7 @@ TEST_P(CpuAdamIsaTest, CastRoundsExactlyAsDtypeH) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Isa, CpuAdamIsaTest,
-                         ::testing::Values(CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512,
-                                           CpuIsa::kAvx512Bf16),
+INSTANTIATE_TEST_SUITE_P(Isa, CpuAdamIsaTest, ::testing::ValuesIn(kCpuIsas),
                          [](const ::testing::TestParamInfo<CpuIsa>& p) {
                            return std::string(isa_name(p.param));
                          });
