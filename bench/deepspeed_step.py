@@ -80,6 +80,7 @@ def main() -> None:
             "paired_vs_tide_host_params": statistics.median(a / b for a, b in zip(t, base)),
             "threads": torch.get_num_threads(), "machine": platform.machine(),
             "cpus": os.cpu_count()}), flush=True)
+    torch.distributed.destroy_process_group()  # deepspeed.initialize opened it (gloo)
 
 
 if __name__ == "__main__":

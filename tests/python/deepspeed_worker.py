@@ -133,6 +133,11 @@ def main() -> None:
         stage, offload = name.split(":")
         STAGE, OFFLOAD = int(stage), offload == "offload"
         compare(name)
+    # Gloo's worker threads must stop while the interpreter is alive: a process that exits with
+    # its process group open may die in teardown ("terminate called without an active
+    # exception", SIGABRT; pytorch/pytorch#190489), as rank 1 did once in CI. Only after success:
+    # after an error a peer may still wait in a collective this rank never joins.
+    torch.distributed.destroy_process_group()
 
 
 def compare(name: str) -> None:
