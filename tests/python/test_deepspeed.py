@@ -79,6 +79,7 @@ def launch(site: str, configs: list[str], ranks: int) -> dict[str, dict]:
                    DS_ACCELERATOR="cpu", RANK=str(rank), LOCAL_RANK=str(rank),
                    WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=port, OMP_NUM_THREADS="1", TIDE_CPU_THREADS="1",
+                   PYTHONFAULTHANDLER="1",  # a rank that dies shows where
                    # DeepSpeed's CPU accelerator builds its shared-memory collectives at first
                    # use: once, kept next to the install
                    TORCH_EXTENSIONS_DIR=os.path.join(HOME, "torch_extensions"))
