@@ -9,12 +9,25 @@ MASTER_PORT set; rank 0 prints one JSON line per config, with "config" and:
                fused AdamW, and the for-loop one from weights nudged by +-1e-7), the largest
                relative difference of any parameter (torch_reference.py's measure);
   bound:       max(1e-5, FACTOR x spread), torch_reference's bound for fp32 training;
-  tide:        tide's difference from torch's for-loop AdamW (default, and host_params=True);
+  tide:        tide's difference from torch's for-loop AdamW (default; tide_host_params:
+               host_params=True with subgroups of SMALL elements, so that every partition lies
+               across subgroups and opt.state shows copies, not views; tide_cpu:
+               placement="cpu", views whose subgroups are updated in place);
   resumed:     how far a run saved by engine.save_checkpoint half way and loaded into a fresh
                engine and optimizer ends from the uninterrupted run (0: bit for bit), with tide
                and with torch; torch_checkpoint_continued_by_tide: torch's checkpoint continued
                with tide, against torch's uninterrupted run;
-  losses:      the reference's and tide's losses per step.
+  losses:      the reference's and tide's losses per step;
+  state:       how far the optimizer state that deepspeed.utils reads (`linked`:
+               safe_get_full_optimizer_state; ZeRO-3 also safe_get_local_optimizer_state) after
+               the run is from what it reads with torch's for-loop AdamW, for tide_cpu and
+               tide_host_params (not the default: its subgroups run on the stand-in's simulated
+               GPU here, whose commits move the state away from views ZeRO 1 and 2 took);
+               resumed_state: the same after the checkpoint run against the uninterrupted one
+               (0: bit for bit). Every run also halves exp_avg through
+               safe_set_full_optimizer_state (ZeRO-3: safe_set_local_optimizer_state) before
+               step SURGERY: ZeRO 1 and 2 read and write views they took of opt.state's tensors
+               after the first step, ZeRO-3 reads opt.state each time.
 """
 
 from __future__ import annotations
@@ -33,6 +46,9 @@ from torch_reference import FACTOR, REFERENCE, VARIANTS  # noqa: E402
 import tide.torch as tt  # noqa: E402
 
 STEPS = 6
+SURGERY = 4  # the step before which every run halves exp_avg through DeepSpeed's setter
+SMALL = 64  # tide's subgroup size in the host_params runs
+KEYS = ("exp_avg", "exp_avg_sq")
 RANK = int(os.environ["RANK"])
 STAGE, OFFLOAD = 0, False  # the config being run
 
@@ -87,9 +103,45 @@ def engine_for(make_optimizer, nudge: float = 0.0):
     return engine
 
 
+def linked(engine) -> list[torch.Tensor]:
+    """The parameters whose optimizer state deepspeed.utils can read: ZeRO 1 and 2 link their
+    views of it after the first group's first step, before the second group has any state, and
+    never again (DeepSpeed 0.19.8: safe_get_full_optimizer_state raises "exp_avg not found" for
+    the second group's parameters, with torch's AdamW too), so the first group's only."""
+    params = list(engine.module.parameters())
+    return params if STAGE == 3 else [p for p in params if p.ndim > 1]
+
+
+def optimizer_state(engine) -> list[torch.Tensor]:
+    """What deepspeed.utils reads of the optimizer state (on every rank: the full state is
+    gathered)."""
+    out = []
+    for p in linked(engine):
+        for key in KEYS:
+            out.append(deepspeed.utils.safe_get_full_optimizer_state(p, key).clone())
+            if STAGE == 3:
+                out.append(deepspeed.utils.safe_get_local_optimizer_state(p, key).clone())
+    return out
+
+
+def halve_exp_avg(engine) -> None:
+    """Through DeepSpeed's setters: ZeRO-3 the local partition's (its full setter cuts the last
+    rank's partition past the end of a parameter whose elements do not split evenly, 0.19.8)."""
+    utils = deepspeed.utils
+    for p in linked(engine):
+        if STAGE == 3:
+            value = utils.safe_get_local_optimizer_state(p, "exp_avg")
+            utils.safe_set_local_optimizer_state(p, value * 0.5, "exp_avg")
+        else:
+            value = utils.safe_get_full_optimizer_state(p, "exp_avg")
+            utils.safe_set_full_optimizer_state(p, value * 0.5, "exp_avg")
+
+
 def train(engine, first: int, last: int) -> list[float]:
     losses = []
     for step in range(first, last):
+        if step == SURGERY:
+            halve_exp_avg(engine)
         x, y = batch(step)
         loss = torch.nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
@@ -98,16 +150,18 @@ def train(engine, first: int, last: int) -> list[float]:
     return losses
 
 
-def run(make_optimizer, nudge: float = 0.0) -> tuple[list[torch.Tensor], list[float]]:
+def run(make_optimizer, nudge: float = 0.0):
+    """The weights, the losses and optimizer_state after STEPS steps."""
     engine = engine_for(make_optimizer, nudge)
     losses = train(engine, 0, STEPS)
-    return weights(engine), losses
+    return weights(engine), losses, optimizer_state(engine)
 
 
-def resume(make_optimizer, uninterrupted: list[torch.Tensor], make_next=None) -> float:
+def resume(make_optimizer, uninterrupted, make_next=None) -> tuple[float, float]:
     """Trains half the steps, saves a checkpoint, loads it into a fresh engine and optimizer
     (make_next's, else make_optimizer's) and trains the rest: how far that lands from the
-    uninterrupted run (relative; 0: bit for bit)."""
+    uninterrupted run (`run`'s result), in weights and in optimizer_state (relative; 0: bit for
+    bit)."""
     half = STEPS // 2
     engine = engine_for(make_optimizer)
     train(engine, 0, half)
@@ -120,7 +174,8 @@ def resume(make_optimizer, uninterrupted: list[torch.Tensor], make_next=None) ->
     engine = engine_for(make_next or make_optimizer)
     engine.load_checkpoint(directory, tag="half")
     train(engine, half, STEPS)
-    return max_rel_diff(weights(engine), uninterrupted)
+    return (max_rel_diff(weights(engine), uninterrupted[0]),
+            max_rel_diff(optimizer_state(engine), uninterrupted[2]))
 
 
 def max_rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -141,28 +196,38 @@ def main() -> None:
 
 
 def compare(name: str) -> None:
-    reference, reference_losses = run(lambda g: torch.optim.AdamW(g, lr=1e-2, **REFERENCE))
+    torch_run = run(lambda g: torch.optim.AdamW(g, lr=1e-2, **REFERENCE))
+    reference, reference_losses, reference_state = torch_run
     spread = 0.0
     for options, nudge in VARIANTS.values():
-        got, _ = run(lambda g, o=options: torch.optim.AdamW(g, lr=1e-2, **o), nudge)
+        got, _, _ = run(lambda g, o=options: torch.optim.AdamW(g, lr=1e-2, **o), nudge)
         spread = max(spread, max_rel_diff(got, reference))
-    tide_weights, tide_losses = run(lambda g: tt.AdamW(g, lr=1e-2))
-    host_weights, _ = run(lambda g: tt.AdamW(g, lr=1e-2, host_params=True))
+    make_tide = lambda g: tt.AdamW(g, lr=1e-2)  # noqa: E731
+    make_host = lambda g: tt.AdamW(g, lr=1e-2, host_params=True, subgroup_size=SMALL)  # noqa: E731
+    make_cpu = lambda g: tt.AdamW(g, lr=1e-2, placement="cpu")  # noqa: E731
+    tide_run = run(make_tide)
+    host_run = run(make_host)
+    cpu_run = run(make_cpu)
 
     # a checkpoint half way, loaded into a fresh engine and optimizer: with tide, and with torch
     make_torch = lambda g: torch.optim.AdamW(g, lr=1e-2, **REFERENCE)  # noqa: E731
-    resumed = {"tide": resume(lambda g: tt.AdamW(g, lr=1e-2), tide_weights),
-               "torch": resume(make_torch, reference)}
+    resumed = {"tide": resume(make_tide, tide_run), "tide_host_params": resume(make_host, host_run),
+               "tide_cpu": resume(make_cpu, cpu_run), "torch": resume(make_torch, torch_run)}
     # torch's checkpoint continued by tide: as far from torch's uninterrupted run as tide's
-    cross = resume(make_torch, reference, lambda g: tt.AdamW(g, lr=1e-2))
+    cross, _ = resume(make_torch, torch_run, make_tide)
 
     if RANK == 0:
         print(json.dumps({
             "config": name, "spread": spread, "bound": max(1e-5, FACTOR * spread),
-            "tide": max_rel_diff(tide_weights, reference),
-            "tide_host_params": max_rel_diff(host_weights, reference),
-            "resumed": resumed, "torch_checkpoint_continued_by_tide": cross,
-            "losses": {"torch": reference_losses, "tide": tide_losses}}), flush=True)
+            "tide": max_rel_diff(tide_run[0], reference),
+            "tide_host_params": max_rel_diff(host_run[0], reference),
+            "tide_cpu": max_rel_diff(cpu_run[0], reference),
+            "state": {"tide_cpu": max_rel_diff(cpu_run[2], reference_state),
+                      "tide_host_params": max_rel_diff(host_run[2], reference_state)},
+            "resumed": {k: v[0] for k, v in resumed.items()},
+            "resumed_state": {k: v[1] for k, v in resumed.items() if k != "tide"},
+            "torch_checkpoint_continued_by_tide": cross,
+            "losses": {"torch": reference_losses, "tide": tide_run[1]}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -264,6 +264,37 @@ def test_a_parameter_without_a_gradient_keeps_its_state_through_a_gpu_step():
         assert float(both.opt.state[both.ours[k]]["step"]) == 1.0
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("placement,which", [("cpu", WHOLE), ("cpu", ACROSS), ("gpu", ACROSS),
+                                             (2, ACROSS)])
+def test_views_derived_from_the_state_show_it_and_take_writes_through_data(placement, which):
+    """Tensors derived from opt.state's tensors after step 1, as DeepSpeed's
+    safe_get/set_full_optimizer_state take them (a narrow view, kept; written through `.data`,
+    which no version counter sees), or through detach() (which holds the storage, not the
+    tensor), show the state after step 3, and what is written through them is what the next
+    step uses: views of the state where its subgroup is updated on the CPU (in place); copies
+    kept and refreshed for a parameter across subgroups, wherever updated."""
+    both = SideBySide(placement=placement)
+    both.step()
+    p = both.ours[which]
+    n = p.numel()
+    derived = {"exp_avg": both.opt.state[p]["exp_avg"].view(-1).narrow(0, 1, n - 1),
+               "exp_avg_sq": both.opt.state[p]["exp_avg_sq"].detach().view(-1)[1:]}
+    both.step()
+    both.step()
+    saved = both.opt.state_dict()["state"][which]
+    for key, view in derived.items():
+        assert torch.equal(view, saved[key].view(-1)[1:]), key
+    derived["exp_avg"].data.copy_(derived["exp_avg"] * 0.5)
+    for name, o in both.torch.items():
+        o.state[both.copies[name][which]]["exp_avg"].view(-1)[1:].mul_(0.5)
+    both.step()
+    assert torch.equal(derived["exp_avg"],
+                       both.opt.state_dict()["state"][which]["exp_avg"].view(-1)[1:])
+    assert both.off("exp_avg") <= both.bound("exp_avg")
+    assert both.off() <= both.bound()
+
+
 def test_copies_of_a_parameter_across_subgroups_cost_nothing_unless_used():
     """Read through the entry, they are the state; written, the next step takes them; not held
     after a step, they are let go and made again when read."""

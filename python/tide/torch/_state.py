@@ -12,7 +12,9 @@ low-precision parameter, or with bf16 master weights (master_dtype=torch.bfloat1
   copy). A step may move a subgroup's state to another buffer (the commit point's spare slots,
   executor.h); the same tensor objects are re-pointed there (Tensor.set_) after every step and
   load, so a tensor held across steps stays the live state. Tensors *derived* from them (t[0],
-  t.view(-1)) stay on the buffer they were made on, which the next GPU step may reuse.
+  t.view(-1)) stay on the buffer they were made on: the live state while its subgroup is
+  updated on the CPU (in place), an old buffer that the next GPU step may reuse once a step
+  updated it on the GPU.
 - A parameter across subgroups cannot be one view of one buffer, and bf16 or 8-bit moments
   (state_dtype=torch.bfloat16 or "q8") cannot be fp32 views at all. Such tensors are copies
   (fp32: bf16 moments upcast exactly, 8-bit ones dequantized; a write into one is quantized
@@ -21,7 +23,13 @@ low-precision parameter, or with bf16 master weights (master_dtype=torch.bfloat1
   written back into the state before the next step (or state_dict) when their version counter
   says they were written. After a step, a copy still referenced outside the entry is refreshed in
   place; any other is let go (its memory freed) and made again when next read. So these copies
-  cost memory and time only while a program uses them.
+  cost memory and time only while a program uses them. A copy that tensors derived from it
+  share (t.narrow(...), t.detach(): DeepSpeed's ZeRO 1 and 2 read and write such views, taken
+  once after the first step) is kept and refreshed in place too, so those views show the state.
+  Writes through `.data` (DeepSpeed's safe_set_*_optimizer_state) escape version counters, so a
+  copy read since the last step goes back into the state before the next one whatever its
+  counter says (exact: fp32 and bf16 values; 8-bit moments only when the counter moved). A copy
+  in use thus costs a gather after each step and a scatter before the next.
 - Memory is never freed under a tensor: each view keeps its executor's pinned memory allocated
   (Executor.memory), even after the optimizer is gone.
 
@@ -71,6 +79,25 @@ def _unheld_references() -> int:
 
 
 _UNHELD = _unheld_references()
+
+
+def _storage_users(tensor: torch.Tensor) -> int:
+    # torch's own count of a storage's holders (private, as torch's cudagraph trees use it): the
+    # only way to see tensors derived from a copy, which hold its storage, not the tensor.
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+def _unshared_storage_users() -> int:
+    """What _storage_users counts for a tensor no other tensor shares storage with: measured."""
+    return _storage_users(torch.empty(1))
+
+
+_UNSHARED = _unshared_storage_users()
+
+
+def _shared(tensor: torch.Tensor) -> bool:
+    """Whether tensors derived from `tensor` (views) share its storage."""
+    return tensor.numel() > 0 and _storage_users(tensor) > _UNSHARED
 
 
 def _name(bucket: Bucket, i: int) -> str:
@@ -165,6 +192,10 @@ class ParamState(dict):
         """Writes into `key`'s copy count here (a DTensor's in-place ops count on the DTensor)."""
         return (self._face(key)._version, self._tensors[key]._version)
 
+    def _exact(self, key: str) -> bool:
+        """Whether `key`'s copy goes back into the state bit for bit (all but 8-bit moments)."""
+        return key not in ("exp_avg", "exp_avg_sq") or not self._bucket.quantized
+
     def _copy_all_in(self) -> None:
         for key in list(self._stale):
             self._copy_in(key)
@@ -188,8 +219,8 @@ class ParamState(dict):
         for key in self._tensors:  # no local name may hold a tensor here: it would count
             if key not in self._copied:
                 self._point(key)
-            elif _references(self._tensors, key) > _UNHELD:
-                self._copy_in(key)  # the program holds it: it shows the new state
+            elif _references(self._tensors, key) > _UNHELD or _shared(self._tensors[key]):
+                self._copy_in(key)  # the program holds it or a view of it: it shows the state
             else:
                 self._tensors[key].set_()  # let the copy go; made again when read
                 self._stale.add(key)
@@ -232,7 +263,7 @@ class ParamState(dict):
                         mine.copy_(value)
                 dict.__setitem__(self, key, self._face(key))
             elif (key in self._copied and key not in self._stale
-                  and self._version(key) != self._versions[key]):
+                  and (self._version(key) != self._versions[key] or self._exact(key))):
                 self._bucket.scatter(self._index, _PINNED[key], mine)
                 self._versions[key] = self._version(key)
         step = dict.get(self, "step")
