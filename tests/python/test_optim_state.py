@@ -514,3 +514,16 @@ def test_tensors_kept_after_the_optimizer_is_gone_keep_its_memory():
     del derived
     gc.collect()
     assert native.destroyed and native.views == 0
+
+
+def test_copies_count_as_shared_without_torchs_storage_use_count(monkeypatch):
+    """_state asks a private torch function whether views share a copy's storage; a torch without
+    it must keep every copy in step (never wrong, only slower), not fail at import or miss one."""
+    from tide.torch import _state
+
+    lone = torch.zeros(4)
+    viewed = torch.zeros(4)
+    view = viewed[1:]  # noqa: F841 (holds the storage)
+    assert not _state._shared(lone) and _state._shared(viewed)
+    monkeypatch.delattr(torch._C, "_storage_Use_Count")
+    assert _state._shared(lone) and _state._shared(viewed)

@@ -84,12 +84,15 @@ _UNHELD = _unheld_references()
 def _storage_users(tensor: torch.Tensor) -> int:
     # torch's own count of a storage's holders (private, as torch's cudagraph trees use it): the
     # only way to see tensors derived from a copy, which hold its storage, not the tensor.
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+    # Without it (another torch), every copy counts as shared: kept in step, never wrong.
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return count(tensor.untyped_storage()._cdata) if count else sys.maxsize
 
 
 def _unshared_storage_users() -> int:
     """What _storage_users counts for a tensor no other tensor shares storage with: measured."""
-    return _storage_users(torch.empty(1))
+    count = _storage_users(torch.empty(1))
+    return count if count < sys.maxsize else 0
 
 
 _UNSHARED = _unshared_storage_users()
