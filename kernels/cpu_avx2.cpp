@@ -128,7 +128,7 @@ struct Avx2 : SimdShape<F8, Avx2Math, /*kMasked=*/false> {
                      to_bf16_rounded(x, r));
   }
 
-  // 8-bit moments (kernels/cpu_simd.h): the code maps by 32-bit gathers from L1.
+  // 8-bit moments (kernels/cpu_simd.h): the code maps and the buckets by 32-bit gathers from L1.
   template <bool kSigned, bool kTail>
   static __m256 q8_values(const std::uint8_t* codes, std::size_t i, Lanes /*k*/, __m256 scale) {
     static_assert(!kTail);
@@ -159,12 +159,15 @@ struct Avx2 : SimdShape<F8, Avx2Math, /*kMasked=*/false> {
                                    _mm256_set1_epi32(kQ8FirstBucketKey));
     key = _mm256_min_epi32(_mm256_max_epi32(key, _mm256_setzero_si256()),
                            _mm256_set1_epi32(kQ8Buckets - 1));
-    const __m256i base =
-        _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(table.base), key, 1),
-                         _mm256_set1_epi32(0xff));
-    const __m256 next = _mm256_i32gather_ps(table.midpoint, base, 4);
+    const __m256i entry = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table.bucket),
+                                                 _mm256_add_epi32(key, _mm256_slli_epi32(key, 1)),
+                                                 1);  // 3 · key: kQ8BucketEntryBytes
+    const __m256i low16 = _mm256_set1_epi32(0xffff);
+    const __m256i base = _mm256_and_si256(_mm256_srli_epi32(entry, 16), _mm256_set1_epi32(0xff));
+    const __m256i above = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(a), low16),
+                                             _mm256_and_si256(entry, low16));
     // The compare's all-ones lanes are −1: subtracting adds 1 where y is above the midpoint.
-    __m256i code = _mm256_sub_epi32(base, _mm256_castps_si256(_mm256_cmp_ps(a, next, _CMP_GT_OQ)));
+    __m256i code = _mm256_sub_epi32(base, above);
     if constexpr (kSigned) {
       const __m256i negative = _mm256_andnot_si256(
           _mm256_cmpeq_epi32(code, _mm256_setzero_si256()),

@@ -262,11 +262,13 @@ struct Avx512 : SimdShape<F16, Avx512Math, /*kMasked=*/true, __mmask16, 0xffff> 
                                _mm512_set1_epi32(kQ8FirstBucketKey)),
               _mm512_setzero_si512()),
           _mm512_set1_epi32(kQ8Buckets - 1));
-      const __m512i base =
-          _mm512_and_si512(_mm512_i32gather_epi32(key, table.base, 1), _mm512_set1_epi32(0xff));
-      const __m512 next = _mm512_i32gather_ps(base, table.midpoint, 4);
-      code = _mm512_mask_add_epi32(base, _mm512_cmp_ps_mask(a, next, _CMP_GT_OQ), base,
-                                   _mm512_set1_epi32(1));
+      const __m512i entry = _mm512_i32gather_epi32(_mm512_add_epi32(key, _mm512_slli_epi32(key, 1)),
+                                                   table.bucket, 1);  // 3 · key
+      const __m512i low16 = _mm512_set1_epi32(0xffff);
+      const __m512i base = _mm512_and_si512(_mm512_srli_epi32(entry, 16), _mm512_set1_epi32(0xff));
+      const __mmask16 above = _mm512_cmpgt_epi32_mask(
+          _mm512_and_si512(_mm512_castps_si512(a), low16), _mm512_and_si512(entry, low16));
+      code = _mm512_mask_add_epi32(base, above, base, _mm512_set1_epi32(1));
     }
     if constexpr (kSigned) {
       const __mmask16 negative = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ) &

@@ -98,20 +98,26 @@ std::uint64_t adam_q8_scalar_range(const AdamCoefficients& t, const AdamSubgroup
 }
 
 // The SIMD variants' nearest-code search: kernels/quant8.h's rule (the number of fp32 midpoints
-// strictly below y), in two table lookups instead of a binary search. y ≥ 0 falls in a bucket by
-// its exponent and top kQ8BucketBits mantissa bits; each bucket holds at most one midpoint (checked
-// when the table is built, at compile time), so the code is the bucket's base (the midpoints below
-// the bucket) plus 1 if y is above the next midpoint. Values below the first bucket, 2^-26, are
-// below every midpoint; values from 1.0 up fall in the last bucket.
+// strictly below y), in one table lookup instead of a binary search. y ≥ 0 falls in a bucket by
+// its exponent and top kQ8BucketBits mantissa bits (the bits above its low 16); each bucket holds
+// at most one midpoint (checked when the table is built, at compile time), so the code is the
+// bucket's base (the midpoints below the bucket) plus 1 if y is above the bucket's midpoint. y and
+// that midpoint share the bits above their low 16, so that compare is one of the low 16 bits as
+// integers, and one 32-bit load (one gather lane) reads both the base and those bits. Values below
+// the first bucket, 2^-26, are below every midpoint; values from 1.0 up fall in the last bucket;
+// neither bucket holds a midpoint (checked too).
 inline constexpr unsigned kQ8BucketBits = 7;
 inline constexpr unsigned kQ8BucketShift = 23 - kQ8BucketBits;
 inline constexpr std::int32_t kQ8FirstBucketKey = (127 - 26) << kQ8BucketBits;  // 2^-26
 inline constexpr std::int32_t kQ8LastBucketKey = 127 << kQ8BucketBits;          // 1.0
 inline constexpr std::int32_t kQ8Buckets = kQ8LastBucketKey - kQ8FirstBucketKey + 1;
+// A bucket's entry, 3 bytes at 3 · bucket: the low 16 bits of its midpoint (little-endian), 0xffff
+// when it has none (no y in the bucket has low bits above that), then its base.
+inline constexpr unsigned kQ8BucketEntryBytes = 3;
 
 struct Q8SearchTable {
-  // Read four bytes at a time by 32-bit gathers: three bytes of padding.
-  std::uint8_t base[kQ8Buckets + 3];
+  // The buckets' entries; read four bytes at a time by 32-bit gathers: one byte of padding.
+  std::uint8_t bucket[kQ8BucketEntryBytes * kQ8Buckets + 1];
   // The map's midpoints, then +inf up to 256 entries.
   float midpoint[256];
   bool one_midpoint_per_bucket;
@@ -141,8 +147,17 @@ constexpr Q8SearchTable make_q8_search_table(const float* midpoints, unsigned co
     while (below < count && midpoints[below] < lo) ++below;
     unsigned inside_end = below;
     while (inside_end < count && midpoints[inside_end] < hi) ++inside_end;
-    t.base[b] = static_cast<std::uint8_t>(below);
-    if (inside_end - below > 1) t.one_midpoint_per_bucket = false;
+    const unsigned inside = inside_end - below;
+    // The first and last buckets span more than one key: their y do not share the midpoint's bits.
+    if (inside > 1 || (inside == 1 && (b == 0 || b == kQ8Buckets - 1))) {
+      t.one_midpoint_per_bucket = false;
+    }
+    const std::uint32_t low =
+        inside == 0 ? 0xffffu : std::bit_cast<std::uint32_t>(midpoints[below]);
+    const auto entry = static_cast<std::size_t>(b) * kQ8BucketEntryBytes;
+    t.bucket[entry] = static_cast<std::uint8_t>(low & 0xffu);
+    t.bucket[entry + 1] = static_cast<std::uint8_t>((low >> 8) & 0xffu);
+    t.bucket[entry + 2] = static_cast<std::uint8_t>(below);
   }
   const unsigned steps = std::bit_width(count);
   for (unsigned l = 0; l < steps; ++l) {
@@ -155,7 +170,8 @@ constexpr Q8SearchTable make_q8_search_table(const float* midpoints, unsigned co
 
 inline constexpr Q8SearchTable kQ8SearchExpAvg = make_q8_search_table(kQ8SignedMidpoints, 127);
 inline constexpr Q8SearchTable kQ8SearchExpAvgSq = make_q8_search_table(kQ8UnsignedMidpoints, 255);
-static_assert(kQ8SearchExpAvg.one_midpoint_per_bucket && kQ8SearchExpAvgSq.one_midpoint_per_bucket,
-              "a bucket of the nearest-code search holds two midpoints: use more bucket bits");
+static_assert(
+    kQ8SearchExpAvg.one_midpoint_per_bucket && kQ8SearchExpAvgSq.one_midpoint_per_bucket,
+    "a bucket of the nearest-code search holds two midpoints, or its first or last one holds one");
 
 }  // namespace tide::kernels
