@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -145,20 +146,24 @@ double best_of(int repeats, F&& once) {
   return best;
 }
 
-// f() while copies of `bytes` at `host` run back to back in both directions (host→GPU into
-// `d_in` on s1, GPU→host from `d_out` on s2), from a thread of their own: the load the CPU
-// update shares host memory bandwidth with in an update phase. An error of the copies is thrown
-// once f() returned.
+// f() while copies run back to back in both directions, from a thread of their own: the load the
+// CPU update shares host memory bandwidth with in an update phase. The `bytes` at `host` are split
+// in two: host→GPU copies read the first half (into `d_in`, on s1) while GPU→host copies write the
+// second (from `d_out`, on s2), so that the two never touch the same bytes at once. An error of
+// the copies is thrown once f() returned.
 template <typename F>
 auto while_copying(void* host, driver::DeviceBuffer& d_in, driver::DeviceBuffer& d_out,
                    std::uint64_t bytes, driver::Stream& s1, driver::Stream& s2, F&& f) {
+  const std::uint64_t half = bytes / 2;
+  auto* in = static_cast<std::byte*>(host);
+  std::byte* out = in + half;
   std::atomic<bool> stop{false};
   std::exception_ptr copy_error;
   std::thread copier([&] {
     try {
       while (!stop.load()) {
-        driver::copy_to_device_async(d_in.get(), host, bytes, s1);
-        driver::copy_to_host_async(host, d_out.get(), bytes, s2);
+        driver::copy_to_device_async(d_in.get(), in, half, s1);
+        driver::copy_to_host_async(out, d_out.get(), half, s2);
         s1.synchronize();
         s2.synchronize();
       }
