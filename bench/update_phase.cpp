@@ -47,6 +47,14 @@
 // --state-dtype q8 runs 8-bit block-wise moments (6 state bytes each way, 16 moved by the CPU
 // update), --state-dtype all fp32, bf16 and q8 in the same rounds.
 //
+// The rates are measured here (fp32 state's) and given to the executor; the CPU update factors of
+// the other state formats (scheduler/cpu_update_factors.h) are the calibration file's, as the
+// executor takes them: --calibration FILE, else TIDE_CALIBRATION_FILE or the default path when a
+// file is there, else the model's. Each line says which ("cpu_update_factor",
+// "cpu_update_contended_factor", "cpu_update_factor_source"). A file measured with the widest
+// kernel on every thread need not fit this benchmark's one scalar thread: the tide policy's rate
+// refinement corrects the rest, as in training.
+//
 // Memory: 18 bytes per parameter (fp32 state, bf16 gradient and weight copy in pinned memory,
 // bf16 parameters in the stand-in's "device" memory, which is host memory too) plus the GPU
 // buffers and as many spare state slots (12 bytes per parameter of a subgroup) in pinned memory.
@@ -59,9 +67,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,11 +80,13 @@
 #include "bench/simulated_gpu.h"
 #include "driver/context.h"
 #include "driver/memory.h"
+#include "io/json_writer.h"
 #include "kernels/adam_kernel.h"
 #include "kernels/cpu_adam.h"
 #include "scheduler/executor.h"
 #include "scheduler/interleave.h"
 #include "scheduler/measure.h"
+#include "scheduler/rate_sources.h"
 #include "standin/standin.h"
 
 namespace {
@@ -150,6 +162,7 @@ int main(int argc, char** argv) {
   double fixed_gbps = 0;  // 0: from the measured rates
   std::vector<std::uint64_t> subgroup_sizes = {25'000'000, 50'000'000, 100'000'000};
   std::vector<Format> formats = {state_format("float32")};
+  std::optional<std::filesystem::path> calibration_file;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--params") && i + 1 < argc) {
       total = std::atof(argv[++i]);
@@ -158,6 +171,8 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc &&
                (!std::strcmp(argv[i + 1], "scalar") || !std::strcmp(argv[i + 1], "best"))) {
       scalar = !std::strcmp(argv[++i], "scalar");
+    } else if (!std::strcmp(argv[i], "--calibration") && i + 1 < argc) {
+      calibration_file = argv[++i];
     } else if (!std::strcmp(argv[i], "--verbose")) {
       verbose = true;
     } else if (!std::strcmp(argv[i], "--gbps") && i + 1 < argc) {
@@ -189,10 +204,25 @@ int main(int argc, char** argv) {
           "[--repeats N (3)] [--isa scalar|best (scalar)] [--gbps G: simulated copies "
           "at G GB/s instead of the H100 ratio] [--state-dtype float32|bfloat16|q8|both|all "
           "(float32): the moments' format; both: fp32 and bf16, all: and q8, in the same "
-          "rounds] [--verbose: "
+          "rounds] [--calibration FILE: its CPU update factors (default: TIDE_CALIBRATION_FILE or "
+          "the default path, if there)] [--verbose: "
           "every phase on stderr]\n");
       return 2;
     }
+  }
+  // The state formats' CPU update factors, as the executor would take them (an invalid file is
+  // an error, as there).
+  std::optional<CpuUpdateFactors> factors;
+  std::string factor_source = "model";
+  try {
+    const ResolvedRates resolved = resolve_rates(calibration_file);
+    if (resolved.calibration_path && resolved.cpu_update_factors().any()) {
+      factors = resolved.cpu_update_factors();
+      factor_source = "calibration file " + resolved.calibration_path->string();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_update_phase: %s\n", e.what());
+    return 2;
   }
   setenv("TIDE_CPU_THREADS", "1", 1);  // before the CPU pool exists
   void* handle = bench::open_standin("bench_update_phase");
@@ -286,6 +316,7 @@ int main(int argc, char** argv) {
       Setup setup{format, std::make_unique<OptimizerState>(specs, format.options), nullptr, {}};
       ExecutorOptions options;
       options.rates = rates;
+      options.cpu_update_factors = factors;
       options.cpu_threads = 1;
       if (scalar) options.cpu_isa = kernels::CpuIsa::kScalar;
       setup.executor = std::make_unique<Executor>(*setup.state, options);
@@ -356,18 +387,28 @@ int main(int argc, char** argv) {
             versus = text;
           }
         }
+        const Footprint footprint = setup.executor->footprint(false);
         std::printf(
             "{\"bench\":\"update_phase\",\"subgroup_params\":%llu,\"policy\":\"%s\","
             "\"state_dtype\":\"%s\",\"state_bytes_per_param\":%u,"
+            "\"cpu_update_factor\":%.4g,\"cpu_update_contended_factor\":%.4g,"
+            "\"cpu_update_factor_source\":%s,"
             "\"seconds\":%.4f,\"predicted_seconds\":%.4f,\"subgroups\":%zu,"
             "\"gpu_subgroups\":%zu,\"buffers\":%zu,\"params\":%.3g,"
             "\"cpu_update_params_per_s\":%.3g,\"cpu_update_contended_params_per_s\":%.3g,"
             "\"copy_gbps\":%.2f,\"cpu_isa\":\"%s\"%s%s,"
             "\"machine\":\"stand-in, 1 CPU update thread, simulated copies and GPU\"}\n",
             static_cast<unsigned long long>(size), policy.c_str(), setup.format.name,
-            setup.state->state_bytes(), b.seconds, b.predicted, n, b.gpu, b.buffers, w,
-            rates.cpu_update, rates.cpu_update_contended, gbps, scalar ? "scalar" : "widest",
-            versus.c_str(), extra.c_str());
+            setup.state->state_bytes(), footprint.cpu_update_scale(),
+            footprint.cpu_update_contended_scale(),
+            io::json::quote(footprint.update_format() && footprint.cpu_update_calibrated()
+                                ? factor_source
+                            : footprint.update_format() ? "model"
+                                                        : "fp32 state (1)")
+                .c_str(),
+            b.seconds, b.predicted, n, b.gpu, b.buffers, w, rates.cpu_update,
+            rates.cpu_update_contended, gbps, scalar ? "scalar" : "widest", versus.c_str(),
+            extra.c_str());
         std::fflush(stdout);
       };
       double best_fixed = 1e300;
@@ -381,8 +422,9 @@ int main(int argc, char** argv) {
       // The measured CPU rate is fp32 state's. Another format's: as its all-CPU phases ran
       // against fp32 state's in the same rounds when both ran (the kernel here is one scalar
       // thread, not bandwidth-bound: bf16 moments cost conversions and save little), else as the
-      // model assumes (Footprint::cpu_update_scale: the bytes' ratio, 8-bit moments' 0.35).
-      double scale = setup.executor->footprint(false).cpu_update_scale();
+      // executor assumes (Footprint::cpu_update_contended_scale: calibrated, else the bytes' ratio,
+      // 8-bit moments' 0.35).
+      double scale = setup.executor->footprint(false).cpu_update_contended_scale();
       if (fp32 != nullptr && &setup != fp32) {
         scale = fp32->best.at("cpu").seconds / setup.best.at("cpu").seconds;
       }

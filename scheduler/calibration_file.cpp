@@ -109,6 +109,51 @@ class Reader {
   std::string_view origin_;
 };
 
+// A factors member (`name`: cpu_update_factors or cpu_update_contended_factors), if present:
+// one number per format, each within kMinCpuUpdateFactor..kMaxCpuUpdateFactor.
+void read_factors(const Reader& reader, const json::Value& root, std::string_view name,
+                  std::array<double, kUpdateFormatCount>& out) {
+  const json::Value* factors = reader.member(root, "", name, false);
+  if (factors == nullptr) return;
+  reader.object(*factors, name);
+  std::array<std::string_view, kUpdateFormatCount> keys;
+  for (const UpdateFormatInfo& f : kUpdateFormats) keys[static_cast<std::size_t>(f.format)] = f.key;
+  reader.only(*factors, name, keys);
+  for (const auto& [key, value] : factors->members()) {
+    const UpdateFormatInfo* info = nullptr;
+    for (const UpdateFormatInfo& f : kUpdateFormats) {
+      if (key == f.key) info = &f;
+    }
+    if (value.kind() != json::Value::Kind::number || !plausible_cpu_update_factor(value.number())) {
+      std::ostringstream range;
+      range << "must be a number from " << json::number(kMinCpuUpdateFactor) << " to "
+            << json::number(kMaxCpuUpdateFactor)
+            << " (the format's CPU update rate over fp32 state's)";
+      reader.fail(Reader::path(name, key), range.str());
+    }
+    out[static_cast<std::size_t>(info->format)] = value.number();
+  }
+}
+
+void write_factors(std::ostringstream& out, std::string_view name,
+                   const std::array<double, kUpdateFormatCount>& factors) {
+  bool first = true;
+  for (const UpdateFormatInfo& f : kUpdateFormats) {
+    const double factor = factors[static_cast<std::size_t>(f.format)];
+    if (factor == 0) continue;
+    if (!plausible_cpu_update_factor(factor)) {
+      throw CalibrationError("calibration: " + std::string(name) + "." + std::string(f.key) + ": " +
+                             json::number(factor) + " is not a number from " +
+                             json::number(kMinCpuUpdateFactor) + " to " +
+                             json::number(kMaxCpuUpdateFactor));
+    }
+    out << (first ? ",\n  " + json::quote(name) + ": {\n" : std::string(",\n")) << "    "
+        << json::quote(f.key) << ": " << json::number(factor);
+    first = false;
+  }
+  if (!first) out << "\n  }";
+}
+
 }  // namespace
 
 Calibration parse_calibration(std::string_view text, std::string_view origin) {
@@ -120,9 +165,9 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
     reader.fail("", std::string("not valid JSON: ") + e.what());
   }
   reader.object(root, "the top level");
-  reader.only(
-      root, "the top level",
-      {"format", "version", "measured_at", "machine", "rates", "ranks", "cpu_update_factors"});
+  reader.only(root, "the top level",
+              {"format", "version", "measured_at", "machine", "rates", "ranks",
+               "cpu_update_factors", "cpu_update_contended_factors"});
   if (reader.string(root, "", "format", true) != kCalibrationFormat) {
     reader.fail("format", "must be \"" + std::string(kCalibrationFormat) + "\"");
   }
@@ -189,28 +234,9 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
       calibration.ranks.push_back(r);
     }
   }
-  if (const json::Value* factors = reader.member(root, "", "cpu_update_factors", false)) {
-    reader.object(*factors, "cpu_update_factors");
-    std::array<std::string_view, kUpdateFormatCount> keys;
-    for (const UpdateFormatInfo& f : kUpdateFormats)
-      keys[static_cast<std::size_t>(f.format)] = f.key;
-    reader.only(*factors, "cpu_update_factors", keys);
-    for (const auto& [key, value] : factors->members()) {
-      const UpdateFormatInfo* info = nullptr;
-      for (const UpdateFormatInfo& f : kUpdateFormats) {
-        if (key == f.key) info = &f;
-      }
-      if (value.kind() != json::Value::Kind::number ||
-          !plausible_cpu_update_factor(value.number())) {
-        std::ostringstream range;
-        range << "must be a number from " << json::number(kMinCpuUpdateFactor) << " to "
-              << json::number(kMaxCpuUpdateFactor)
-              << " (the format's CPU update rate over fp32 state's)";
-        reader.fail(Reader::path("cpu_update_factors", key), range.str());
-      }
-      calibration.cpu_update_factors[info->format] = value.number();
-    }
-  }
+  read_factors(reader, root, "cpu_update_factors", calibration.cpu_update_factors.factor);
+  read_factors(reader, root, "cpu_update_contended_factors",
+               calibration.cpu_update_factors.contended);
   return calibration;
 }
 
@@ -260,24 +286,8 @@ std::string format_calibration(const Calibration& c) {
     }
     out << "\n  ]";
   }
-  if (c.cpu_update_factors.any()) {
-    out << ",\n  \"cpu_update_factors\": {";
-    bool first_factor = true;
-    for (const UpdateFormatInfo& f : kUpdateFormats) {
-      const double factor = c.cpu_update_factors[f.format];
-      if (factor == 0) continue;
-      if (!plausible_cpu_update_factor(factor)) {
-        throw CalibrationError("calibration: cpu_update_factors." + std::string(f.key) + ": " +
-                               json::number(factor) + " is not a number from " +
-                               json::number(kMinCpuUpdateFactor) + " to " +
-                               json::number(kMaxCpuUpdateFactor));
-      }
-      out << (first_factor ? "\n" : ",\n") << "    " << json::quote(f.key) << ": "
-          << json::number(factor);
-      first_factor = false;
-    }
-    out << "\n  }";
-  }
+  write_factors(out, "cpu_update_factors", c.cpu_update_factors.factor);
+  write_factors(out, "cpu_update_contended_factors", c.cpu_update_factors.contended);
   out << "\n}\n";
   return out.str();
 }

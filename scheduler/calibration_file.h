@@ -33,7 +33,10 @@
 //       "q8_moments": 0.5,          // measured in the same rounds (with --ranks, the slowest
 //       "bf16_master": 0.7,         // rank's over the slowest rank's); a number from 0.01 to 100.
 //       "bf16_master_bf16_moments": 0.8     // Absent (older files): the performance model's
-//     }                                     // factor (Footprint::model_cpu_update_scale)
+//     },                                    // factor (Footprint::model_cpu_update_scale)
+//     "cpu_update_contended_factors": {     // optional, the same members: the same ratio while
+//       "bf16_moments": 1.3, ...            // copies run (cpu_update_contended's). Absent (older
+//     }                                     // files, --ranks): cpu_update_factors' for both rates
 //   }
 //
 // Where it lives: $TIDE_CALIBRATION_FILE if set, else $XDG_CACHE_HOME/tide/calibration.json

@@ -9,6 +9,12 @@
 // keeps the ratio: it applies to whatever fp32 rate the planner uses (calibrated, TIDE_RATE_*,
 // tide plan's flags, refined while training). A format it did not measure falls back to the
 // performance model's own factor (Footprint::model_cpu_update_scale).
+//
+// The CPU update while copies run (Rates::cpu_update_contended) has factors of its own: the
+// copies take host memory bandwidth, which slows a memory-bound format (fp32 state) more than a
+// compute-bound one (8-bit moments), so a format's rate over fp32 state's is not the same with
+// copies running as without. Calibration measures both; a file without the contended ones
+// (older files, tide calibrate --ranks, which runs no copies) applies the free factor to both.
 #pragma once
 
 #include <array>
@@ -53,15 +59,29 @@ inline bool plausible_cpu_update_factor(double factor) {
   return factor >= kMinCpuUpdateFactor && factor <= kMaxCpuUpdateFactor;
 }
 
-// By format, the CPU update rate over fp32 state's; 0 where not measured.
+// By format, the CPU update rate over fp32 state's, alone (`factor`) and while copies run
+// (`contended`: the format's contended rate over fp32 state's contended rate); 0 where not
+// measured.
 struct CpuUpdateFactors {
   std::array<double, kUpdateFormatCount> factor{};
+  std::array<double, kUpdateFormatCount> contended{};
 
   double operator[](UpdateFormat f) const { return factor[static_cast<std::size_t>(f)]; }
   double& operator[](UpdateFormat f) { return factor[static_cast<std::size_t>(f)]; }
   bool measured(UpdateFormat f) const { return (*this)[f] > 0; }
+  // The contended factor, the free one where the contended one was not measured (0: neither).
+  double contended_or_free(UpdateFormat f) const {
+    const double c = contended[static_cast<std::size_t>(f)];
+    return c > 0 ? c : (*this)[f];
+  }
   bool any() const {
     for (double x : factor) {
+      if (x > 0) return true;
+    }
+    return any_contended();
+  }
+  bool any_contended() const {
+    for (double x : contended) {
       if (x > 0) return true;
     }
     return false;

@@ -1,8 +1,11 @@
 // The executor's part of the C ABI (include/tide/tide.h, "executor"): the offloading optimizer's
 // state, gradient offload and update phase, for the Python layer.
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -65,9 +68,66 @@ const tide_optimizer& checked(const tide_optimizer* optimizer) {
   return *optimizer;
 }
 
+// tide_cpu_update_factors in its first version: the smallest a caller may pass.
+constexpr std::size_t kFirstFactorsSize = sizeof(tide_cpu_update_factors);
+
+// The factors a caller gave, checked field by field.
+CpuUpdateFactors factors_from_c(const tide_cpu_update_factors& given_by_caller) {
+  require(given_by_caller.struct_size >= kFirstFactorsSize &&
+              given_by_caller.struct_size <= sizeof(tide_cpu_update_factors),
+          "tide_optimizer_create_ex: factors->struct_size " +
+              std::to_string(given_by_caller.struct_size) + " is not from " +
+              std::to_string(kFirstFactorsSize) + " to " +
+              std::to_string(sizeof(tide_cpu_update_factors)) +
+              " (fill it with tide_cpu_update_factors_default(); a larger one is from a newer "
+              "tide.h)");
+  tide_cpu_update_factors c = tide_cpu_update_factors_default();
+  std::memcpy(&c, &given_by_caller, given_by_caller.struct_size);
+  struct Field {
+    UpdateFormat format;
+    const char* name;
+    double free;
+    const char* contended_name;
+    double contended;
+  };
+  const Field fields[] = {
+      {UpdateFormat::bf16_moments, "bf16_moments", c.bf16_moments, "bf16_moments_contended",
+       c.bf16_moments_contended},
+      {UpdateFormat::q8_moments, "q8_moments", c.q8_moments, "q8_moments_contended",
+       c.q8_moments_contended},
+      {UpdateFormat::bf16_master, "bf16_master", c.bf16_master, "bf16_master_contended",
+       c.bf16_master_contended},
+      {UpdateFormat::bf16_master_bf16_moments, "bf16_master_bf16_moments",
+       c.bf16_master_bf16_moments, "bf16_master_bf16_moments_contended",
+       c.bf16_master_bf16_moments_contended},
+  };
+  static_assert(std::size(fields) == kUpdateFormatCount);
+  CpuUpdateFactors out;
+  auto check = [](const char* name, double factor) {
+    require(factor == 0 || plausible_cpu_update_factor(factor),
+            std::string("tide_optimizer_create_ex: factors->") + name + " is " +
+                std::to_string(factor) +
+                ": must be 0 (not measured: the model's) or a number from 0.01 to 100 (the "
+                "format's CPU update rate over fp32 state's)");
+  };
+  for (const Field& f : fields) {
+    check(f.name, f.free);
+    check(f.contended_name, f.contended);
+    out[f.format] = f.free;
+    out.contended[static_cast<std::size_t>(f.format)] = f.contended;
+  }
+  return out;
+}
+
 }  // namespace
 
 extern "C" {
+
+TIDE_API tide_cpu_update_factors tide_cpu_update_factors_default(void) {
+  tide_cpu_update_factors out{};
+  out.struct_size = sizeof(tide_cpu_update_factors);
+  return out;
+}
 
 TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options) {
   return tide::capi::guard([&] {
@@ -83,8 +143,19 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
                                            const tide_param_slice* slices, size_t slice_count,
                                            const tide_optimizer_options* options,
                                            tide_optimizer** optimizer) {
+  return tide_optimizer_create_ex(subgroup_params, count, slices, slice_count, options, nullptr,
+                                  optimizer);
+}
+
+TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, size_t count,
+                                              const tide_param_slice* slices, size_t slice_count,
+                                              const tide_optimizer_options* options,
+                                              const tide_cpu_update_factors* factors,
+                                              tide_optimizer** optimizer) {
   return tide::capi::guard([&] {
     require(optimizer != nullptr, "tide_optimizer_create: null output pointer");
+    std::optional<CpuUpdateFactors> given_factors;
+    if (factors != nullptr) given_factors = factors_from_c(*factors);
     require(count > 0 && subgroup_params != nullptr, "tide_optimizer_create: no subgroups");
     require(slice_count == 0 || slices != nullptr, "tide_optimizer_create: null slices");
     tide_optimizer_options o;
@@ -137,6 +208,7 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     require(o.cpu_threads >= 0 && o.cpu_threads <= 1024,
             "tide_optimizer_create: cpu_threads must be 0 (all) to 1024");
     eo.cpu_threads = static_cast<unsigned>(o.cpu_threads);
+    eo.cpu_update_factors = given_factors;
     auto result = std::make_unique<tide_optimizer>();
     result->context = std::make_unique<tide::driver::PrimaryContext>(o.device);
     result->state = std::make_unique<OptimizerState>(std::move(specs), so);

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -144,6 +146,44 @@ double best_of(int repeats, F&& once) {
   return best;
 }
 
+// f() while copies run back to back in both directions, from a thread of their own: the load the
+// CPU update shares host memory bandwidth with in an update phase. The `bytes` at `host` are split
+// in two: host→GPU copies read the first half (into `d_in`, on s1) while GPU→host copies write the
+// second (from `d_out`, on s2), so that the two never touch the same bytes at once. An error of
+// the copies is thrown once f() returned.
+template <typename F>
+auto while_copying(void* host, driver::DeviceBuffer& d_in, driver::DeviceBuffer& d_out,
+                   std::uint64_t bytes, driver::Stream& s1, driver::Stream& s2, F&& f) {
+  const std::uint64_t half = bytes / 2;
+  auto* in = static_cast<std::byte*>(host);
+  std::byte* out = in + half;
+  std::atomic<bool> stop{false};
+  std::exception_ptr copy_error;
+  std::thread copier([&] {
+    try {
+      while (!stop.load()) {
+        driver::copy_to_device_async(d_in.get(), in, half, s1);
+        driver::copy_to_host_async(out, d_out.get(), half, s2);
+        s1.synchronize();
+        s2.synchronize();
+      }
+    } catch (...) {
+      copy_error = std::current_exception();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  try {
+    auto result = f();
+    stop = true;
+    copier.join();
+    if (copy_error) std::rethrow_exception(copy_error);
+    return result;
+  } catch (...) {
+    if (!stop.exchange(true)) copier.join();
+    throw;
+  }
+}
+
 }  // namespace
 
 CpuCost measure_cpu_cost(std::uint64_t params, const kernels::CpuAdamOptions& options,
@@ -230,6 +270,21 @@ CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
   return out;
 }
 
+CpuFormatRates measure_cpu_formats_while_copying(std::uint64_t params, int repeats,
+                                                 const kernels::CpuAdamOptions& options) {
+  if (params < 1024 || repeats < 1) {
+    throw std::invalid_argument(
+        "tide: measure_cpu_formats_while_copying: at least 1024 parameters, one repeat");
+  }
+  const std::uint64_t bytes = 12 * params;
+  allocator::pinned::PinnedArena arena;
+  HostSubgroup source(arena, params);
+  driver::DeviceBuffer d_in(bytes), d_out(bytes);
+  driver::Stream s1, s2;
+  return while_copying(source.state, d_in, d_out, bytes, s1, s2,
+                       [&] { return measure_cpu_formats(params, repeats, options); });
+}
+
 CpuFormatRates slowest(std::span<const CpuFormatRates> ranks) {
   if (ranks.empty()) throw std::invalid_argument("tide: CPU update by format: no measurements");
   CpuFormatRates out = ranks.front();
@@ -242,19 +297,40 @@ CpuFormatRates slowest(std::span<const CpuFormatRates> ranks) {
   return out;
 }
 
-CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks) {
-  const CpuFormatRates s = slowest(ranks);
-  CpuUpdateFactors factors;
+namespace {
+
+// For each format, its rate over fp32 state's in `s`, checked.
+std::array<double, kUpdateFormatCount> ratios(const CpuFormatRates& s, const char* when) {
+  std::array<double, kUpdateFormatCount> out{};
   for (const UpdateFormatInfo& info : kUpdateFormats) {
     const double factor = s.format[static_cast<std::size_t>(info.format)] / s.fp32;
     if (!plausible_cpu_update_factor(factor)) {
-      throw std::runtime_error("tide: the CPU update with " + std::string(info.description) +
+      throw std::runtime_error("tide: the CPU update with " + std::string(info.description) + when +
                                " measured " + std::to_string(factor) +
                                "x fp32 state's, outside the plausible " +
                                std::to_string(kMinCpuUpdateFactor) + " to " +
                                std::to_string(kMaxCpuUpdateFactor) + ": measure again");
     }
-    factors[info.format] = factor;
+    out[static_cast<std::size_t>(info.format)] = factor;
+  }
+  return out;
+}
+
+}  // namespace
+
+CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks,
+                                    const std::optional<CpuFormatRates>& contended) {
+  CpuUpdateFactors factors;
+  factors.factor = ratios(slowest(ranks), "");
+  if (contended) {
+    // A rate while copying is never above the same rate alone (as measure_rates'
+    // cpu_update_contended): on a busy machine a quiet moment must not make the copies look free.
+    const CpuFormatRates alone = slowest(ranks);
+    CpuFormatRates c = *contended;
+    c.fp32 = std::min(c.fp32, alone.fp32);
+    for (std::size_t i = 0; i < kUpdateFormatCount; ++i)
+      c.format[i] = std::min(c.format[i], alone.format[i]);
+    factors.contended = ratios(c, " while copies ran");
   }
   return factors;
 }
@@ -316,36 +392,10 @@ Rates measure_rates(const MeasureOptions& options) {
   report(RateKind::d2h_duplex);
 
   // The CPU update while copies of another subgroup's state run in both directions.
-  {
-    std::atomic<bool> stop{false};
-    std::exception_ptr copy_error;
-    std::thread copier([&] {
-      try {
-        while (!stop.load()) {
-          driver::copy_to_device_async(d_in.get(), b.state, bytes, s1);
-          driver::copy_to_host_async(b.state, d_out.get(), bytes, s2);
-          s1.synchronize();
-          s2.synchronize();
-        }
-      } catch (...) {
-        copy_error = std::current_exception();
-      }
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    double contended = 0;
-    try {
-      contended = best_of(options.repeats, cpu_once);
-    } catch (...) {
-      stop = true;
-      copier.join();
-      throw;
-    }
-    stop = true;
-    copier.join();
-    if (copy_error) std::rethrow_exception(copy_error);
-    r.cpu_update_contended = std::min(r.cpu_update, nd / contended);
-    report(RateKind::cpu_update_contended);
-  }
+  const double contended = while_copying(b.state, d_in, d_out, bytes, s1, s2,
+                                         [&] { return best_of(options.repeats, cpu_once); });
+  r.cpu_update_contended = std::min(r.cpu_update, nd / contended);
+  report(RateKind::cpu_update_contended);
 
   // The fused kernel over the subgroup in device memory.
   {

@@ -77,13 +77,22 @@ CpuFormatRates measure_cpu_formats(std::uint64_t params, int repeats,
                                    const kernels::CpuAdamOptions& options = {},
                                    const std::function<void()>& ready = {});
 
+// measure_cpu_formats while copies of another subgroup's state run in both directions, as
+// measure_rates' cpu_update_contended: the formats' rates in the CPU side of an update phase that
+// also has GPU subgroups. The driver context must be current on the calling thread.
+CpuFormatRates measure_cpu_formats_while_copying(std::uint64_t params, int repeats,
+                                                 const kernels::CpuAdamOptions& options = {});
+
 // Each rate the slowest of the ranks' (one entry each, at least one).
 CpuFormatRates slowest(std::span<const CpuFormatRates> ranks);
 
 // The factors of the ranks' measurements (one entry each): for each format, the slowest rank's
 // rate in the format over the slowest rank's fp32 rate, so that the planner's rate for one rank
 // (the slowest's fp32 rate, tide calibrate --ranks) times the factor is the slowest's in the
-// format. Throws std::runtime_error for a factor outside kMinCpuUpdateFactor..kMaxCpuUpdateFactor.
-CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks);
+// format. With `contended` (measure_cpu_formats_while_copying), the contended factors likewise,
+// each rate taken no higher than the same rate alone.
+// Throws std::runtime_error for a factor outside kMinCpuUpdateFactor..kMaxCpuUpdateFactor.
+CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks,
+                                    const std::optional<CpuFormatRates>& contended = std::nullopt);
 
 }  // namespace tide::scheduler

@@ -16,8 +16,14 @@ PerformanceModel::PerformanceModel(const Rates& rates, const Footprint& footprin
     throw std::invalid_argument(
         "performance model: cpu_update_factor must be a finite number >= 0 (0: the model's)");
   }
+  if (!(footprint_.cpu_update_contended_factor >= 0) ||
+      !std::isfinite(footprint_.cpu_update_contended_factor)) {
+    throw std::invalid_argument(
+        "performance model: cpu_update_contended_factor must be a finite number >= 0 (0: "
+        "cpu_update_factor's)");
+  }
   rates_.cpu_update *= footprint_.cpu_update_scale();
-  rates_.cpu_update_contended *= footprint_.cpu_update_scale();
+  rates_.cpu_update_contended *= footprint_.cpu_update_contended_scale();
   rates_.gpu_update *= footprint_.gpu_update_scale();
 }
 

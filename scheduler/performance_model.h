@@ -12,8 +12,9 @@
 // moments the state is 8 bytes (a = b = 8); 8-bit moments: a = b = 6 and the block scales. r_c,
 // r_cc and r_g, measured with fp32 state, are scaled to the format: r_g by the bytes each update
 // moves (Footprint::update_rate_scale: 28/20 for bf16 moments with bf16 gradients and weights,
-// 28/16 for 8-bit moments), r_c and r_cc by the factor `tide calibrate` measured for the format on
-// this machine (scheduler/cpu_update_factors.h), else by the same bytes' ratio, or for 8-bit
+// 28/16 for 8-bit moments), r_c and r_cc by the factors `tide calibrate` measured for the format
+// on this machine, each its own (scheduler/cpu_update_factors.h: the copies slow a memory-bound
+// format more than a compute-bound one), else both by the same bytes' ratio, or for 8-bit
 // moments, whose CPU kernels are compute-bound, Footprint::kQ8CpuUpdateFactor.
 //
 // The host→GPU link carries both the GPU subgroups' copy-ins and the CPU subgroups' weight
@@ -96,6 +97,9 @@ struct Footprint {
   // The CPU update's rate against fp32 state's as calibration measured it for this format
   // (calibrate_cpu); 0: not measured, the model's (model_cpu_update_scale).
   double cpu_update_factor = 0;
+  // The same while copies run (the contended rate's factor, scheduler/cpu_update_factors.h); 0:
+  // cpu_update_scale's.
+  double cpu_update_contended_factor = 0;
   static constexpr std::uint32_t kScaleBytesPerBlock = 8;
 
   // The state's bytes per parameter on the links: state_bytes_per_param and the scales.
@@ -137,6 +141,10 @@ struct Footprint {
     return cpu_update_factor > 0 ? cpu_update_factor : model_cpu_update_scale();
   }
   bool cpu_update_calibrated() const { return cpu_update_factor > 0; }
+  // The contended CPU update rate's factor: its own when calibrated, else the free rate's.
+  double cpu_update_contended_scale() const {
+    return cpu_update_contended_factor > 0 ? cpu_update_contended_factor : cpu_update_scale();
+  }
   // The format whose CPU update calibration measures (scheduler/cpu_update_factors.h); nullopt
   // for fp32 state (the rates' own) and for state bytes of a format of their own (tide plan
   // --state-bytes), which the model scales by their bytes.
@@ -165,12 +173,14 @@ struct Footprint {
     f.weights_in_state = master;
     f.state_bytes_on_gpu = master ? 2 : 0;
     f.cpu_update_factor = 0;
+    f.cpu_update_contended_factor = 0;
     return f;
   }
   // Takes the factor measured for this format, if there is one (else the model's stays).
   void calibrate_cpu(const CpuUpdateFactors& factors) {
     const std::optional<UpdateFormat> format = update_format();
     cpu_update_factor = format ? factors[*format] : 0.0;
+    cpu_update_contended_factor = format ? factors.contended_or_free(*format) : 0.0;
   }
   // The GPU update stays memory-bound (HBM bandwidth against its arithmetic): the bytes' ratio.
   double gpu_update_scale() const { return update_rate_scale(); }

@@ -95,6 +95,10 @@ TIDE_API tide_status tide_plan_ex(const uint64_t* subgroup_params, size_t count,
             "tide_plan_ex: bf16 master weights with 8-bit moments are not supported");
     require(given.cpu_update_factor == 0 || plausible_cpu_update_factor(given.cpu_update_factor),
             "tide_plan_ex: cpu_update_factor must be 0 (not measured) or from 0.01 to 100");
+    require(given.cpu_update_contended_factor == 0 ||
+                plausible_cpu_update_factor(given.cpu_update_contended_factor),
+            "tide_plan_ex: cpu_update_contended_factor must be 0 (not measured) or from 0.01 to "
+            "100");
     Workload workload;
     workload.subgroup_params.assign(subgroup_params, subgroup_params + count);
     workload.headroom_bytes = headroom_bytes;
@@ -116,7 +120,14 @@ TIDE_API tide_status tide_plan_ex(const uint64_t* subgroup_params, size_t count,
       r = resolved.rates;
       f.calibrate_cpu(resolved.cpu_update_factors());
     }
-    if (given.cpu_update_factor > 0) f.cpu_update_factor = given.cpu_update_factor;
+    // A given factor replaces the file's for both rates, unless the contended one is given too.
+    if (given.cpu_update_factor > 0) {
+      f.cpu_update_factor = given.cpu_update_factor;
+      f.cpu_update_contended_factor = given.cpu_update_factor;
+    }
+    if (given.cpu_update_contended_factor > 0) {
+      f.cpu_update_contended_factor = given.cpu_update_contended_factor;
+    }
     const Plan p = plan(workload, r);
     for (std::size_t i = 0; i < count; ++i) {
       device[i] = p.subgroups[i].device == Device::gpu ? 1 : 0;

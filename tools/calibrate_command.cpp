@@ -36,7 +36,9 @@ share of the cores, update and copy memory at once, and the file holds each rank
 the rates, one rank's share (the slowest's). It also measures the CPU update of each state format
 (bf16 moments, 8-bit moments, bf16 master weights with fp32 or bf16 moments) against fp32 state's,
 in rounds of one update of each (with --ranks, all ranks at once), and writes the factors the
-planner applies to the CPU update rate for that format.
+planner applies to the CPU update rate for that format; without --ranks, once more while copies
+run in both directions, for the factors of the CPU update rate while copying (a memory-bound
+format loses more to the copies than a compute-bound one).
 
 options:
   --long                 a longer, steadier measurement (32 Mi parameters, 5 repeats; about a
@@ -126,7 +128,8 @@ RanksMeasured measure_ranks_at_once(int ranks, std::uint64_t params, int repeats
   return out;
 }
 
-void print_factors(const CpuUpdateFactors& factors, const std::vector<CpuFormatRates>& measured) {
+void print_factors(const CpuUpdateFactors& factors, const std::vector<CpuFormatRates>& measured,
+                   const std::optional<CpuFormatRates>& contended) {
   const CpuFormatRates s = slowest(measured);
   std::printf("CPU update by state format, against fp32 state's (%s) in the same rounds%s:\n",
               format_rate(RateKind::cpu_update, s.fp32).c_str(),
@@ -135,6 +138,14 @@ void print_factors(const CpuUpdateFactors& factors, const std::vector<CpuFormatR
     std::printf(
         "  %-36s x%.3g (%s)\n", std::string(info.description).c_str(), factors[info.format],
         format_rate(RateKind::cpu_update, s.format[static_cast<std::size_t>(info.format)]).c_str());
+  }
+  if (!contended) return;
+  std::printf("the same while copies run, against fp32 state's (%s):\n",
+              format_rate(RateKind::cpu_update, contended->fp32).c_str());
+  for (const UpdateFormatInfo& info : kUpdateFormats) {
+    const auto i = static_cast<std::size_t>(info.format);
+    std::printf("  %-36s x%.3g (%s)\n", std::string(info.description).c_str(), factors.contended[i],
+                format_rate(RateKind::cpu_update, contended->format[i]).c_str());
   }
 }
 
@@ -216,13 +227,18 @@ int calibrate_command(int argc, char** argv) {
     std::fflush(stdout);
   };
   c.rates = measure_rates(options);
+  // With --ranks the ranks measured the formats (no copies: the file keeps no contended factors,
+  // and the planner applies the free ones to both rates).
+  std::optional<CpuFormatRates> contended;
   if (per_rank.formats.empty()) {
     per_rank.formats.push_back(
         measure_cpu_formats(options.params, options.repeats, cpu_adam_options(options)));
+    contended = measure_cpu_formats_while_copying(options.params, options.repeats,
+                                                  cpu_adam_options(options));
   }
   if (!per_rank.rates.empty()) share_measured_rates(c, std::move(per_rank.rates));
-  c.cpu_update_factors = cpu_update_factors(per_rank.formats);
-  print_factors(c.cpu_update_factors, per_rank.formats);
+  c.cpu_update_factors = cpu_update_factors(per_rank.formats, contended);
+  print_factors(c.cpu_update_factors, per_rank.formats, contended);
   c.measured_at = utc_timestamp();
   if (dry_run) {
     std::printf("dry run: nothing written (would write %s)\n", path.string().c_str());

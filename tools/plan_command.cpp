@@ -525,6 +525,8 @@ int plan_command(int argc, char** argv) {
         ",\"cpu_update_scale\":" + json::number(workload.footprint.cpu_update_scale()) +
         ",\"cpu_update_scale_source\":" +
         json::quote(factor_source(workload.footprint.cpu_update_calibrated())) +
+        ",\"cpu_update_contended_scale\":" +
+        json::number(workload.footprint.cpu_update_contended_scale()) +
         ",\"gpu_update_scale\":" + json::number(workload.footprint.gpu_update_scale()) + "}";
     out += ",\"rates\":" + rates_json(resolved, workload.footprint);
     out += ",\"plan\":" + plan_json(best);
@@ -588,6 +590,11 @@ int plan_command(int argc, char** argv) {
                                                       "compute-bound, a constant"
                                                     : "model: the bytes an update moves"),
         gpu_scale);
+    const double contended_scale = workload.footprint.cpu_update_contended_scale();
+    if (contended_scale != cpu_scale) {
+      std::printf("                 x%.3g CPU while copying (measured: the calibration file's)\n",
+                  contended_scale);
+    }
   }
   std::printf("\n");
   print_rates(resolved, workload.footprint);

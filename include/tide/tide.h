@@ -528,6 +528,12 @@ typedef struct tide_plan_footprint_ex {
                                         calibration file's for the format when `rates` is NULL,
                                         else tide's model (the bytes an update moves; 8-bit
                                         moments: 0.35) */
+  /* -- added after the first version -- */
+  double cpu_update_contended_factor; /* the same for the CPU update while copies run (the
+                                        file's cpu_update_contended_factors), 0.01 to 100; 0
+                                        (default): the calibration file's when `rates` is NULL
+                                        and cpu_update_factor is 0, else cpu_update_factor's
+                                        factor (the free rate's) */
 } tide_plan_footprint_ex;
 
 TIDE_API tide_plan_footprint_ex tide_plan_footprint_ex_default(void);
@@ -626,6 +632,38 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
                                            const tide_param_slice* slices, size_t slice_count,
                                            const tide_optimizer_options* options,
                                            tide_optimizer** optimizer);
+/* The CPU update rate of each state format over fp32 state's (what `tide calibrate` writes to the
+ * calibration file's cpu_update_factors and cpu_update_contended_factors), for callers that pass
+ * their own rates (tide_optimizer_options.use_rates) measured elsewhere. Fill it with
+ * tide_cpu_update_factors_default(), which sets struct_size and every factor to 0, then set what
+ * you measured. New fields go at the end (struct_size as in tide_plan_footprint_ex). Each factor
+ * is 0 (not measured: tide's model for that format, the bytes an update moves, 8-bit moments
+ * 0.35) or from 0.01 to 100; a contended factor of 0 takes the format's free one. */
+typedef struct tide_cpu_update_factors {
+  size_t struct_size;              /* sizeof(tide_cpu_update_factors) as the caller built it */
+  double bf16_moments;             /* CPU update alone: bf16 moments, fp32 master */
+  double q8_moments;               /* 8-bit block-wise moments, fp32 master */
+  double bf16_master;              /* bf16 master weights, fp32 moments */
+  double bf16_master_bf16_moments; /* bf16 master weights, bf16 moments */
+  double bf16_moments_contended;   /* the same four while copies run (cpu_update_contended) */
+  double q8_moments_contended;
+  double bf16_master_contended;
+  double bf16_master_bf16_moments_contended;
+} tide_cpu_update_factors;
+
+TIDE_API tide_cpu_update_factors tide_cpu_update_factors_default(void);
+
+/* tide_optimizer_create with the CPU update factors the planner applies to the fp32 CPU update
+ * rates for the optimizer's state format. `factors` NULL: as tide_optimizer_create (the
+ * calibration file's when the rates are resolved, else the model's); given, they replace the
+ * calibration file's. A struct_size out of range or a factor that is neither 0 nor within 0.01 to
+ * 100 is TIDE_ERROR_INVALID_ARGUMENT naming the field, and nothing is created. */
+TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, size_t count,
+                                              const tide_param_slice* slices, size_t slice_count,
+                                              const tide_optimizer_options* options,
+                                              const tide_cpu_update_factors* factors,
+                                              tide_optimizer** optimizer);
+
 /* Waits for work in flight, then frees everything. NULL: no-op. */
 TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer);
 

@@ -165,13 +165,19 @@ def test_tide_calibrate_measures_each_state_formats_cpu_update_for_tide_plan(tid
     assert r.returncode == 0, r.stderr
     factors = json.loads(path.read_text())["cpu_update_factors"]
     assert sorted(factors) == sorted(key for _, _, key, _ in FORMATS)
+    # The same while copies run: factors of the contended CPU update rate.
+    contended = json.loads(path.read_text())["cpu_update_contended_factors"]
+    assert sorted(contended) == sorted(factors)
+    assert "the same while copies run" in r.stdout
     for _, _, key, description in FORMATS:
         assert 0.01 <= factors[key] <= 100
+        assert 0.01 <= contended[key] <= 100
         assert f"  {description}" in r.stdout
     for state_dtype, master_dtype, key, _ in FORMATS:
         out = plan_json(tide, path, state_dtype, master_dtype)
         assert out["workload"]["cpu_update_scale"] == factors[key]
         assert out["workload"]["cpu_update_scale_source"] == "calibration file"
+        assert out["workload"]["cpu_update_contended_scale"] == contended[key]
         assert out["rates"]["cpu_update_factors"][key] == {"factor": factors[key],
                                                            "source": "calibration file"}
         # All on the CPU (no headroom): 1e9 parameters at TIDE_RATE_CPU_UPDATE times the factor.
@@ -184,6 +190,7 @@ def test_tide_calibrate_measures_each_state_formats_cpu_update_for_tide_plan(tid
     # A file without them (older ones): the model's factors, said to be the model's.
     old = json.loads(path.read_text())
     del old["cpu_update_factors"]
+    del old["cpu_update_contended_factors"]
     path.write_text(json.dumps(old))
     model = {"bf16_moments": 28 / 20, "q8_moments": 0.35, "bf16_master": 28 / 26,
              "bf16_master_bf16_moments": 28 / 18}
@@ -191,6 +198,7 @@ def test_tide_calibrate_measures_each_state_formats_cpu_update_for_tide_plan(tid
         out = plan_json(tide, path, state_dtype, master_dtype)
         assert out["workload"]["cpu_update_scale"] == pytest.approx(model[key])
         assert out["workload"]["cpu_update_scale_source"] == "model"
+        assert out["workload"]["cpu_update_contended_scale"] == pytest.approx(model[key])
         assert out["plan"]["predicted"]["all_cpu_s"] == pytest.approx(10 / model[key])
 
 
@@ -203,3 +211,6 @@ def test_tide_calibrate_ranks_measures_the_formats_with_all_ranks_at_once(tide, 
     saved = json.loads(path.read_text())
     assert len(saved["ranks"]) == 2
     assert sorted(saved["cpu_update_factors"]) == sorted(key for _, _, key, _ in FORMATS)
+    # The ranks run no copies while they measure the formats: no contended factors (the planner
+    # applies the free ones to both rates).
+    assert "cpu_update_contended_factors" not in saved

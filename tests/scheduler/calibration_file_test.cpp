@@ -343,6 +343,54 @@ TEST_F(CalibrationFile, PerRankRatesRoundTrip) {
   }
 }
 
+// The factors while copies run (cpu_update_contended_factors) round trip beside the free ones; a
+// file without them reads as none, so the planner applies the free factors to both rates; a bad
+// value or member is an error naming the file and the key.
+TEST_F(CalibrationFile, CpuUpdateContendedFactorsRoundTrip) {
+  Calibration c = sample();
+  c.cpu_update_factors[UpdateFormat::q8_moments] = 0.4;
+  c.cpu_update_factors.contended[static_cast<std::size_t>(UpdateFormat::q8_moments)] = 0.7;
+  c.cpu_update_factors.contended[static_cast<std::size_t>(UpdateFormat::bf16_moments)] = 1.1;
+  const std::string text = format_calibration(c);
+  EXPECT_NE(text.find("\"cpu_update_contended_factors\": {\n    \"bf16_moments\": 1.1,\n    "
+                      "\"q8_moments\": 0.7\n  }"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(parse_calibration(text, "text"), c);
+  EXPECT_DOUBLE_EQ(parse_calibration(text, "text")
+                       .cpu_update_factors.contended_or_free(UpdateFormat::q8_moments),
+                   0.7);
+  c.cpu_update_factors.contended = {};
+  EXPECT_EQ(format_calibration(c).find("contended_factors"), std::string::npos);
+  EXPECT_DOUBLE_EQ(parse_calibration(format_calibration(c), "text")
+                       .cpu_update_factors.contended_or_free(UpdateFormat::q8_moments),
+                   0.4);
+  c.cpu_update_factors.contended[static_cast<std::size_t>(UpdateFormat::bf16_master)] = 200;
+  EXPECT_THROW(format_calibration(c), CalibrationError);
+
+  std::string good = kDocumented;
+  good.erase(good.rfind('}'));
+  for (const auto& [factors, where] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"q8_moments": 0})",
+            "cpu_update_contended_factors.q8_moments: must be a number from 0.01 to 100"},
+           {R"({"bf16_master": "0.5"})",
+            "cpu_update_contended_factors.bf16_master: must be a number"},
+           {R"({"fp8_moments": 1})",
+            "cpu_update_contended_factors: unknown member \"fp8_moments\""},
+           {"1.2", "cpu_update_contended_factors: must be an object"}}) {
+    const fs::path path =
+        write("bad.json", good + ", \"cpu_update_contended_factors\": " + factors + "}");
+    try {
+      load_calibration(path);
+      ADD_FAILURE() << factors << " accepted";
+    } catch (const CalibrationError& e) {
+      EXPECT_NE(std::string(e.what()).find("calibration " + path.string() + ": " + where),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // The CPU update's factor per state format (tide calibrate measures them) round trips, alone or
 // some of them; a file without them (every file before them) reads as none measured; a bad value
 // or member is an error naming the file and the key.

@@ -1,6 +1,7 @@
 // The executor's C ABI, driven the way the Python optimizer drives it, and its bad inputs
 // (TIDE_PLACEMENT included): every rejection names what is wrong.
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "capi/status.h"
@@ -230,6 +231,73 @@ TEST(ExecutorCapi, RejectsBadArguments) {
   }
   ::unsetenv("TIDE_PLACEMENT");
   EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+}
+
+// tide_optimizer_create_ex: a caller that passes its own rates passes the CPU update factors of
+// the state formats with them (else the model's: 0.35 for 8-bit moments), each 0 or a plausible
+// ratio; a bad one is refused naming the field, and nothing is created.
+TEST(ExecutorCapi, CreateExTakesCpuUpdateFactorsAndRefusesBadOnes) {
+  driver::PrimaryContext context;
+  driver::DeviceBuffer params(2 * 1000);
+  const std::uint64_t sizes[] = {1000};
+  const tide_param_slice whole{0, 0, 1000, params.get()};
+  tide_optimizer_options options;
+  ASSERT_EQ(tide_optimizer_options_default(&options), TIDE_OK);
+  options.state_dtype = TIDE_STATE_BLOCK_Q8;
+  options.use_rates = 1;
+  options.refine = 0;
+  options.rates = tide_rates{1e9, 0.5e9, 12e9, 12e9, 6e9, 6e9, 1e10};
+  // The model's all-CPU prediction of a step: the parameters over the CPU update rate in the
+  // format (the weights' upload, 2000 bytes at 12 GB/s, is shorter).
+  auto all_cpu_seconds = [&](const tide_cpu_update_factors* factors) {
+    tide_optimizer* opt = nullptr;
+    EXPECT_EQ(tide_optimizer_create_ex(sizes, 1, &whole, 1, &options, factors, &opt), TIDE_OK)
+        << tide::capi::last_error_text();
+    if (opt == nullptr) return 0.0;
+    const tide_adam_hyper h{1e-3, 0.9, 0.999, 1e-8, 0, 1, 1, 1, 0};
+    const tide_placement_policy cpu{TIDE_PLACEMENT_CPU, 0};
+    tide_phase_report report{};
+    EXPECT_EQ(tide_optimizer_step(opt, &h, &cpu, 0, &report), TIDE_OK)
+        << tide::capi::last_error_text();
+    EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+    return report.all_cpu_seconds;
+  };
+  EXPECT_DOUBLE_EQ(all_cpu_seconds(nullptr), 1000 / (1e9 * Footprint::kQ8CpuUpdateFactor));
+  tide_cpu_update_factors factors = tide_cpu_update_factors_default();
+  EXPECT_EQ(factors.struct_size, sizeof(tide_cpu_update_factors));
+  EXPECT_EQ(factors.q8_moments, 0.0);
+  EXPECT_EQ(factors.q8_moments_contended, 0.0);
+  EXPECT_DOUBLE_EQ(all_cpu_seconds(&factors), 1000 / (1e9 * Footprint::kQ8CpuUpdateFactor));
+  factors.q8_moments = 0.5;
+  factors.q8_moments_contended = 0.8;
+  factors.bf16_moments = 3;  // another format's: not this optimizer's
+  EXPECT_DOUBLE_EQ(all_cpu_seconds(&factors), 1000 / (1e9 * 0.5));
+
+  auto refused = [&](const tide_cpu_update_factors& bad, const std::string& why) {
+    tide_optimizer* opt = nullptr;
+    EXPECT_EQ(tide_optimizer_create_ex(sizes, 1, &whole, 1, &options, &bad, &opt),
+              TIDE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(opt, nullptr);
+    EXPECT_NE(std::string(tide::capi::last_error_text()).find(why), std::string::npos)
+        << tide::capi::last_error_text();
+  };
+  tide_cpu_update_factors bad = factors;
+  bad.q8_moments = 1000;
+  refused(bad, "factors->q8_moments is 1000");
+  bad = factors;
+  bad.bf16_master_contended = -1;
+  refused(bad, "factors->bf16_master_contended");
+  bad = factors;
+  bad.bf16_master_bf16_moments = std::numeric_limits<double>::quiet_NaN();
+  refused(bad, "factors->bf16_master_bf16_moments");
+  bad = factors;
+  bad.bf16_moments = 0.005;
+  refused(bad, "must be 0 (not measured: the model's) or a number from 0.01 to 100");
+  bad = factors;
+  bad.struct_size = sizeof(tide_cpu_update_factors) + 8;  // from a newer tide.h
+  refused(bad, "struct_size");
+  bad.struct_size = 0;
+  refused(bad, "struct_size");
 }
 
 // tide_optimizer_set_state_rounding: stochastic rounding for bf16 moments only, a known mode;

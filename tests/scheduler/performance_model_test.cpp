@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -256,6 +257,49 @@ TEST(PerformanceModel, UsesTheCalibratedCpuFactorOfItsFormat) {
 
   f.cpu_update_factor = -1;
   EXPECT_THROW(PerformanceModel(round_rates(), f), std::invalid_argument);
+}
+
+// The CPU update while copies run has a factor of its own when calibration measured it (the
+// copies slow a memory-bound format more than a compute-bound one): it scales the contended rate
+// only, the free factor the free rate; without it both take the free factor.
+TEST(PerformanceModel, UsesTheCalibratedContendedCpuFactorForTheContendedRate) {
+  CpuUpdateFactors measured;
+  measured[UpdateFormat::q8_moments] = 0.4;
+  measured.contended[static_cast<std::size_t>(UpdateFormat::q8_moments)] = 0.7;
+  measured[UpdateFormat::bf16_moments] = 1.2;  // no contended factor: the free one for both
+  Footprint q8 = state_only();
+  q8.state_bytes_per_param = 6;
+  q8.quantized_moments = true;
+  q8.calibrate_cpu(measured);
+  EXPECT_DOUBLE_EQ(q8.cpu_update_scale(), 0.4);
+  EXPECT_DOUBLE_EQ(q8.cpu_update_contended_scale(), 0.7);
+  const PerformanceModel model(round_rates(), q8);
+  EXPECT_DOUBLE_EQ(model.rates().cpu_update, 0.4e9);
+  EXPECT_DOUBLE_EQ(model.rates().cpu_update_contended, 0.35e9);  // 0.5e9 x 0.7
+  // The CPU side beside the GPU subgroups runs at the contended rate (not 0.5e9 x 0.4).
+  EXPECT_DOUBLE_EQ(model.contended_cpu_rate(), 0.35e9);
+
+  Footprint bf16 = state_only();
+  bf16.state_bytes_per_param = 8;
+  bf16.calibrate_cpu(measured);
+  EXPECT_DOUBLE_EQ(bf16.cpu_update_contended_scale(), 1.2);
+  const PerformanceModel bf16_model(round_rates(), bf16);
+  EXPECT_DOUBLE_EQ(bf16_model.rates().cpu_update_contended, 0.6e9);
+
+  // Given directly (tide_plan_ex), and not calibrated at all: the free factor, then the model's.
+  Footprint given = state_only();
+  given.state_bytes_per_param = 8;
+  given.cpu_update_contended_factor = 0.9;
+  EXPECT_DOUBLE_EQ(PerformanceModel(round_rates(), given).rates().cpu_update_contended, 0.45e9);
+  given.cpu_update_contended_factor = 0;
+  EXPECT_DOUBLE_EQ(given.cpu_update_contended_scale(), given.model_cpu_update_scale());
+  given.cpu_update_contended_factor = -1;
+  EXPECT_THROW(PerformanceModel(round_rates(), given), std::invalid_argument);
+  given.cpu_update_contended_factor = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(PerformanceModel(round_rates(), given), std::invalid_argument);
+  // in_format drops both.
+  q8.cpu_update_contended_factor = 0.7;
+  EXPECT_EQ(q8.in_format(UpdateFormat::q8_moments).cpu_update_contended_factor, 0.0);
 }
 
 TEST(PerformanceModel, MoreCpuWorkNeverSpeedsTheGpuSide) {

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstddef>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -106,6 +107,21 @@ TEST(SchedulerCapi, PlanExPlansEveryStateFormat) {
   ex.cpu_update_factor = 0.5;
   EXPECT_DOUBLE_EQ(plan_ex(&ex, &rates).all_cpu_seconds,
                    5e9 / (0.5 * tide::scheduler::builtin_rates().cpu_update));
+  // The contended rate's own factor (the CPU side beside the GPU subgroups), else the free one.
+  EXPECT_EQ(ex.cpu_update_contended_factor, 0.0);
+  q8.cpu_update_factor = 0.5;
+  q8.cpu_update_contended_factor = 0.5;
+  EXPECT_EQ(plan_ex(&ex, &rates).phase_seconds, planner_plan(sizes, q8).predicted.phase_s);
+  ex.cpu_update_contended_factor = 1.5;
+  q8.cpu_update_contended_factor = 1.5;
+  const tide_plan_summary contended = plan_ex(&ex, &rates);
+  EXPECT_EQ(contended.phase_seconds, planner_plan(sizes, q8).predicted.phase_s);
+  // A caller built against the first version passes a smaller struct: the field beyond it is
+  // not read (the free factor for both).
+  ex.struct_size = offsetof(tide_plan_footprint_ex, cpu_update_contended_factor);
+  q8.cpu_update_contended_factor = 0.5;
+  EXPECT_EQ(plan_ex(&ex, &rates).phase_seconds, planner_plan(sizes, q8).predicted.phase_s);
+  EXPECT_NE(contended.phase_seconds, plan_ex(&ex, &rates).phase_seconds);
 
   tide::scheduler::Footprint master;
   master.weights_in_state = true;
@@ -187,6 +203,9 @@ TEST(SchedulerCapi, PlanExRefusesWhatItCannotRead) {
   refused(ex, "cpu_update_factor");
   ex.cpu_update_factor = -0.5;
   refused(ex, "cpu_update_factor");
+  ex = tide_plan_footprint_ex_default();
+  ex.cpu_update_contended_factor = 0.001;
+  refused(ex, "cpu_update_contended_factor must be 0 (not measured) or from 0.01 to 100");
 }
 
 TEST(SchedulerCapi, BadArgumentsAreInvalidArgumentWithAMessage) {
