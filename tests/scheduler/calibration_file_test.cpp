@@ -22,6 +22,30 @@ namespace {
 namespace fs = std::filesystem;
 
 // A fresh folder per test, removed after; the calibration variables cleared around each test.
+// The example of calibration_file.h, comments removed.
+constexpr const char* kDocumented = R"({
+  "format": "tide-calibration",
+  "version": 1,
+  "measured_at": "2025-01-31T12:00:00Z",
+  "machine": {
+    "hostname": "node17",
+    "cpu_model": "AMD EPYC 9654 96-Core Processor",
+    "cpu_threads": 24,
+    "gpu_name": "NVIDIA H100 80GB HBM3",
+    "gpu_memory_bytes": 85520809984,
+    "ranks_per_host": 4
+  },
+  "rates": {
+    "cpu_update_params_per_s": 2.2e9,
+    "cpu_update_contended_params_per_s": 2.0e9,
+    "h2d_bytes_per_s": 25e9,
+    "d2h_bytes_per_s": 25e9,
+    "h2d_duplex_bytes_per_s": 23e9,
+    "d2h_duplex_bytes_per_s": 23e9,
+    "gpu_update_params_per_s": 5e10
+  }
+})";
+
 class CalibrationFile : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -46,6 +70,22 @@ class CalibrationFile : public ::testing::Test {
     std::ofstream(path) << text;
     return path;
   }
+  // The documented file with "member": value added: loading it must fail, naming the file and
+  // saying `where`.
+  void expect_member_refused(const std::string& member, const std::string& value,
+                             const std::string& where) {
+    std::string text = kDocumented;
+    text.erase(text.rfind('}'));
+    const fs::path path = write("bad.json", text + ", \"" + member + "\": " + value + "}");
+    try {
+      load_calibration(path);
+      ADD_FAILURE() << member << ": " << value << " accepted";
+    } catch (const CalibrationError& e) {
+      EXPECT_NE(std::string(e.what()).find("calibration " + path.string() + ": " + where),
+                std::string::npos)
+          << e.what();
+    }
+  }
 
   static constexpr const char* kVariables[] = {"TIDE_CALIBRATION_FILE", "XDG_CACHE_HOME", "HOME",
                                                "TIDE_RATE_CPU_UPDATE", "TIDE_RATE_H2D_GBPS"};
@@ -66,30 +106,6 @@ Calibration sample() {
   c.rates.cpu_update = 2.123456789012345e9;  // full precision survives the round trip
   return c;
 }
-
-// The example of calibration_file.h, comments removed.
-constexpr const char* kDocumented = R"({
-  "format": "tide-calibration",
-  "version": 1,
-  "measured_at": "2025-01-31T12:00:00Z",
-  "machine": {
-    "hostname": "node17",
-    "cpu_model": "AMD EPYC 9654 96-Core Processor",
-    "cpu_threads": 24,
-    "gpu_name": "NVIDIA H100 80GB HBM3",
-    "gpu_memory_bytes": 85520809984,
-    "ranks_per_host": 4
-  },
-  "rates": {
-    "cpu_update_params_per_s": 2.2e9,
-    "cpu_update_contended_params_per_s": 2.0e9,
-    "h2d_bytes_per_s": 25e9,
-    "d2h_bytes_per_s": 25e9,
-    "h2d_duplex_bytes_per_s": 23e9,
-    "d2h_duplex_bytes_per_s": 23e9,
-    "gpu_update_params_per_s": 5e10
-  }
-})";
 
 TEST_F(CalibrationFile, TheDocumentedExampleParses) {
   const Calibration c = parse_calibration(kDocumented, "doc");
@@ -368,8 +384,6 @@ TEST_F(CalibrationFile, CpuUpdateContendedFactorsRoundTrip) {
   c.cpu_update_factors.contended[static_cast<std::size_t>(UpdateFormat::bf16_master)] = 200;
   EXPECT_THROW(format_calibration(c), CalibrationError);
 
-  std::string good = kDocumented;
-  good.erase(good.rfind('}'));
   for (const auto& [factors, where] : std::vector<std::pair<std::string, std::string>>{
            {R"({"q8_moments": 0})",
             "cpu_update_contended_factors.q8_moments: must be a number from 0.01 to 100"},
@@ -378,16 +392,7 @@ TEST_F(CalibrationFile, CpuUpdateContendedFactorsRoundTrip) {
            {R"({"fp8_moments": 1})",
             "cpu_update_contended_factors: unknown member \"fp8_moments\""},
            {"1.2", "cpu_update_contended_factors: must be an object"}}) {
-    const fs::path path =
-        write("bad.json", good + ", \"cpu_update_contended_factors\": " + factors + "}");
-    try {
-      load_calibration(path);
-      ADD_FAILURE() << factors << " accepted";
-    } catch (const CalibrationError& e) {
-      EXPECT_NE(std::string(e.what()).find("calibration " + path.string() + ": " + where),
-                std::string::npos)
-          << e.what();
-    }
+    expect_member_refused("cpu_update_contended_factors", factors, where);
   }
 }
 
@@ -417,8 +422,6 @@ TEST_F(CalibrationFile, CpuUpdateFactorsRoundTrip) {
   // Without the key: nothing measured, and tide plan, the executor and the C ABI use the model.
   EXPECT_FALSE(parse_calibration(kDocumented, "old").cpu_update_factors.any());
   EXPECT_FALSE(parse_calibration(format_calibration(sample()), "old").cpu_update_factors.any());
-  std::string good = kDocumented;
-  good.erase(good.rfind('}'));
   for (const auto& [factors, where] : std::vector<std::pair<std::string, std::string>>{
            {R"({"q8_moments": 0})",
             "cpu_update_factors.q8_moments: must be a number from 0.01 to 100"},
@@ -431,19 +434,7 @@ TEST_F(CalibrationFile, CpuUpdateFactorsRoundTrip) {
             "cpu_update_factors: unknown member \"fp8_moments\" (expected: bf16_moments, "
             "q8_moments, bf16_master, bf16_master_bf16_moments)"},
            {"[1.2]", "cpu_update_factors: must be an object"}}) {
-    std::string bad = good;
-    bad += ", \"cpu_update_factors\": ";
-    bad += factors;
-    bad += "}";
-    const fs::path path = write("bad.json", bad);
-    try {
-      load_calibration(path);
-      ADD_FAILURE() << factors << " accepted";
-    } catch (const CalibrationError& e) {
-      EXPECT_NE(std::string(e.what()).find("calibration " + path.string() + ": " + where),
-                std::string::npos)
-          << e.what();
-    }
+    expect_member_refused("cpu_update_factors", factors, where);
   }
 }
 
