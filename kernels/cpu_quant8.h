@@ -118,8 +118,6 @@ inline constexpr unsigned kQ8BucketEntryBytes = 3;
 struct Q8SearchTable {
   // The buckets' entries; read four bytes at a time by 32-bit gathers: one byte of padding.
   std::uint8_t bucket[kQ8BucketEntryBytes * kQ8Buckets + 1];
-  // The map's midpoints, then +inf up to 256 entries.
-  float midpoint[256];
   bool one_midpoint_per_bucket;
   // The same search without gathers (the AVX-512 variant, for exp_avg): q8_count_below's binary
   // search, its pivots laid out by step. Step l (of log2(count + 1)) compares y with the midpoint
@@ -131,8 +129,10 @@ struct Q8SearchTable {
 
 constexpr Q8SearchTable make_q8_search_table(const float* midpoints, unsigned count) {
   Q8SearchTable t{};
+  // The map's midpoints, then +inf up to 256 entries: where the pivots come from.
+  float padded[256]{};
   for (unsigned j = 0; j < 256; ++j) {
-    t.midpoint[j] = j < count ? midpoints[j] : std::numeric_limits<float>::infinity();
+    padded[j] = j < count ? midpoints[j] : std::numeric_limits<float>::infinity();
   }
   t.one_midpoint_per_bucket = true;
   unsigned below = 0;
@@ -162,8 +162,7 @@ constexpr Q8SearchTable make_q8_search_table(const float* midpoints, unsigned co
   const unsigned steps = std::bit_width(count);
   for (unsigned l = 0; l < steps; ++l) {
     const unsigned stride = 1u << (steps - l);  // between the codes step l starts from
-    for (unsigned j = 0; j < (1u << l); ++j)
-      t.pivot[l][j] = t.midpoint[j * stride + stride / 2 - 1];
+    for (unsigned j = 0; j < (1u << l); ++j) t.pivot[l][j] = padded[j * stride + stride / 2 - 1];
   }
   return t;
 }

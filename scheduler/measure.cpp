@@ -320,12 +320,12 @@ std::array<double, kUpdateFormatCount> ratios(const CpuFormatRates& s, const cha
 
 CpuUpdateFactors cpu_update_factors(std::span<const CpuFormatRates> ranks,
                                     const std::optional<CpuFormatRates>& contended) {
+  const CpuFormatRates alone = slowest(ranks);
   CpuUpdateFactors factors;
-  factors.factor = ratios(slowest(ranks), "");
+  factors.factor = ratios(alone, "");
   if (contended) {
     // A rate while copying is never above the same rate alone (as measure_rates'
     // cpu_update_contended): on a busy machine a quiet moment must not make the copies look free.
-    const CpuFormatRates alone = slowest(ranks);
     CpuFormatRates c = *contended;
     c.fp32 = std::min(c.fp32, alone.fp32);
     for (std::size_t i = 0; i < kUpdateFormatCount; ++i)
