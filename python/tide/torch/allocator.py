@@ -24,12 +24,20 @@ starts with PyTorch's own "CUDA out of memory." and says what was asked for and 
 allocator holds (live, reserved, its limit, the device's free memory); catch it, free memory and
 carry on, as with PyTorch's allocator. (PyTorch raises its ``torch.OutOfMemoryError``, a subclass
 of ``RuntimeError``, only from its own allocator: a pluggable allocator cannot throw its C++ type
-without being built against PyTorch.) Under a pluggable allocator PyTorch's own memory
-statistics (``torch.cuda.memory_stats``, ``max_memory_allocated``, snapshots), its
-``empty_cache``, ``set_per_process_memory_fraction`` and ``Tensor.record_stream`` do nothing or
-fail: PyTorch's Python API cannot hand those hooks to a pluggable allocator. Use this module's
-functions of the same names instead (statistics keep PyTorch's key names where the meaning is the
-same).
+without being built against PyTorch.)
+
+PyTorch's own memory statistics answer with tide's allocator once it is installed:
+``torch.cuda.memory_stats``, ``memory_stats_as_nested_dict``, ``memory_allocated``,
+``max_memory_allocated``, ``memory_reserved``, ``max_memory_reserved``, ``memory_summary``,
+``reset_peak_memory_stats`` (and ``reset_max_memory_allocated``/``_cached``),
+``reset_accumulated_memory_stats``, ``empty_cache`` and ``mem_get_info``. Under a pluggable
+allocator PyTorch's C++ side raises "CUDAPluggableAllocator does not yet support getDeviceStats"
+for these (or does nothing), so use_allocator() routes the ``torch._C`` functions that
+``torch/cuda/memory.py`` calls at each call (``original()`` keeps PyTorch's). This module's
+functions of the same names give the same numbers. Still PyTorch's under a pluggable allocator:
+memory snapshots (``torch.cuda.memory_snapshot`` raises; use ``export_timeline`` and
+``start_trace``), ``set_per_process_memory_fraction`` and ``Tensor.record_stream`` (they do
+nothing; use this module's ``set_per_process_memory_fraction`` and ``record_stream``).
 
 Phase marks are optional: without them tide detects iterations and phases from the memory curve.
 """
@@ -47,6 +55,9 @@ _PHASES = {"forward": 0, "backward": 1, "update": 2, "end": 3, "iteration_end": 
 _POOLS = ("all", "small_pool", "large_pool")
 _STATS = ("allocated_bytes", "requested_bytes", "reserved_bytes", "active_bytes", "allocation",
           "active", "segment")
+_FIELDS = ("current", "peak", "allocated", "freed")
+_COUNTERS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+             "num_device_free")
 
 # The function PyTorch allocates with: on failure it throws (a RuntimeError in Python) instead of
 # returning NULL (include/tide/tide.h).
@@ -54,6 +65,7 @@ ALLOCATE_FUNCTION = "tide_alloc_throwing"
 
 _lock = threading.Lock()
 _installed: Any = None  # the CUDAPluggableAllocator once use_allocator() has swapped it in
+_originals: dict[str, Any] = {}  # PyTorch's functions that use_allocator() routed to tide's
 _declared: set[int] = set()
 
 
@@ -211,12 +223,46 @@ def use_allocator():
         except RuntimeError as e:
             raise AllocatorError(_TOO_LATE.format(why=f"PyTorch says: {e}")) from e
         _installed = pluggable
+        _route_torch_memory_functions(torch)
         return pluggable
 
 
 def is_using_allocator() -> bool:
     """Whether use_allocator() has installed tide's allocator in this process."""
     return _installed is not None
+
+
+def _route_torch_memory_functions(torch: Any) -> None:
+    """Makes PyTorch's memory statistics, empty_cache and mem_get_info answer with tide's
+    allocator. Routed where torch/cuda/memory.py calls into C++, looked up at each call, so that
+    functions a program imported before use_allocator() are routed too; once tide's allocator is
+    PyTorch's it stays, and so do the routes."""
+    routes = [
+        # memory_stats, memory_stats_as_nested_dict, memory_allocated, max_memory_allocated,
+        # memory_reserved, max_memory_reserved, memory_summary
+        (torch._C, "torch._C", "_cuda_memoryStats", memory_stats_as_nested_dict),
+        # reset_peak_memory_stats, reset_max_memory_allocated, reset_max_memory_cached
+        (torch._C, "torch._C", "_cuda_resetPeakMemoryStats", reset_peak_memory_stats),
+        (torch._C, "torch._C", "_cuda_resetAccumulatedMemoryStats",
+         reset_accumulated_memory_stats),
+        (torch._C, "torch._C", "_cuda_emptyCache", empty_cache),
+        # mem_get_info: torch.cuda.cudart() is this module
+        (getattr(torch._C, "_cudart", None), "torch._C._cudart", "cudaMemGetInfo", mem_get_info),
+    ]
+    for owner, owner_name, name, route in routes:
+        key = f"{owner_name}.{name}"
+        if key in _originals or not hasattr(owner, name):
+            continue  # routed already, or a function this PyTorch does not have
+        _originals[key] = getattr(owner, name)
+        setattr(owner, name, route)
+
+
+def original(name: str) -> Any:
+    """PyTorch's own function that use_allocator() routed to tide's allocator, by its full name:
+    "torch._C._cuda_memoryStats", "torch._C._cuda_resetPeakMemoryStats",
+    "torch._C._cuda_resetAccumulatedMemoryStats", "torch._C._cuda_emptyCache",
+    "torch._C._cudart.cudaMemGetInfo". Raises KeyError for a function that was not routed."""
+    return _originals[name]
 
 
 def _check(status: int) -> None:
@@ -229,27 +275,51 @@ def _stats(device: Any = None) -> Stats:
     return s
 
 
+def _stat(current: int, peak: int = 0, allocated: int = 0, freed: int = 0) -> dict[str, int]:
+    return {"current": current, "peak": peak, "allocated": allocated, "freed": freed}
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """tide's allocator statistics for `device` as torch.cuda.memory_stats_as_nested_dict() gives
+    PyTorch's: the same keys, plus tide's own under "tide". Keys without a meaning in tide read as
+    PyTorch's allocator reads them in its default configuration (README, "From PyTorch")."""
+    s = _stats(device)
+    out: dict[str, Any] = {
+        name: {pool: _stat(*(getattr(getattr(s, name)[i], f) for f in _FIELDS))
+               for i, pool in enumerate(_POOLS)}
+        for name in _STATS
+    }
+    # tide keeps only the current value of these: peak and the totals read 0.
+    for name in ("inactive_split_bytes", "inactive_split"):
+        out[name] = {pool: _stat(getattr(s, name)[i]) for i, pool in enumerate(_POOLS)}
+    out.update((name, getattr(s, name)) for name in _COUNTERS)
+    # No meaning in tide: no max_split_size setting (blocks of any size are split, PyTorch's -1),
+    # so no oversize blocks; a refusal by tide's cap counts in num_ooms; no private pools.
+    out["max_split_size"] = -1
+    out["oversize_allocations"] = _stat(0)
+    out["oversize_segments"] = _stat(0)
+    out["num_oom_rejections"] = 0
+    out["reserved_bytes_by_private_pools"] = {}
+    out["tide"] = {"memory_limit": s.memory_limit, "thread_cached_bytes": s.thread_cached_bytes,
+                   "largest_free_block": s.largest_free_block, "growable_segments": s.growable}
+    return out
+
+
 def memory_stats(device: Any = None) -> dict[str, int]:
     """tide's allocator statistics for `device`, named as torch.cuda.memory_stats() names them
     ("allocated_bytes.all.current", "reserved_bytes.large_pool.peak", "num_alloc_retries",
-    "num_ooms", ...), plus tide's own under "tide." keys."""
-    s = _stats(device)
+    "num_ooms", ...), plus tide's own under "tide." keys: memory_stats_as_nested_dict() flattened
+    as PyTorch flattens it."""
     out: dict[str, int] = {}
-    for name in _STATS:
-        for i, pool in enumerate(_POOLS):
-            stat = getattr(s, name)[i]
-            for field in ("current", "peak", "allocated", "freed"):
-                out[f"{name}.{pool}.{field}"] = getattr(stat, field)
-    for i, pool in enumerate(_POOLS):
-        out[f"inactive_split_bytes.{pool}.current"] = s.inactive_split_bytes[i]
-        out[f"inactive_split.{pool}.current"] = s.inactive_split[i]
-    for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
-                 "num_device_free"):
-        out[name] = getattr(s, name)
-    out["tide.memory_limit"] = s.memory_limit
-    out["tide.thread_cached_bytes"] = s.thread_cached_bytes
-    out["tide.largest_free_block"] = s.largest_free_block
-    out["tide.growable_segments"] = s.growable
+
+    def flatten(prefix: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            out[prefix] = value
+            return
+        for key, inner in value.items():
+            flatten(f"{prefix}.{key}" if prefix else key, inner)
+
+    flatten("", memory_stats_as_nested_dict(device))
     return dict(sorted(out.items()))
 
 
@@ -280,6 +350,14 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 def empty_cache() -> None:
     """Gives the cached free memory of every device back to the driver."""
     _check(_lib_declared().tide_alloc_empty_cache(-1))
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of `device`'s memory, as the driver tide allocates from reports them
+    (the host stand-in's without a GPU)."""
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(_lib.lib().tide_device_memory(_device(device), ctypes.byref(free), ctypes.byref(total)))
+    return free.value, total.value
 
 
 def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
