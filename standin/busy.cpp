@@ -25,7 +25,7 @@ CUresult enqueue_busy(CUstream handle, double seconds, const char* name) {
   tide_standin_op op{};
   op.kind = TIDE_STANDIN_OP_KERNEL;
   op.device = stream->context().device();
-  op.stream = reinterpret_cast<std::uintptr_t>(stream.get());
+  op.stream = stream->id();
   std::string_view(name != nullptr ? name : "busy").copy(op.name, sizeof op.name - 1);
   const auto duration = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(seconds));

@@ -8,11 +8,21 @@
 #include "standin/events.h"
 #include "standin/host_memory.h"
 #include "standin/modules.h"
+#include "standin/stats.h"
 
 namespace tide::standin {
 namespace {
 
-thread_local Context* t_current = nullptr;
+// The calling thread's context stack; its top is the current context.
+thread_local std::vector<Context*> t_stack;
+
+Context* top() { return t_stack.empty() ? nullptr : t_stack.back(); }
+
+// The active primary context `handle` is, or null.
+Context* active_context(CUcontext handle) {
+  Device* d = find_context(handle);
+  return d != nullptr && d->context.active() ? &d->context : nullptr;
+}
 
 }  // namespace
 
@@ -111,10 +121,18 @@ void Context::synchronize() {
 }
 
 CUresult current_context(Context** out) {
-  if (t_current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (!t_current->active()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-  *out = t_current;
+  Context* current = top();
+  if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!current->active()) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *out = current;
   return CUDA_SUCCESS;
+}
+
+CUresult require_current_context() {
+  Context* context = nullptr;
+  const CUresult r = current_context(&context);
+  if (r != CUDA_SUCCESS) count(Counter::kCallsWithoutContext);
+  return r;
 }
 
 CUresult primary_ctx_retain(CUcontext* out, CUdevice device) {
@@ -122,6 +140,7 @@ CUresult primary_ctx_retain(CUcontext* out, CUdevice device) {
   Device* d = find_device(device);
   if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
   d->context.retain();
+  count(Counter::kPrimaryCtxRetains);
   *out = d->context.handle();
   return CUDA_SUCCESS;
 }
@@ -129,23 +148,53 @@ CUresult primary_ctx_retain(CUcontext* out, CUdevice device) {
 CUresult primary_ctx_release(CUdevice device) {
   Device* d = find_device(device);
   if (d == nullptr) return CUDA_ERROR_INVALID_DEVICE;
-  return d->context.release();
+  const CUresult r = d->context.release();
+  count(r == CUDA_SUCCESS ? Counter::kPrimaryCtxReleases : Counter::kUnretainedReleases);
+  return r;
+}
+
+std::uint64_t primary_ctx_references() {
+  std::uint64_t references = 0;
+  for (int i = 0; i < device_count(); ++i) {
+    references += static_cast<std::uint64_t>(find_device(i)->context.references());
+  }
+  return references;
 }
 
 CUresult ctx_set_current(CUcontext context) {
   if (context == nullptr) {
-    t_current = nullptr;
+    if (!t_stack.empty()) t_stack.pop_back();
     return CUDA_SUCCESS;
   }
-  Device* d = find_context(context);
-  if (d == nullptr || !d->context.active()) return CUDA_ERROR_INVALID_CONTEXT;
-  t_current = &d->context;
+  Context* c = active_context(context);
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_stack.empty()) {
+    t_stack.push_back(c);
+  } else {
+    t_stack.back() = c;
+  }
   return CUDA_SUCCESS;
 }
 
 CUresult ctx_get_current(CUcontext* out) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *out = t_current != nullptr ? t_current->handle() : nullptr;
+  *out = top() != nullptr ? top()->handle() : nullptr;
+  return CUDA_SUCCESS;
+}
+
+CUresult ctx_push_current(CUcontext context) {
+  if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Context* c = active_context(context);
+  if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  t_stack.push_back(c);
+  return CUDA_SUCCESS;
+}
+
+CUresult ctx_pop_current(CUcontext* out) {
+  if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  Context* popped = t_stack.back();
+  t_stack.pop_back();
+  if (out != nullptr) *out = popped->handle();
   return CUDA_SUCCESS;
 }
 

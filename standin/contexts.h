@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,6 +34,7 @@ class Context {
   void retain();
   CUresult release();
   bool active() const { return refs_.load(std::memory_order_acquire) > 0; }
+  int references() const { return refs_.load(std::memory_order_acquire); }
 
   // Null when the context is not active.
   std::shared_ptr<Stream> legacy_stream();
@@ -62,14 +64,25 @@ class Context {
   std::vector<std::shared_ptr<Timeline>> timelines_;
 };
 
-// The calling thread's current context: CUDA_ERROR_INVALID_CONTEXT when there is none,
-// CUDA_ERROR_CONTEXT_IS_DESTROYED when it has been released.
+// The calling thread's current context (the top of its context stack):
+// CUDA_ERROR_INVALID_CONTEXT when there is none, CUDA_ERROR_CONTEXT_IS_DESTROYED when it has
+// been released.
 CUresult current_context(Context** out);
+// What an entry point that needs a current context checks first, as CUDA does: the result of
+// current_context(); a failure is counted (tide_standin_stats.calls_without_context).
+CUresult require_current_context();
 
+// Retains and releases are counted (tide_standin_stats.primary_ctx_*): a release of a context
+// with no reference left is CUDA_ERROR_INVALID_CONTEXT and counted as unretained_releases.
 CUresult primary_ctx_retain(CUcontext* out, CUdevice device);
 CUresult primary_ctx_release(CUdevice device);
+// All devices' primary contexts' references now (a gauge).
+std::uint64_t primary_ctx_references();
+// The thread's context stack, as in CUDA: set replaces its top (null pops it), push and pop.
 CUresult ctx_set_current(CUcontext context);
 CUresult ctx_get_current(CUcontext* out);
+CUresult ctx_push_current(CUcontext context);
+CUresult ctx_pop_current(CUcontext* out);
 // `context` null: the current one.
 CUresult ctx_synchronize(CUcontext context);
 

@@ -49,6 +49,12 @@ constexpr Field kFields[] = {
     TIDE_STANDIN_FIELD(device_bytes_peak),
     TIDE_STANDIN_FIELD(registered_host_bytes),
     TIDE_STANDIN_FIELD(host_alloc_bytes),
+    TIDE_STANDIN_FIELD(primary_ctx_retains),
+    TIDE_STANDIN_FIELD(primary_ctx_releases),
+    TIDE_STANDIN_FIELD(unretained_releases),
+    TIDE_STANDIN_FIELD(calls_without_context),
+    TIDE_STANDIN_FIELD(destroyed_stream_uses),
+    TIDE_STANDIN_FIELD(primary_ctx_references),
 };
 #undef TIDE_STANDIN_FIELD
 static_assert(sizeof kFields / sizeof kFields[0] * sizeof(std::uint64_t) ==

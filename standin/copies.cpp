@@ -147,7 +147,7 @@ CUresult submit_copy(const Copy& copy, Mode mode, CUstream handle, DefaultStream
   tide_standin_op op{};
   op.kind = kind_of(copy.direction);
   op.device = stream->context().device();
-  op.stream = reinterpret_cast<std::uintptr_t>(stream.get());
+  op.stream = stream->id();
   op.dst = dst;
   op.src = src;
   op.bytes = copy.bytes;

@@ -16,6 +16,7 @@
 
 namespace s = tide::standin;
 using s::call;
+using s::call_in_context;
 using s::call_uninitialized;
 using s::guarded;
 
@@ -93,6 +94,14 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
   return call([&] { return s::ctx_get_current(pctx); });
 }
 
+TIDE_STANDIN_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) {
+  return call([&] { return s::ctx_push_current(ctx); });
+}
+
+TIDE_STANDIN_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
+  return call([&] { return s::ctx_pop_current(pctx); });
+}
+
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
   return call([&] { return s::ctx_synchronize(nullptr); });
 }
@@ -104,24 +113,24 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
 // Device memory.
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
-  return call([&] { return s::mem_get_info(free, total); });
+  return call_in_context([&] { return s::mem_get_info(free, total); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
-  return call([&] { return s::mem_alloc(dptr, bytesize); });
+  return call_in_context([&] { return s::mem_alloc(dptr, bytesize); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
-  return call([&] { return s::mem_free(dptr); });
+  return call_in_context([&] { return s::mem_free(dptr); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize,
                                                      CUstream hStream) {
-  return call([&] { return s::mem_alloc_async(dptr, bytesize, hStream, kLegacy); });
+  return call_in_context([&] { return s::mem_alloc_async(dptr, bytesize, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-  return call([&] { return s::mem_free_async(dptr, hStream, kLegacy); });
+  return call_in_context([&] { return s::mem_free_async(dptr, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data,
@@ -134,125 +143,125 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data,
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost,
                                                      size_t ByteCount) {
-  return call([&] { return s::copy_to_device(dstDevice, srcHost, ByteCount, kLegacy); });
+  return call_in_context([&] { return s::copy_to_device(dstDevice, srcHost, ByteCount, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice,
                                                      size_t ByteCount) {
-  return call([&] { return s::copy_to_host(dstHost, srcDevice, ByteCount, kLegacy); });
+  return call_in_context([&] { return s::copy_to_host(dstHost, srcDevice, ByteCount, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice,
                                                           const void* srcHost, size_t ByteCount,
                                                           CUstream hStream) {
-  return call(
+  return call_in_context(
       [&] { return s::copy_to_device_async(dstDevice, srcHost, ByteCount, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice,
                                                           size_t ByteCount, CUstream hStream) {
-  return call(
+  return call_in_context(
       [&] { return s::copy_to_host_async(dstHost, srcDevice, ByteCount, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice,
                                                           CUdeviceptr srcDevice, size_t ByteCount,
                                                           CUstream hStream) {
-  return call(
+  return call_in_context(
       [&] { return s::copy_on_device_async(dstDevice, srcDevice, ByteCount, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc,
                                                      size_t N, CUstream hStream) {
-  return call([&] { return s::memset_d8_async(dstDevice, uc, N, hStream, kLegacy); });
+  return call_in_context([&] { return s::memset_d8_async(dstDevice, uc, N, hStream, kLegacy); });
 }
 
 // Page-locked host memory.
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize,
                                                           unsigned int Flags) {
-  return call([&] { return s::host_register(p, bytesize, Flags); });
+  return call_in_context([&] { return s::host_register(p, bytesize, Flags); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemHostUnregister(void* p) {
-  return call([&] { return s::host_unregister(p); });
+  return call_in_context([&] { return s::host_unregister(p); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize,
                                                     unsigned int Flags) {
-  return call([&] { return s::host_alloc(pp, bytesize, Flags); });
+  return call_in_context([&] { return s::host_alloc(pp, bytesize, Flags); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
-  return call([&] { return s::free_host(p); });
+  return call_in_context([&] { return s::free_host(p); });
 }
 
 // Streams and events.
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Flags) {
-  return call([&] { return s::stream_create(phStream, Flags); });
+  return call_in_context([&] { return s::stream_create(phStream, Flags); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
-  return call([&] { return s::stream_destroy(hStream); });
+  return call_in_context([&] { return s::stream_destroy(hStream); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
-  return call([&] { return s::stream_synchronize(hStream, kLegacy); });
+  return call_in_context([&] { return s::stream_synchronize(hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
-  return call([&] { return s::stream_query(hStream, kLegacy); });
+  return call_in_context([&] { return s::stream_query(hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent,
                                                        unsigned int Flags) {
-  return call([&] { return s::stream_wait_event(hStream, hEvent, Flags, kLegacy); });
+  return call_in_context([&] { return s::stream_wait_event(hStream, hEvent, Flags, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn,
                                                       void* userData) {
-  return call([&] { return s::launch_host_func(hStream, fn, userData, kLegacy); });
+  return call_in_context([&] { return s::launch_host_func(hStream, fn, userData, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags) {
-  return call([&] { return s::event_create(phEvent, Flags); });
+  return call_in_context([&] { return s::event_create(phEvent, Flags); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream) {
-  return call([&] { return s::event_record(hEvent, hStream, kLegacy); });
+  return call_in_context([&] { return s::event_record(hEvent, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
-  return call([&] { return s::event_query(hEvent); });
+  return call_in_context([&] { return s::event_query(hEvent); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
-  return call([&] { return s::event_synchronize(hEvent); });
+  return call_in_context([&] { return s::event_synchronize(hEvent); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent) {
-  return call([&] { return s::event_destroy(hEvent); });
+  return call_in_context([&] { return s::event_destroy(hEvent); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* pMilliseconds, CUevent hStart,
                                                            CUevent hEnd) {
-  return call([&] { return s::event_elapsed_time(pMilliseconds, hStart, hEnd); });
+  return call_in_context([&] { return s::event_elapsed_time(pMilliseconds, hStart, hEnd); });
 }
 
 // Modules and launches.
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
-  return call([&] { return s::module_load_data(module, image); });
+  return call_in_context([&] { return s::module_load_data(module, image); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
-  return call([&] { return s::module_unload(hmod); });
+  return call_in_context([&] { return s::module_unload(hmod); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod,
                                                          const char* name) {
-  return call([&] { return s::module_get_function(hfunc, hmod, name); });
+  return call_in_context([&] { return s::module_get_function(hfunc, hmod, name); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX,
@@ -261,7 +270,7 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int g
                                                     unsigned int blockDimZ,
                                                     unsigned int sharedMemBytes, CUstream hStream,
                                                     void** kernelParams, void** extra) {
-  return call([&] {
+  return call_in_context([&] {
     const unsigned grid[3] = {gridDimX, gridDimY, gridDimZ};
     const unsigned block[3] = {blockDimX, blockDimY, blockDimZ};
     return s::launch_kernel(f, grid, block, sharedMemBytes, hStream, kernelParams, extra, kLegacy);
@@ -278,34 +287,34 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size,
                                                          size_t alignment, CUdeviceptr addr,
                                                          unsigned long long flags) {
-  return call([&] { return s::mem_address_reserve(ptr, size, alignment, addr, flags); });
+  return call_in_context([&] { return s::mem_address_reserve(ptr, size, alignment, addr, flags); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
-  return call([&] { return s::mem_address_free(ptr, size); });
+  return call_in_context([&] { return s::mem_address_free(ptr, size); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                                  const CUmemAllocationProp* prop,
                                                  unsigned long long flags) {
-  return call([&] { return s::mem_create(handle, size, prop, flags); });
+  return call_in_context([&] { return s::mem_create(handle, size, prop, flags); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
-  return call([&] { return s::mem_release(handle); });
+  return call_in_context([&] { return s::mem_release(handle); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                               CUmemGenericAllocationHandle handle,
                                               unsigned long long flags) {
-  return call([&] { return s::mem_map(ptr, size, offset, handle, flags); });
+  return call_in_context([&] { return s::mem_map(ptr, size, offset, handle, flags); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
-  return call([&] { return s::mem_unmap(ptr, size); });
+  return call_in_context([&] { return s::mem_unmap(ptr, size); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size,
                                                     const CUmemAccessDesc* desc, size_t count) {
-  return call([&] { return s::mem_set_access(ptr, size, desc, count); });
+  return call_in_context([&] { return s::mem_set_access(ptr, size, desc, count); });
 }

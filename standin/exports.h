@@ -13,6 +13,7 @@
 
 #include <new>
 
+#include "standin/contexts.h"
 #include "standin/faults.h"
 
 #define TIDE_STANDIN_EXPORT extern "C" __attribute__((visibility("default")))
@@ -36,6 +37,16 @@ template <typename Body>
 CUresult call(Body&& body) noexcept {
   return guarded([&] {
     if (CUresult r = enter(); r != CUDA_SUCCESS) return r;
+    return body();
+  });
+}
+
+// An entry point that needs a current context: without one (or with a destroyed one) it fails
+// before doing anything, as in CUDA, whatever handles it is given.
+template <typename Body>
+CUresult call_in_context(Body&& body) noexcept {
+  return call([&] {
+    if (CUresult r = require_current_context(); r != CUDA_SUCCESS) return r;
     return body();
   });
 }

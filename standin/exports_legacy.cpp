@@ -20,6 +20,7 @@
 
 namespace s = tide::standin;
 using s::call;
+using s::call_in_context;
 
 namespace {
 
@@ -43,7 +44,7 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuDeviceTotalMem(unsigned int* bytes, CUdev
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemGetInfo(unsigned int* free, unsigned int* total) {
-  return call([&] {
+  return call_in_context([&] {
     if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::size_t f = 0;
     std::size_t t = 0;
@@ -57,7 +58,7 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemGetInfo(unsigned int* free, unsigned i
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
-  return call([&] {
+  return call_in_context([&] {
     if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr p = 0;
     const CUresult r = s::mem_alloc(&p, bytesize, /*low=*/true);
@@ -67,42 +68,42 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1* dptr, unsigned i
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr_v1 dptr) {
-  return call([&] { return s::mem_free(dptr); });
+  return call_in_context([&] { return s::mem_free(dptr); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void* srcHost,
                                                   unsigned int ByteCount) {
-  return call([&] { return s::copy_to_device(dstDevice, srcHost, ByteCount, kLegacy); });
+  return call_in_context([&] { return s::copy_to_device(dstDevice, srcHost, ByteCount, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyDtoH(void* dstHost, CUdeviceptr_v1 srcDevice,
                                                   unsigned int ByteCount) {
-  return call([&] { return s::copy_to_host(dstHost, srcDevice, ByteCount, kLegacy); });
+  return call_in_context([&] { return s::copy_to_host(dstHost, srcDevice, ByteCount, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr_v1 dstDevice,
                                                        const void* srcHost, unsigned int ByteCount,
                                                        CUstream hStream) {
-  return call(
+  return call_in_context(
       [&] { return s::copy_to_device_async(dstDevice, srcHost, ByteCount, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync(void* dstHost, CUdeviceptr_v1 srcDevice,
                                                        unsigned int ByteCount, CUstream hStream) {
-  return call(
+  return call_in_context(
       [&] { return s::copy_to_host_async(dstHost, srcDevice, ByteCount, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr_v1 dstDevice,
                                                        CUdeviceptr_v1 srcDevice,
                                                        unsigned int ByteCount, CUstream hStream) {
-  return call(
+  return call_in_context(
       [&] { return s::copy_on_device_async(dstDevice, srcDevice, ByteCount, hStream, kLegacy); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuMemHostRegister(void* p, size_t bytesize,
                                                        unsigned int Flags) {
-  return call([&] { return s::host_register(p, bytesize, Flags); });
+  return call_in_context([&] { return s::host_register(p, bytesize, Flags); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
@@ -110,14 +111,14 @@ TIDE_STANDIN_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
-  return call([&] { return s::stream_destroy(hStream); });
+  return call_in_context([&] { return s::stream_destroy(hStream); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuEventDestroy(CUevent hEvent) {
-  return call([&] { return s::event_destroy(hEvent); });
+  return call_in_context([&] { return s::event_destroy(hEvent); });
 }
 
 TIDE_STANDIN_EXPORT CUresult CUDAAPI cuEventElapsedTime(float* pMilliseconds, CUevent hStart,
                                                         CUevent hEnd) {
-  return call([&] { return s::event_elapsed_time(pMilliseconds, hStart, hEnd); });
+  return call_in_context([&] { return s::event_elapsed_time(pMilliseconds, hStart, hEnd); });
 }

@@ -289,7 +289,7 @@ CUresult launch_kernel(CUfunction function, const unsigned grid[3], const unsign
     use = std::make_shared<PendingUse>(std::move(used), "a launch of " + kernel.name());
   }
   op.device = stream->context().device();
-  op.stream = reinterpret_cast<std::uintptr_t>(stream.get());
+  op.stream = stream->id();
   stream->submit([kernel, shape, bytes, ranges, use, recorded = record_submission(op)]() mutable {
     pass_hold(TIDE_STANDIN_OP_KERNEL);
     recorded.started();

@@ -40,6 +40,8 @@ const Entry kEntries[] = {
     {"cuDevicePrimaryCtxRelease", 11000, fn(&cuDevicePrimaryCtxRelease_v2), nullptr},
     {"cuCtxSetCurrent", 4000, fn(&cuCtxSetCurrent), nullptr},
     {"cuCtxGetCurrent", 4000, fn(&cuCtxGetCurrent), nullptr},
+    {"cuCtxPushCurrent", 4000, fn(&cuCtxPushCurrent_v2), nullptr},
+    {"cuCtxPopCurrent", 4000, fn(&cuCtxPopCurrent_v2), nullptr},
     {"cuCtxSynchronize", 2000, fn(&cuCtxSynchronize), nullptr},
     {"cuCtxSynchronize", 13000, fn(&cuCtxSynchronize_v2), nullptr},
     {"cuMemGetInfo", 2000, fn(&cuMemGetInfo), nullptr},

@@ -53,6 +53,17 @@ typedef struct tide_standin_stats {
   uint64_t device_bytes_peak;
   uint64_t registered_host_bytes; /* cuMemHostRegister'd, not yet unregistered */
   uint64_t host_alloc_bytes;      /* cuMemHostAlloc'd, not yet freed */
+  /* Contexts: counters (failed calls counted too, as named), then a gauge. */
+  uint64_t primary_ctx_retains;    /* cuDevicePrimaryCtxRetain */
+  uint64_t primary_ctx_releases;   /* cuDevicePrimaryCtxRelease that dropped a reference */
+  uint64_t unretained_releases;    /* cuDevicePrimaryCtxRelease of a context with no reference
+                                      left: failed with CUDA_ERROR_INVALID_CONTEXT */
+  uint64_t calls_without_context;  /* calls that need a current context made with none (or a
+                                      destroyed one): failed, as in CUDA */
+  uint64_t destroyed_stream_uses;  /* calls given a stream after cuStreamDestroy (or after its
+                                      context's end): failed with CUDA_ERROR_INVALID_HANDLE here,
+                                      undefined behaviour in CUDA (handles are never reused) */
+  uint64_t primary_ctx_references; /* gauge: every primary context's references now */
 } tide_standin_stats;
 
 TIDE_STANDIN_API void tide_standin_get_stats(tide_standin_stats* out);

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "standin/contexts.h"
 #include "standin/device_memory.h"
 #include "standin/host_memory.h"
 
@@ -26,23 +27,31 @@ void count(Counter counter, std::uint64_t n) {
 }
 
 tide_standin_stats snapshot() {
-  // The counter fields come first in tide_standin_stats, in Counter order.
+  // The first counters lead tide_standin_stats, in Counter order; the gauges follow them, then
+  // the counters added later, then the last gauge.
+  constexpr std::size_t kLeading = static_cast<std::size_t>(Counter::kPrimaryCtxRetains);
   static_assert(offsetof(tide_standin_stats, injected_faults) ==
-                (kCounters - 1) * sizeof(std::uint64_t));
+                (kLeading - 1) * sizeof(std::uint64_t));
   static_assert(offsetof(tide_standin_stats, device_bytes_in_use) ==
-                kCounters * sizeof(std::uint64_t));
+                kLeading * sizeof(std::uint64_t));
+  static_assert(offsetof(tide_standin_stats, destroyed_stream_uses) ==
+                offsetof(tide_standin_stats, primary_ctx_retains) +
+                    (kCounters - kLeading - 1) * sizeof(std::uint64_t));
   std::uint64_t values[kCounters];
   for (std::size_t i = 0; i < kCounters; ++i) {
     values[i] = counters()[i].load(std::memory_order_relaxed);
   }
   tide_standin_stats stats{};
-  std::memcpy(&stats, values, sizeof values);
+  std::memcpy(&stats, values, kLeading * sizeof values[0]);
+  std::memcpy(&stats.primary_ctx_retains, values + kLeading,
+              (kCounters - kLeading) * sizeof values[0]);
   const DeviceBytes bytes = device_bytes();
   stats.device_bytes_in_use = bytes.used;
   stats.device_bytes_peak = bytes.peak;
   const PinnedBytes pinned = pinned_bytes();
   stats.registered_host_bytes = pinned.registered;
   stats.host_alloc_bytes = pinned.allocated;
+  stats.primary_ctx_references = primary_ctx_references();
   return stats;
 }
 

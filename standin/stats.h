@@ -7,7 +7,7 @@
 
 namespace tide::standin {
 
-// One per counter field of tide_standin_stats, in the same order.
+// One per counter field of tide_standin_stats, in the same order (the gauges interrupt them).
 enum class Counter {
   kDriverCalls,
   kDeviceAllocs,
@@ -29,6 +29,12 @@ enum class Counter {
   kKernelLaunches,
   kHostFuncs,
   kInjectedFaults,
+  // After the gauges in tide_standin_stats.
+  kPrimaryCtxRetains,
+  kPrimaryCtxReleases,
+  kUnretainedReleases,
+  kCallsWithoutContext,
+  kDestroyedStreamUses,
   kCount
 };
 

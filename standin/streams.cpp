@@ -1,5 +1,6 @@
 #include "standin/streams.h"
 
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -12,11 +13,23 @@ namespace tide::standin {
 namespace {
 
 // The streams cuStreamCreate made, by handle. A stream lives while it is here or while a call
-// that found it is still using it.
+// that found it is still using it. Handles are never reused, so that a stream used after its
+// destruction is told apart from a live one (and counted), where CUDA may hand the same address
+// to a new stream.
 struct Registry {
   std::mutex mutex;
   std::unordered_map<CUstream, std::shared_ptr<Stream>> streams;
+  std::uintptr_t made = 0;  // handles handed out: kFirstHandle + kHandleStep * [1, made]
 };
+
+constexpr std::uintptr_t kFirstHandle = std::uintptr_t{0x57} << 40;
+constexpr std::uintptr_t kHandleStep = 64;
+
+bool was_made(const Registry& r, CUstream handle) {
+  const auto h = reinterpret_cast<std::uintptr_t>(handle);
+  return h > kFirstHandle && (h - kFirstHandle) % kHandleStep == 0 &&
+         (h - kFirstHandle) / kHandleStep <= r.made;
+}
 
 Registry& registry() {
   static auto* r = new Registry;
@@ -53,7 +66,10 @@ CUresult resolve_stream(CUstream handle, DefaultStream fallback, std::shared_ptr
   Registry& r = registry();
   const std::lock_guard lock(r.mutex);
   const auto it = r.streams.find(handle);
-  if (it == r.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (it == r.streams.end()) {
+    if (was_made(r, handle)) count(Counter::kDestroyedStreamUses);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   *out = it->second;
   return CUDA_SUCCESS;
 }
@@ -66,9 +82,10 @@ CUresult stream_create(CUstream* out, unsigned flags) {
   if (CUresult r = current_context(&context); r != CUDA_SUCCESS) return r;
   auto stream = context->create_stream(
       (flags & CU_STREAM_NON_BLOCKING) != 0 ? Stream::Kind::kNonBlocking : Stream::Kind::kBlocking);
-  const auto handle = reinterpret_cast<CUstream>(stream.get());
   Registry& r = registry();
   const std::lock_guard lock(r.mutex);
+  const auto handle = reinterpret_cast<CUstream>(kFirstHandle + kHandleStep * ++r.made);
+  stream->set_handle(handle);
   r.streams.emplace(handle, std::move(stream));
   *out = handle;
   return CUDA_SUCCESS;
@@ -79,7 +96,10 @@ CUresult stream_destroy(CUstream handle) {
   Registry& r = registry();
   const std::lock_guard lock(r.mutex);
   const auto it = r.streams.find(handle);
-  if (it == r.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (it == r.streams.end()) {
+    if (was_made(r, handle)) count(Counter::kDestroyedStreamUses);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   stream = std::move(it->second);
   r.streams.erase(it);
   return CUDA_SUCCESS;

@@ -8,6 +8,7 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -37,10 +38,19 @@ class Stream {
   // Submits work through the context, which adds the implicit default-stream dependencies.
   Position submit(std::function<void()> work, std::vector<Position> deps = {});
 
+  // What the recording names the stream by: the handle cuStreamCreate returned, or for a default
+  // stream an id of its own.
+  std::uint64_t id() const {
+    return handle_ != nullptr ? reinterpret_cast<std::uintptr_t>(handle_)
+                              : reinterpret_cast<std::uintptr_t>(this);
+  }
+  void set_handle(CUstream handle) { handle_ = handle; }
+
  private:
   Context& context_;
   const Kind kind_;
   std::shared_ptr<Timeline> timeline_;
+  CUstream handle_ = nullptr;  // created streams'
 };
 
 // The stream a CUstream argument names (a null handle: `fallback`). Errors: no current context

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/standin/standin_test.h"
 
@@ -136,10 +137,10 @@ TEST_F(DevicesTest, LastReleaseDestroysTheContextAndItsResources) {
   EXPECT_GE(before, 1u << 20);
 
   ASSERT_EQ(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);  // the fixture's reference
-  // Current but destroyed.
+  // Current but destroyed: every call that needs a current context says so first.
   CUdeviceptr q = 0;
   EXPECT_EQ(cuMemAlloc(&q, 256), CUDA_ERROR_CONTEXT_IS_DESTROYED);
-  EXPECT_EQ(cuStreamSynchronize(stream), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cuStreamSynchronize(stream), CUDA_ERROR_CONTEXT_IS_DESTROYED);
   EXPECT_EQ(stats().device_bytes_in_use, before - (1 << 20));
   EXPECT_EQ(cuDevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
   EXPECT_EQ(cuCtxSetCurrent(context_), CUDA_ERROR_INVALID_CONTEXT);
@@ -149,6 +150,7 @@ TEST_F(DevicesTest, LastReleaseDestroysTheContextAndItsResources) {
   ASSERT_EQ(cuDevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
   EXPECT_EQ(again, context_);
   ASSERT_EQ(cuCtxSetCurrent(again), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamSynchronize(stream), CUDA_ERROR_INVALID_HANDLE);  // gone with the old one
   ASSERT_EQ(cuMemAlloc(&q, 256), CUDA_SUCCESS);
   EXPECT_EQ(cuMemFree(q), CUDA_SUCCESS);
 }
@@ -180,6 +182,122 @@ TEST_F(DevicesTest, CurrentContextIsPerThread) {
   EXPECT_EQ(cuCtxSetCurrent(reinterpret_cast<CUcontext>(&current)), CUDA_ERROR_INVALID_CONTEXT);
   EXPECT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
   EXPECT_EQ(cuCtxSynchronize_v2(context_), CUDA_SUCCESS);
+}
+
+// Every call that works in a context fails without a current one, as in CUDA, whatever valid
+// handles it is given, and is counted; the calls that need no context still work there.
+TEST_F(DevicesTest, CallsThatNeedAContextFailWithoutOneAndAreCounted) {
+  CUstream stream = nullptr;
+  ASSERT_EQ(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUevent event = nullptr;
+  ASSERT_EQ(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAlloc(&p, 4096), CUDA_SUCCESS);
+  std::vector<char> host(4096);
+  const std::uint64_t before = stats().calls_without_context;
+  std::thread bare([&] {
+    struct Call {
+      const char* name;
+      CUresult result;
+    };
+    CUdeviceptr q = 0;
+    CUevent e = nullptr;
+    const Call calls[] = {
+        {"cuEventRecord", cuEventRecord(event, stream)},
+        {"cuEventQuery", cuEventQuery(event)},
+        {"cuEventSynchronize", cuEventSynchronize(event)},
+        {"cuEventCreate", cuEventCreate(&e, 0)},
+        {"cuStreamSynchronize", cuStreamSynchronize(stream)},
+        {"cuStreamQuery", cuStreamQuery(stream)},
+        {"cuStreamWaitEvent", cuStreamWaitEvent(stream, event, 0)},
+        {"cuLaunchHostFunc", cuLaunchHostFunc(
+                                 stream, [](void*) {}, nullptr)},
+        {"cuMemcpyHtoDAsync", cuMemcpyHtoDAsync(p, host.data(), host.size(), stream)},
+        {"cuMemcpyDtoH", cuMemcpyDtoH(host.data(), p, host.size())},
+        {"cuMemsetD8Async", cuMemsetD8Async(p, 0, host.size(), stream)},
+        {"cuMemAlloc", cuMemAlloc(&q, 256)},
+        {"cuMemFree", cuMemFree(p)},
+        {"cuMemHostRegister", cuMemHostRegister(host.data(), host.size(), 0)},
+        {"cuStreamDestroy", cuStreamDestroy(stream)},
+        {"cuEventDestroy", cuEventDestroy(event)},
+    };
+    for (const Call& c : calls) EXPECT_EQ(c.result, CUDA_ERROR_INVALID_CONTEXT) << c.name;
+    EXPECT_EQ(stats().calls_without_context, before + std::size(calls));
+    // What needs no context.
+    int count = 0;
+    EXPECT_EQ(cuDeviceGetCount(&count), CUDA_SUCCESS);
+    CUcontext current = context_;
+    EXPECT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
+    EXPECT_EQ(current, nullptr);
+  });
+  bare.join();
+  // Nothing was done: the handles are all still good in the context.
+  EXPECT_EQ(cuEventRecord(event, stream), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventSynchronize(event), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree(p), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventDestroy(event), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy(stream), CUDA_SUCCESS);
+}
+
+// Each thread has a stack of contexts: push and pop as in CUDA, cuCtxSetCurrent replaces the top
+// (null pops it), the top is current.
+TEST_F(DevicesTest, ContextStackPushesAndPopsPerThread) {
+  std::thread other([&] {
+    CUcontext popped = context_;
+    EXPECT_EQ(cuCtxPopCurrent(&popped), CUDA_ERROR_INVALID_CONTEXT);  // empty
+    EXPECT_EQ(cuCtxPushCurrent(nullptr), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(cuCtxPushCurrent(reinterpret_cast<CUcontext>(&popped)), CUDA_ERROR_INVALID_CONTEXT);
+    ASSERT_EQ(cuCtxPushCurrent(context_), CUDA_SUCCESS);
+    CUdeviceptr p = 0;
+    ASSERT_EQ(cuMemAlloc(&p, 256), CUDA_SUCCESS);
+    EXPECT_EQ(cuMemFree(p), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxPushCurrent(context_), CUDA_SUCCESS);  // twice: two entries
+    ASSERT_EQ(cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    EXPECT_EQ(popped, context_);
+    CUcontext current = nullptr;
+    ASSERT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
+    EXPECT_EQ(current, context_);
+    ASSERT_EQ(cuCtxPopCurrent(nullptr), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
+    EXPECT_EQ(current, nullptr);
+    // Set on an empty stack pushes; set null pops.
+    ASSERT_EQ(cuCtxSetCurrent(context_), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxPopCurrent(&popped), CUDA_SUCCESS);
+    EXPECT_EQ(popped, context_);
+    ASSERT_EQ(cuCtxPushCurrent(context_), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+    EXPECT_EQ(cuCtxPopCurrent(&popped), CUDA_ERROR_INVALID_CONTEXT);
+  });
+  other.join();
+  CUcontext current = nullptr;
+  ASSERT_EQ(cuCtxGetCurrent(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, context_);  // this thread's stack is its own
+}
+
+// Retains and releases are counted, and a release with no reference left is refused and counted:
+// an extra release somewhere is visible.
+TEST_F(DevicesTest, RetainsAndReleasesAreCountedAndAnExtraReleaseIsVisible) {
+  tide_standin_reset_stats();
+  EXPECT_EQ(stats().primary_ctx_references, 1u);  // the fixture's
+  CUcontext again = nullptr;
+  ASSERT_EQ(cuDevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+  EXPECT_EQ(stats().primary_ctx_references, 2u);
+  ASSERT_EQ(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  ASSERT_EQ(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);  // the fixture's, taken by mistake
+  EXPECT_EQ(stats().primary_ctx_references, 0u);
+  EXPECT_EQ(cuDevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
+  const tide_standin_stats s = stats();
+  EXPECT_EQ(s.primary_ctx_retains, 1u);
+  EXPECT_EQ(s.primary_ctx_releases, 2u);
+  EXPECT_EQ(s.unretained_releases, 1u);
+  std::uint64_t value = 0;
+  ASSERT_EQ(tide_standin_stat("unretained_releases", &value), 0);
+  EXPECT_EQ(value, 1u);
+  ASSERT_EQ(tide_standin_stat("primary_ctx_references", &value), 0);
+  EXPECT_EQ(value, 0u);
+  // For the fixture's teardown.
+  ASSERT_EQ(cuDevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxSetCurrent(again), CUDA_SUCCESS);
 }
 
 TEST_F(DevicesTest, AChildForkedAfterInitCannotUseTheDriver) {

@@ -43,6 +43,8 @@ const Export kExports[] = {
     {"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease", 12000, false},
     {"cuCtxSetCurrent", "cuCtxSetCurrent", 12000, false},
     {"cuCtxGetCurrent", "cuCtxGetCurrent", 12000, false},
+    {"cuCtxPushCurrent_v2", "cuCtxPushCurrent", 12000, false},
+    {"cuCtxPopCurrent_v2", "cuCtxPopCurrent", 12000, false},
     {"cuCtxSynchronize", "cuCtxSynchronize", 12000, false},
     {"cuCtxSynchronize_v2", "cuCtxSynchronize", 13000, false},
     {"cuMemGetInfo", "cuMemGetInfo", 3010, false},

@@ -269,6 +269,29 @@ TEST_F(StreamsTest, BadArgumentsAreRejected) {
             CUDA_ERROR_INVALID_HANDLE);
 }
 
+// A stream's handle is never handed out again, so a use after cuStreamDestroy (undefined in CUDA,
+// where the next stream may get the same address) fails and is counted, and a new stream is not
+// mistaken for the old one.
+TEST_F(StreamsTest, AStreamUsedAfterItsEndIsCounted) {
+  CUstream old = nullptr;
+  ASSERT_EQ(cuStreamCreate(&old, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamDestroy(old), CUDA_SUCCESS);
+  CUstream fresh = nullptr;
+  ASSERT_EQ(cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  EXPECT_NE(fresh, old);
+  const std::uint64_t before = stats().destroyed_stream_uses;
+  Event event;
+  EXPECT_EQ(cuEventRecord(event.get(), old), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cuStreamSynchronize(old), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cuStreamDestroy(old), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(stats().destroyed_stream_uses, before + 3);
+  // A handle that never was a stream is refused too, but is no use after an end.
+  EXPECT_EQ(cuStreamSynchronize(reinterpret_cast<CUstream>(&fresh)), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(stats().destroyed_stream_uses, before + 3);
+  EXPECT_EQ(cuStreamSynchronize(fresh), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy(fresh), CUDA_SUCCESS);
+}
+
 TEST_F(StreamsTest, PerThreadDefaultStreamsAreSeparateButBlocking) {
   // Each thread's CU_STREAM_PER_THREAD is its own stream: a blocked one on this thread does not
   // hold up another thread's.
