@@ -240,7 +240,7 @@ int main() {
   // gpt-1.3b peaks near 7 GiB: give the stand-in room if nobody chose its size (a real driver
   // ignores this variable).
   setenv("TIDE_STANDIN_MEMORY", "16GiB", 0);
-  tide::driver::PrimaryContext context(0);
+  const tide::driver::CurrentContext context(0);
   std::size_t free_bytes = 0;
   std::size_t total = 0;
   tide::driver::cuda().cuMemGetInfo(&free_bytes, &total);

@@ -342,7 +342,7 @@ int main(int argc, char** argv) {
   w.params = w.subgroup * kSubgroups;
   const auto P = static_cast<double>(w.params);
 
-  driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   if (set_capacity(0, static_cast<std::uint64_t>(kCapacity * P)) != 0) return 1;
   register_kernel(kernels::kAdamKernel, &sleeping_adam, sizeof(kernels::AdamKernelParams));
   kernels::CpuAdamOptions cpu_options{.threads = 1};

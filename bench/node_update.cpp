@@ -76,13 +76,13 @@ double node_membw_gbps() {
 }
 
 // In a rank: a context, then the stand-in's simulated link and GPU kernel.
-std::unique_ptr<driver::PrimaryContext> open_device(double gbps) {
+std::unique_ptr<driver::CurrentContext> open_device(double gbps) {
   void* handle = bench::open_standin(kName);
   auto set_bandwidth =
       bench::standin_fn<int (*)(double, double)>(handle, "tide_standin_set_bandwidth", kName);
   auto register_kernel = bench::standin_fn<int (*)(const char*, tide_standin_kernel, size_t)>(
       handle, "tide_standin_register_kernel", kName);
-  auto context = std::make_unique<driver::PrimaryContext>(0);
+  auto context = std::make_unique<driver::CurrentContext>(0);
   // After the driver's initialisation, which sets the links from TIDE_STANDIN_*_GBPS.
   if (gbps > 0) set_bandwidth(gbps, gbps);
   register_kernel(kernels::kAdamKernel, &bench::sleeping_adam, sizeof(kernels::AdamKernelParams));

@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   register_kernel(kernels::kAdamKernel, &sleeping_adam, sizeof(kernels::AdamKernelParams));
   register_kernel(kernels::kAdamQ8Kernel, &sleeping_adam, sizeof(kernels::AdamKernelParams));
   kernels::CpuAdamOptions cpu_options{.threads = 1};

@@ -37,6 +37,7 @@ TIDE_API tide_status tide_device_memory(int device, size_t* free_bytes, size_t* 
     require(device >= 0 && device < tide::driver::device_count(),
             "tide_device_memory: no such device");
     const tide::driver::PrimaryContext context(device);
+    const tide::driver::ContextScope scope(context);
     const auto info = tide::driver::memory_info();
     *free_bytes = info.free_bytes;
     *total_bytes = info.total_bytes;

@@ -29,6 +29,8 @@ namespace tide::driver {
   X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", true)       \
   X(cuCtxSetCurrent, "cuCtxSetCurrent", true)                              \
   X(cuCtxGetCurrent, "cuCtxGetCurrent", true)                              \
+  X(cuCtxPushCurrent, "cuCtxPushCurrent_v2", true)                         \
+  X(cuCtxPopCurrent, "cuCtxPopCurrent_v2", true)                           \
   X(cuCtxSynchronize, "cuCtxSynchronize", true)                            \
   X(cuMemGetInfo, "cuMemGetInfo_v2", true)                                 \
   X(cuMemAlloc, "cuMemAlloc_v2", true)                                     \

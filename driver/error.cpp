@@ -1,5 +1,7 @@
 #include "driver/error.h"
 
+#include <cstdio>
+
 #include "driver/cuda_api.h"
 
 namespace tide::driver {
@@ -28,5 +30,14 @@ CudaError::CudaError(const char* call, CUresult result)
     : std::runtime_error(std::string(call) + " failed: " + describe(result)),
       call_(call),
       result_(result) {}
+
+void report(CUresult result, const char* call) noexcept {
+  if (result == CUDA_SUCCESS || result == CUDA_ERROR_DEINITIALIZED) return;
+  try {
+    std::fprintf(stderr, "tide: %s\n", CudaError(call, result).what());
+  } catch (...) {
+    std::fprintf(stderr, "tide: %s failed: CUDA error %d\n", call, static_cast<int>(result));
+  }
+}
 
 }  // namespace tide::driver

@@ -31,6 +31,11 @@ inline void check(CUresult result, const char* call) {
   if (result != CUDA_SUCCESS) throw CudaError(call, result);
 }
 
+// For destructors, which cannot throw: prints CudaError(call, result)'s message to stderr
+// unless result is CUDA_SUCCESS, or CUDA_ERROR_DEINITIALIZED (the driver is shutting down with
+// the process: what the call would have ended ends with it).
+void report(CUresult result, const char* call) noexcept;
+
 }  // namespace tide::driver
 
 // Calls cuda().fn(args...) and throws a CudaError naming `fn` if it fails.

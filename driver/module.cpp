@@ -2,22 +2,27 @@
 
 #include <utility>
 
+#include "driver/context.h"
 #include "driver/cuda_api.h"
 #include "driver/error.h"
 #include "driver/stream.h"
 
 namespace tide::driver {
 
-Module::Module(const void* image) { TIDE_CU(cuModuleLoadData, &module_, image); }
-
-Module::~Module() {
-  if (module_ != nullptr) cuda().cuModuleUnload(module_);
+Module::Module(const void* image) : context_(current_context()) {
+  TIDE_CU(cuModuleLoadData, &module_, image);
 }
 
-Module::Module(Module&& other) noexcept : module_(std::exchange(other.module_, nullptr)) {}
+Module::~Module() {
+  if (module_ != nullptr) destroy_in(context_, [this] { cuda().cuModuleUnload(module_); });
+}
+
+Module::Module(Module&& other) noexcept
+    : module_(std::exchange(other.module_, nullptr)), context_(other.context_) {}
 
 Module& Module::operator=(Module&& other) noexcept {
   std::swap(module_, other.module_);
+  std::swap(context_, other.context_);
   return *this;
 }
 

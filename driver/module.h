@@ -15,6 +15,8 @@ struct LaunchShape {
   unsigned shared_bytes = 0;
 };
 
+// Loaded into the context current when it is made (which must stay alive while it does), and
+// unloaded in it, on whatever thread lets it go.
 class Module {
  public:
   // `image` must stay valid while the module is loaded.
@@ -30,6 +32,7 @@ class Module {
 
  private:
   CUmodule module_ = nullptr;
+  CUcontext context_ = nullptr;
 };
 
 // Launches `kernel` with one parameter struct passed by value.

@@ -3,6 +3,7 @@
 #include <memory>
 #include <utility>
 
+#include "driver/context.h"
 #include "driver/cuda_api.h"
 #include "driver/error.h"
 
@@ -19,16 +20,20 @@ bool ready(CUresult result, const char* call) {
 
 }  // namespace
 
-Stream::Stream() { TIDE_CU(cuStreamCreate, &stream_, CU_STREAM_NON_BLOCKING); }
-
-Stream::~Stream() {
-  if (stream_ != nullptr) cuda().cuStreamDestroy(stream_);
+Stream::Stream() : context_(current_context()) {
+  TIDE_CU(cuStreamCreate, &stream_, CU_STREAM_NON_BLOCKING);
 }
 
-Stream::Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
+Stream::~Stream() {
+  if (stream_ != nullptr) destroy_in(context_, [this] { cuda().cuStreamDestroy(stream_); });
+}
+
+Stream::Stream(Stream&& other) noexcept
+    : stream_(std::exchange(other.stream_, nullptr)), context_(other.context_) {}
 
 Stream& Stream::operator=(Stream&& other) noexcept {
   std::swap(stream_, other.stream_);
+  std::swap(context_, other.context_);
   return *this;
 }
 
@@ -48,19 +53,21 @@ void Stream::host_callback(std::function<void()> fn) const {
   static_cast<void>(owned.release());  // the trampoline owns it now
 }
 
-Event::Event(Timing timing) {
+Event::Event(Timing timing) : context_(current_context()) {
   TIDE_CU(cuEventCreate, &event_,
           timing == Timing::kEnabled ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING);
 }
 
 Event::~Event() {
-  if (event_ != nullptr) cuda().cuEventDestroy(event_);
+  if (event_ != nullptr) destroy_in(context_, [this] { cuda().cuEventDestroy(event_); });
 }
 
-Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+Event::Event(Event&& other) noexcept
+    : event_(std::exchange(other.event_, nullptr)), context_(other.context_) {}
 
 Event& Event::operator=(Event&& other) noexcept {
   std::swap(event_, other.event_);
+  std::swap(context_, other.context_);
   return *this;
 }
 

@@ -9,6 +9,8 @@ namespace tide::driver {
 
 class Event;
 
+// Streams and events belong to the context current when they are made (it must stay alive while
+// they do); they are destroyed in it, on whatever thread lets them go.
 class Stream {
  public:
   Stream();  // CU_STREAM_NON_BLOCKING: never serialised with the legacy default stream
@@ -30,6 +32,7 @@ class Stream {
 
  private:
   CUstream stream_ = nullptr;
+  CUcontext context_ = nullptr;
 };
 
 class Event {
@@ -54,6 +57,7 @@ class Event {
 
  private:
   CUevent event_ = nullptr;
+  CUcontext context_ = nullptr;
 };
 
 }  // namespace tide::driver

@@ -60,8 +60,7 @@ struct AdamGpuDtypes {
 
 class AdamGpu {
  public:
-  // Loads the kernels' module into the current context (a driver::PrimaryContext made current
-  // on this thread).
+  // Loads the kernels' module into the context current on this thread (driver/context.h).
   AdamGpu();
 
   // Enqueues one Adam/AdamW step over `subgroups` on `stream`: their weights, moments and

@@ -12,6 +12,7 @@
 #include "config/env.h"
 #include "driver/error.h"
 #include "driver/memory.h"
+#include "driver/stream_pool.h"
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/dtype.h"
@@ -96,13 +97,11 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
         "tide: executor: host-resident parameters read their gradients where they are: "
         "gradients_on_gpu does not apply");
   }
-  offload_ = std::make_unique<GradientOffload>(state_);
+  const driver::ContextScope scope(context_);
+  driver::StreamPool& streams = driver::StreamPool::of(context_);
+  offload_ = std::make_unique<GradientOffload>(state_, streams.next());
   adam_ = std::make_unique<kernels::AdamGpu>();
-  h2d_ = std::make_unique<driver::Stream>();
-  compute_ = std::make_unique<driver::Stream>();
-  d2h_ = std::make_unique<driver::Stream>();
-  params_ = std::make_unique<driver::Stream>();
-  upload_ = std::make_unique<driver::Stream>();
+  for (auto* s : {&h2d_, &compute_, &d2h_, &params_, &upload_}) *s = &streams.next();
   stale_params_.assign(state_.size(), 1);
   frozen_.resize(state_.size());
   for (std::size_t i = 0; i < state_.size(); ++i)
@@ -116,14 +115,18 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
 
 Executor::~Executor() {
   // Streams may still hold work on the state and the buffers (a phase that could not wait for
-  // it): wait for it before they go, or, if the device cannot be waited for, leak them all.
+  // it): wait for it before they go, or, if the device cannot be waited for, leak them all. The
+  // buffers go here, while the device's context is current (streams and events see to their own).
   try {
-    context_.make_current();
+    const driver::ContextScope scope(context_);
     settle();
     offload_->stream().synchronize();
-    for (auto* s : {h2d_.get(), compute_.get(), d2h_.get(), params_.get(), upload_.get()}) {
+    for (auto* s : {h2d_, compute_, d2h_, params_, upload_}) {
       s->synchronize();
     }
+    resident_.clear();
+    cached_.clear();
+    cached_counters_ = UpdateBuffer();
   } catch (...) {
     for (auto* list : {&cached_, &resident_, &quarantined_}) {
       for (UpdateBuffer& b : *list) b.leak();
@@ -135,9 +138,8 @@ Executor::~Executor() {
 
 void Executor::settle() {
   if (!unconfirmed_) return;
-  context_.make_current();
   offload_->stream().synchronize();
-  for (auto* s : {h2d_.get(), compute_.get(), d2h_.get(), params_.get(), upload_.get()}) {
+  for (auto* s : {h2d_, compute_, d2h_, params_, upload_}) {
     s->synchronize();
   }
   unconfirmed_ = false;
@@ -155,7 +157,7 @@ void Executor::settle() {
 void Executor::ready(const kernels::AdamHyper& hyper) {
   (void)kernels::adam_coefficients(hyper);  // bad hyperparameters fail before anything runs
   ready_ = false;
-  context_.make_current();
+  const driver::ContextScope scope(context_);
   settle();
   offload_->synchronize_all();
   for (std::size_t i = 0; i < host_grads_.size(); ++i) {
@@ -185,7 +187,10 @@ const void* Executor::host_gradient(std::size_t subgroup, std::size_t slice) con
 }
 
 GradientStats Executor::gradient_stats() const {
-  if (!state_.host_params()) return scheduler::gradient_stats(state_, *offload_);
+  if (!state_.host_params()) {
+    const driver::ContextScope scope(context_);  // waits for the offloads
+    return scheduler::gradient_stats(state_, *offload_);
+  }
   std::vector<GradientPiece> pieces;
   for (std::size_t i = 0; i < state_.size(); ++i) {
     const std::vector<ParamSlice>& slices = state_.spec(i).slices;
@@ -197,7 +202,7 @@ GradientStats Executor::gradient_stats() const {
 }
 
 void Executor::release_buffers() {
-  context_.make_current();
+  const driver::ContextScope scope(context_);
   settle();
   cached_.clear();
   cached_counters_ = UpdateBuffer();
@@ -303,7 +308,7 @@ void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
 }
 
 void Executor::write_params(std::size_t s) {
-  context_.make_current();
+  const driver::ContextScope scope(context_);
   settle();                          // no queued write of an earlier phase may land after this one
   if (state_.host_params()) return;  // the parameters are the master weights
   const char* src = reinterpret_cast<const char*>(state_.param(s));
@@ -411,7 +416,7 @@ Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_bytes,
 }
 
 const Plan& Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {
-  context_.make_current();
+  const driver::ContextScope scope(context_);
   offload_->synchronize_all();  // no copy may be in flight to a buffer being re-routed
   resident_.clear();
   offload_->route({});

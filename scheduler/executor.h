@@ -157,14 +157,15 @@ struct PhaseReport {
 
 class Executor {
  public:
-  // Makes the device's primary context current on this thread; callers on other threads call
-  // make_current() first.
+  // Any thread may call; each call that needs the device makes its primary context current for
+  // the call and leaves the caller's current context as it was (driver/context.h).
   Executor(OptimizerState& state, const ExecutorOptions& options = {});
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  void make_current() const { context_.make_current(); }
+  const driver::PrimaryContext& context() const { return context_; }
+  // Its calls need the device's context current (a driver::ContextScope of context()).
   GradientOffload& offload() { return *offload_; }
   OptimizerState& state() { return state_; }
 
@@ -247,7 +248,10 @@ class Executor {
   driver::PrimaryContext context_;
   std::unique_ptr<GradientOffload> offload_;
   std::unique_ptr<kernels::AdamGpu> adam_;
-  std::unique_ptr<driver::Stream> h2d_, compute_, d2h_, params_, upload_;
+  // From the device's stream pool (driver/stream_pool.h): they outlive the executor, as the
+  // allocator's cached blocks and PyTorch's record_stream need.
+  const driver::Stream *h2d_ = nullptr, *compute_ = nullptr, *d2h_ = nullptr, *params_ = nullptr,
+                       *upload_ = nullptr;
   RateRefiner refiner_;
   std::optional<Plan> prepared_;
   // Before the buffers: they go back to these when they go.

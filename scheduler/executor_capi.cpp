@@ -211,8 +211,11 @@ TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, s
     eo.cpu_update_factors = given_factors;
     auto result = std::make_unique<tide_optimizer>();
     result->context = std::make_unique<tide::driver::PrimaryContext>(o.device);
-    result->state = std::make_unique<OptimizerState>(std::move(specs), so);
-    result->executor = std::make_unique<Executor>(*result->state, eo);
+    {
+      const tide::driver::ContextScope scope(*result->context);
+      result->state = std::make_unique<OptimizerState>(std::move(specs), so);
+      result->executor = std::make_unique<Executor>(*result->state, eo);
+    }
     for (size_t i = 0; i < slice_count; ++i) {
       const std::vector<ParamSlice>& placed = result->state->spec(slices[i].subgroup).slices;
       const auto at = std::find_if(placed.begin(), placed.end(), [&](const ParamSlice& p) {
@@ -227,10 +230,12 @@ TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, s
 TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer) {
   return tide::capi::guard([&] {
     if (optimizer == nullptr) return;
-    optimizer->executor->make_current();
-    optimizer->executor.reset();
-    optimizer->state.reset();
-    delete optimizer;
+    {
+      const tide::driver::ContextScope scope(*optimizer->context);
+      optimizer->executor.reset();
+      optimizer->state.reset();
+    }
+    delete optimizer;  // its share of the context last, with no scope left open on it
   });
 }
 
@@ -300,7 +305,7 @@ TIDE_API tide_status tide_optimizer_offload_gradient(tide_optimizer* optimizer, 
                                                      int32_t dtype, void* stream) {
   return tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
-    o.executor->make_current();
+    const tide::driver::ContextScope scope(*o.context);
     o.executor->offload().offload(subgroup, offset, src, count, dtype_of(dtype, "dtype"),
                                   static_cast<CUstream>(stream));
   });
@@ -318,7 +323,6 @@ TIDE_API tide_status tide_optimizer_grad_stats(tide_optimizer* optimizer, double
                                                uint64_t* nonfinite) {
   return tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
-    o.executor->make_current();
     const GradientStats stats = o.executor->gradient_stats();
     if (sum_squares) *sum_squares = stats.sum_squares;
     if (nonfinite) *nonfinite = stats.nonfinite;
@@ -345,7 +349,6 @@ TIDE_API tide_status tide_optimizer_set_gradients(tide_optimizer* optimizer, con
 TIDE_API tide_status tide_optimizer_release_buffers(tide_optimizer* optimizer) {
   return tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
-    o.executor->make_current();
     o.executor->release_buffers();
   });
 }

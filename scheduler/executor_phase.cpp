@@ -92,7 +92,9 @@ struct Executor::Phase {
         report(phase_report),
         gradients_on_gpu(gradients_kept_on_gpu) {}
 
-  void run();
+  // `no_context`: the device's context could not be made current (a lost device): every
+  // subgroup is updated on the CPU.
+  void run(const std::exception_ptr& no_context);
 
   // The GPU side.
   void set_up_gpu();
@@ -705,12 +707,8 @@ void Executor::Phase::take_cpu_results() {
   }
 }
 
-void Executor::Phase::run() {
-  try {
-    x.context_.make_current();
-  } catch (...) {
-    device_failed(std::current_exception());
-  }
+void Executor::Phase::run(const std::exception_ptr& no_context) {
+  if (no_context) device_failed(no_context);
   order = report.planned.gpu_order;
   worker = std::make_unique<CpuWorker>([this](std::size_t s) { return update_on_cpu(s); }, wakeup);
   for (std::size_t s : report.planned.cpu_order) worker->add(s);
@@ -744,8 +742,7 @@ void Executor::Phase::join() {
   bool confirmed = device_usable;
   if (confirmed) {
     try {
-      for (auto* s :
-           {x.h2d_.get(), x.compute_.get(), x.d2h_.get(), x.params_.get(), x.upload_.get()}) {
+      for (auto* s : {x.h2d_, x.compute_, x.d2h_, x.params_, x.upload_}) {
         s->synchronize();
       }
     } catch (...) {
@@ -848,6 +845,15 @@ void Executor::Phase::release(bool confirmed) {
 
 const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& policy,
                                  std::uint64_t headroom_bytes) {
+  // The phase's driver calls run on this (the caller's) thread, in the device's context, which
+  // then becomes the caller's again. If it cannot be made current the phase runs on the CPU.
+  std::optional<driver::ContextScope> scope;
+  std::exception_ptr no_context;
+  try {
+    scope.emplace(context_);
+  } catch (...) {
+    no_context = std::current_exception();
+  }
   // Before anything changes: whatever fails here is rethrown, and nothing changed.
   (void)kernels::adam_coefficients(hyper);
   if (!ready_ || offload_->offloads() != ready_offloads_) ready(hyper);
@@ -869,7 +875,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   // From here on the step completes (see executor.h): nothing below throws.
   const auto start = Clock::now();
   Phase phase(*this, hyper, report, gradients_on_gpu);
-  phase.run();
+  phase.run(no_context);
   report.seconds = seconds_since(start);
   restore_frozen(frozen_state, frozen_blocks);
   // Host-resident gradients are the caller's memory: none is read after this step.

@@ -7,8 +7,8 @@
 
 namespace tide::scheduler {
 
-GradientOffload::GradientOffload(const OptimizerState& state)
-    : state_(state), copied_(state.size()) {}
+GradientOffload::GradientOffload(const OptimizerState& state, const driver::Stream& stream)
+    : state_(state), stream_(stream), copied_(state.size()) {}
 
 void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdeviceptr src,
                               std::uint64_t count, kernels::Dtype dtype, CUstream producer) {

@@ -25,8 +25,10 @@ namespace tide::scheduler {
 
 class GradientOffload {
  public:
-  // The driver context must be current on the constructing thread and on every caller.
-  explicit GradientOffload(const OptimizerState& state);
+  // The copies run on `stream`, which must outlive this object and every tensor marked with
+  // record_stream on it (a pooled stream: driver/stream_pool.h). The driver context must be
+  // current on the constructing thread and on every caller.
+  GradientOffload(const OptimizerState& state, const driver::Stream& stream);
 
   // Enqueues the copy of `count` gradient elements of `dtype` (the state's gradient dtype) at
   // `src`, produced on `producer` (0: the legacy default stream), into elements
@@ -51,7 +53,7 @@ class GradientOffload {
 
  private:
   const OptimizerState& state_;
-  driver::Stream stream_;
+  const driver::Stream& stream_;
   mutable std::mutex mutex_;
   driver::Event produced_;             // re-recorded per call; the wait captures it at once
   std::vector<driver::Event> copied_;  // per subgroup: its latest copy on stream_

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "allocator/pinned/arena.h"
+#include "driver/context.h"
 #include "driver/memory.h"
 #include "driver/stream.h"
 #include "kernels/adam_gpu.h"
@@ -159,8 +160,10 @@ auto while_copying(void* host, driver::DeviceBuffer& d_in, driver::DeviceBuffer&
   std::byte* out = in + half;
   std::atomic<bool> stop{false};
   std::exception_ptr copy_error;
+  const CUcontext context = driver::current_context();  // the streams'
   std::thread copier([&] {
     try {
+      driver::bind_this_thread(context);
       while (!stop.load()) {
         driver::copy_to_device_async(d_in.get(), in, half, s1);
         driver::copy_to_host_async(out, d_out.get(), half, s2);

@@ -95,7 +95,7 @@ struct RanksMeasured {
 RanksMeasured measure_ranks_at_once(int ranks, std::uint64_t params, int repeats) {
   const std::vector<std::string> lines =
       run_ranks(ranks, /*local_env=*/true, [&](int, const RankBarrier& barrier) {
-        driver::PrimaryContext context(0);
+        const driver::CurrentContext context(0);
         const RankRates r = measure_rank_rates(params, repeats, barrier);
         const CpuFormatRates formats = measure_cpu_formats(params, repeats, {}, barrier);
         std::string line;
@@ -199,7 +199,7 @@ int calibrate_command(int argc, char** argv) {
     ranks = concurrent;
   }
 
-  driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   Calibration c;
   c.machine = this_machine();
   // The threads one rank updates with: the pool here, or a rank's share when ranks measured.

@@ -14,7 +14,7 @@ int info_command(int /*argc*/, char** /*argv*/) {
   const int count = driver::device_count();
   std::printf("devices  %d\n", count);
   for (int device = 0; device < count; ++device) {
-    const driver::PrimaryContext context(device);
+    const driver::CurrentContext context(device);
     const auto memory = driver::memory_info();
     std::printf("  %d: %s, %.2f GiB total, %.2f GiB free, virtual memory %s\n", device,
                 driver::device_name(device).c_str(),

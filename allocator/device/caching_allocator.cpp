@@ -41,7 +41,7 @@ CachingAllocator::~CachingAllocator() {
   remove_live_allocator(id_);
   const std::lock_guard lock(mutex_);
   try {
-    const ContextScope scope(context_);
+    const driver::ContextScope scope(context_);
     // No work may still use the memory when it goes back to the driver.
     pending_.wait_all();
     fences_.wait_all();
@@ -169,7 +169,7 @@ void CachingAllocator::deallocate_locked(CUdeviceptr ptr, std::size_t bytes, boo
   block->trace_id = 0;
   if (!block->uses.empty()) {
     blocks_with_uses_.fetch_sub(1, std::memory_order_relaxed);
-    const ContextScope scope(context_);
+    const driver::ContextScope scope(context_);
     pending_.add(block);  // stays active until the other streams' events complete
     return;
   }

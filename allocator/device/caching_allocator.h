@@ -34,7 +34,6 @@
 #include "allocator/device/block.h"
 #include "allocator/device/block_pool.h"
 #include "allocator/device/config.h"
-#include "allocator/device/device_context.h"
 #include "allocator/device/ptr_map.h"
 #include "allocator/device/segment.h"
 #include "allocator/device/stats.h"
@@ -45,6 +44,7 @@
 #include "allocator/telemetry/oom_record.h"
 #include "allocator/telemetry/telemetry.h"
 #include "allocator/telemetry/trace.h"
+#include "driver/context.h"
 
 namespace tide::allocator::device {
 
@@ -169,7 +169,7 @@ class CachingAllocator final : public DeviceMemoryResource {
 
   const std::uint64_t id_;
   const AllocatorConfig config_;
-  DeviceContext context_;
+  driver::PrimaryContext context_;
   std::uint64_t total_memory_ = 0;
   std::atomic<bool> tracing_{false};
   // Blocks with record_stream uses outstanding: frees of small blocks skip the thread cache then.

@@ -215,7 +215,7 @@ void CachingAllocator::release_cached_locked() {
 
 void CachingAllocator::empty_cache() {
   const std::lock_guard lock(mutex_);
-  const ContextScope scope(context_);
+  const driver::ContextScope scope(context_);
   drain_thread_caches_locked();
   synchronize_all_locked();
   release_cached_locked();

@@ -18,14 +18,14 @@ constexpr std::size_t kMaxRequest = std::size_t{1} << 50;  // beyond any device:
 bool CachingAllocator::refuse_oversized(std::size_t bytes, CUstream stream) {
   if (bytes <= kMaxRequest) return false;
   const std::lock_guard lock(mutex_);
-  const ContextScope scope(context_);
+  const driver::ContextScope scope(context_);
   record_oom_locked(bytes, bytes, stream, true);
   return true;
 }
 
 Block* CachingAllocator::allocate_slow_locked(std::size_t bytes, std::size_t rounded, PoolKind pool,
                                               CUstream stream) {
-  const ContextScope scope(context_);
+  const driver::ContextScope scope(context_);
   BlockPool& free_blocks = pools_[pool_index(pool)];
   process_events_locked(stream);
   if (Block* b = free_blocks.best_fit(stream, rounded)) return b;

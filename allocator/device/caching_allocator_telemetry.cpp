@@ -69,7 +69,7 @@ HeadroomForecast CachingAllocator::headroom() const {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   {
-    const ContextScope scope(context_);
+    const driver::ContextScope scope(context_);
     TIDE_CU(cuMemGetInfo, &free_bytes, &total_bytes);
   }
   // What this process may hold: its limit, and no more than it holds plus what the device has

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "allocator/device/caching_allocator.h"
-#include "allocator/device/device_context.h"
 #include "allocator/telemetry/trace.h"
+#include "driver/context.h"
 #include "driver/stream.h"
 
 namespace tide::allocator::device {
@@ -64,8 +64,8 @@ class Replayer {
 
   CachingAllocator& allocator_;
   ReplayOptions options_;
-  DeviceContext context_;
-  ContextScope scope_;
+  driver::PrimaryContext context_;
+  driver::ContextScope scope_;
   std::vector<std::unique_ptr<driver::Stream>> streams_;  // index i -> stream i + 1
   std::unordered_map<std::uint64_t, Live> live_;
   std::uint64_t now_ = 0;

@@ -19,28 +19,6 @@ std::uint64_t nanoseconds_since(std::chrono::steady_clock::time_point t0) {
           .count());
 }
 
-// Makes `context` current on this thread for the scope, unless the thread already has one (any
-// context will do: the registration is portable).
-class ScopedContext {
- public:
-  explicit ScopedContext(CUcontext context) {
-    CUcontext current = nullptr;
-    TIDE_CU(cuCtxGetCurrent, &current);
-    if (current == nullptr) {
-      TIDE_CU(cuCtxSetCurrent, context);
-      set_ = true;
-    }
-  }
-  ~ScopedContext() {
-    if (set_) driver::cuda().cuCtxSetCurrent(nullptr);
-  }
-  ScopedContext(const ScopedContext&) = delete;
-  ScopedContext& operator=(const ScopedContext&) = delete;
-
- private:
-  bool set_ = false;
-};
-
 void say_not_pinned(const char* why) {
   static std::once_flag once;
   std::call_once(once, [why] {
@@ -54,7 +32,7 @@ void say_not_pinned(const char* why) {
 
 }  // namespace
 
-Registrar::Registrar(int device) : device_(device) {
+Registrar::Registrar(int device) {
   try {
     driver::cuda();
   } catch (const driver::DriverNotFound& e) {
@@ -65,35 +43,25 @@ Registrar::Registrar(int device) : device_(device) {
     throw std::invalid_argument("tide: pinned arena: no device " + std::to_string(device) +
                                 " (the driver has " + std::to_string(driver::device_count()) + ")");
   }
-  CUdevice dev = 0;
-  TIDE_CU(cuDeviceGet, &dev, device);
-  TIDE_CU(cuDevicePrimaryCtxRetain, &context_, dev);
-}
-
-Registrar::~Registrar() {
-  if (context_ == nullptr) return;
-  CUdevice dev = 0;
-  if (driver::cuda().cuDeviceGet(&dev, device_) == CUDA_SUCCESS) {
-    driver::cuda().cuDevicePrimaryCtxRelease(dev);
-  }
+  context_.emplace(device);
 }
 
 void Registrar::register_chunk(void* base, std::size_t bytes) {
-  if (context_ == nullptr) return;
+  if (!context_) return;
   const auto t0 = std::chrono::steady_clock::now();
   {
-    const ScopedContext scope(context_);
+    const driver::ContextScope scope(*context_);
     TIDE_CU(cuMemHostRegister, base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
   }
   register_ns_.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
 }
 
 bool Registrar::unregister_chunk(void* base) noexcept {
-  if (context_ == nullptr) return true;
+  if (!context_) return true;
   const auto t0 = std::chrono::steady_clock::now();
   bool ok = false;
   try {
-    const ScopedContext scope(context_);
+    const driver::ContextScope scope(*context_);
     ok = driver::cuda().cuMemHostUnregister(base) == CUDA_SUCCESS;
   } catch (...) {
     ok = false;

@@ -1,16 +1,18 @@
 // Registering chunks with the CUDA driver (page-locking them), through driver/.
 //
 // cuMemHostRegister and cuMemHostUnregister need a current context; chunks are registered from
-// whatever thread jemalloc's hooks run on, so a registrar holds a retained primary context and
-// makes it current around its calls where the thread has none (and restores that afterwards).
+// whatever thread jemalloc's hooks run on, so a registrar holds a share of the device's primary
+// context and makes it current around its calls (driver::ContextScope: the thread's own is back
+// afterwards).
 // Without a driver, a registrar registers nothing and says so once per process.
 #pragma once
-
-#include <cuda.h>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+
+#include "driver/context.h"
 
 namespace tide::allocator::pinned {
 
@@ -21,11 +23,8 @@ class Registrar {
   // pinned arenas hold ordinary pageable memory. Throws std::invalid_argument for a device the
   // driver does not have, CudaError if the driver fails.
   explicit Registrar(int device);
-  ~Registrar();
-  Registrar(const Registrar&) = delete;
-  Registrar& operator=(const Registrar&) = delete;
 
-  bool pinned() const { return context_ != nullptr; }
+  bool pinned() const { return context_.has_value(); }
 
   // cuMemHostRegister(PORTABLE) of a whole chunk; throws CudaError. No-op when not pinned.
   void register_chunk(void* base, std::size_t bytes);
@@ -36,8 +35,7 @@ class Registrar {
   std::uint64_t unregister_ns() const { return unregister_ns_.load(std::memory_order_relaxed); }
 
  private:
-  int device_ = 0;
-  CUcontext context_ = nullptr;
+  std::optional<driver::PrimaryContext> context_;  // none: no driver
   std::atomic<std::uint64_t> register_ns_{0};
   std::atomic<std::uint64_t> unregister_ns_{0};
 };

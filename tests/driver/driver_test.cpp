@@ -23,7 +23,7 @@ namespace {
 
 class DriverTest : public ::testing::Test {
  protected:
-  PrimaryContext context_{0};
+  CurrentContext context_{0};
 };
 
 TEST_F(DriverTest, LoadsTheDriverNamedByTheEnvironment) {

@@ -34,7 +34,7 @@ struct ExecutorAllocatorTest : ::testing::Test {
     standin.set_capacity(capacity);
   }
 
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   allocator::testing::DeviceStandin standin;
   std::unique_ptr<Model> model;
   allocator::device::CachingAllocator* allocator = nullptr;

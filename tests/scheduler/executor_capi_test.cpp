@@ -15,7 +15,7 @@ namespace {
 // `state_dtype`: the moments' (TIDE_FLOAT32, TIDE_BFLOAT16, or TIDE_STATE_BLOCK_Q8: 8-bit codes,
 // whose scales come from tide_optimizer_q8_scales).
 void step_through_the_c_abi(std::int32_t state_dtype) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   const std::vector<std::uint64_t> sizes = {3000, 5000, 4096, 100};
   const bool q8 = state_dtype == TIDE_STATE_BLOCK_Q8;
   // For its device buffers, gradients and initial values.
@@ -129,7 +129,7 @@ TEST(ExecutorCapi, AStepWith8BitMomentsThroughTheCAbiMatchesTheReference) {
 }
 
 TEST(ExecutorCapi, RejectsBadArguments) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   driver::DeviceBuffer params(4096);
   const std::uint64_t sizes[] = {1000};
   tide_optimizer* opt = nullptr;
@@ -237,7 +237,7 @@ TEST(ExecutorCapi, RejectsBadArguments) {
 // the state formats with them (else the model's: 0.35 for 8-bit moments), each 0 or a plausible
 // ratio; a bad one is refused naming the field, and nothing is created.
 TEST(ExecutorCapi, CreateExTakesCpuUpdateFactorsAndRefusesBadOnes) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   driver::DeviceBuffer params(2 * 1000);
   const std::uint64_t sizes[] = {1000};
   const tide_param_slice whole{0, 0, 1000, params.get()};
@@ -303,7 +303,7 @@ TEST(ExecutorCapi, CreateExTakesCpuUpdateFactorsAndRefusesBadOnes) {
 // tide_optimizer_set_state_rounding: stochastic rounding for bf16 moments only, a known mode;
 // and it changes the step's bits (the executor hands the kernels the mode and the seed).
 TEST(ExecutorCapi, StateRoundingIsForBf16MomentsAndChangesTheBits) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   driver::DeviceBuffer params(4096);
   const std::uint64_t sizes[] = {1000};
   tide_param_slice whole{0, 0, 1000, params.get()};
@@ -369,7 +369,7 @@ TEST(ExecutorCapi, StateRoundingIsForBf16MomentsAndChangesTheBits) {
 // the outcome say the parameters were not written, and tide_optimizer_write_params writes them
 // once the device is back. Frozen slices are checked and left alone.
 TEST(ExecutorCapi, AStepAfterReadyCompletesAndSaysWhatItCouldNotWrite) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   const std::vector<std::uint64_t> sizes = {3000, 4096};
   Model model(sizes);
   Reference ref(*model.state);
@@ -438,7 +438,7 @@ TEST(ExecutorCapi, AStepAfterReadyCompletesAndSaysWhatItCouldNotWrite) {
 // host_params: fp32 parameters in host memory are the master weights (no param or grad buffer),
 // the gradients given per slice and read in place; the bad uses are refused by name.
 TEST(ExecutorCapi, HostParamsStepInPlaceWithGradientsGivenPerSlice) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   std::vector<float> params(300), grads(300), expected(300);
   for (std::size_t e = 0; e < params.size(); ++e) {
     params[e] = expected[e] = value_at(1, e, 1.0f);

@@ -29,7 +29,7 @@ struct FaultTest : ::testing::Test {
       expect_matches(model, ref);
     }
 
-    driver::PrimaryContext context;
+    const driver::CurrentContext context;
     Model model;
     Reference ref;
     Executor executor;

@@ -135,7 +135,7 @@ struct HostParamsTest : ::testing::Test {
 };
 
 TEST_F(HostParamsTest, NoMasterCopyNoGradientBufferAndNoOffload) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostParams model;
   for (std::size_t i = 0; i < kSizes.size(); ++i) {
     EXPECT_EQ(model.state->param(i), nullptr);
@@ -160,7 +160,7 @@ TEST_F(HostParamsTest, NoMasterCopyNoGradientBufferAndNoOffload) {
 // bf16 master weights need bf16 parameters, host-resident ones are fp32: asking for both is
 // refused, and the message says that, not which parameter dtype one of them wanted.
 TEST_F(HostParamsTest, BF16MasterWeightsAreRefusedByName) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   for (const Dtype param_dtype : {Dtype::kFloat32, Dtype::kBFloat16}) {
     std::vector<float> params(16);
     std::vector<SubgroupSpec> specs(1);
@@ -182,7 +182,7 @@ TEST_F(HostParamsTest, BF16MasterWeightsAreRefusedByName) {
 
 void steps_match_reference(const Policy& policy, Dtype state_dtype) {
   SCOPED_TRACE(policy_name(policy));
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostParams model(state_dtype);
   Executor executor(*model.state, options_for_test());
   Snapshot expected = Snapshot::of(model);
@@ -215,7 +215,7 @@ TEST_F(HostParamsTest, StepsMatchTheCpuKernelUnderEveryPlacement) {
 TEST_F(HostParamsTest, FrozenSlicesAreLeftAsTheyAre) {
   for (const Policy& policy : {Policy::all_cpu(), Policy::all_gpu()}) {
     SCOPED_TRACE(policy_name(policy));
-    driver::PrimaryContext context;
+    const driver::CurrentContext context;
     HostParams model;
     Executor executor(*model.state, options_for_test());
     executor.set_frozen(0, 1, true);  // the middle parameter of subgroup 0
@@ -232,7 +232,7 @@ TEST_F(HostParamsTest, FrozenSlicesAreLeftAsTheyAre) {
 }
 
 TEST_F(HostParamsTest, AMissingGradientThrowsBeforeAnythingChanged) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostParams model;
   Executor executor(*model.state, options_for_test());
   model.give_gradients(executor, 1);
@@ -243,7 +243,7 @@ TEST_F(HostParamsTest, AMissingGradientThrowsBeforeAnythingChanged) {
 }
 
 TEST_F(HostParamsTest, GradientStatsReadTheGradientsWhereTheyAre) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostParams model;
   Executor executor(*model.state, options_for_test());
   model.give_gradients(executor, 1);
@@ -262,7 +262,7 @@ TEST_F(HostParamsTest, GradientStatsReadTheGradientsWhereTheyAre) {
 // Counts what one fault-free phase of `policy` does, from `field` of the stand-in's counters.
 template <typename Field>
 std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Field field) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostParams model;
   Executor executor(*model.state, options_for_test());
   model.give_gradients(executor, 1);
@@ -275,7 +275,7 @@ std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Fiel
 void step_with_fault(const Faults& faults, const Policy& policy, const std::function<void()>& arm,
                      const std::string& what) {
   SCOPED_TRACE(policy_name(policy) + ", " + what);
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostParams model;
   Executor executor(*model.state, options_for_test());
   model.give_gradients(executor, 1);

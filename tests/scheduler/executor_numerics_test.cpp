@@ -21,7 +21,7 @@ constexpr std::uint64_t kHeadroom = std::uint64_t{1} << 30;
 void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare,
                Dtype state_dtype = Dtype::kFloat32,
                kernels::StateFormat format = kernels::StateFormat::kDtype) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model model({3000, 4096, 777, 10000, 1, 2048, 5000}, /*split_every=*/2, 3, true, state_dtype,
               format);
   Reference ref(*model.state);
@@ -87,7 +87,7 @@ TEST(ExecutorNumerics, Bf16MomentsPlannedWithGradientsKeptOnGpu) {
 // The state slot is 8 bytes per parameter with bf16 moments, and the plan's GPU buffers and
 // copies are sized by it.
 TEST(ExecutorNumerics, Bf16MomentsHalveTheMomentsBytes) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model fp32({4096, 4096}, 0, 3, false);
   Model bf16({4096, 4096}, 0, 3, false, Dtype::kBFloat16);
   EXPECT_EQ(fp32.state->state_bytes(), 12u);
@@ -132,7 +132,7 @@ TEST(ExecutorNumerics, Q8MomentsPlannedWithGradientsKeptOnGpu) {
 // The 8-bit slot: fp32 weights, each moment's codes at a 256-byte boundary, the scales; the
 // footprint plans 6 state bytes per parameter.
 TEST(ExecutorNumerics, Q8MomentsSlotLayout) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model q8({4096, 1000}, 0, 3, false, Dtype::kFloat32, kQ8);
   const OptimizerState& s = *q8.state;
   EXPECT_EQ(s.state_bytes(), 6u);
@@ -177,7 +177,7 @@ TEST(ExecutorNumerics, Q8MomentsSlotLayout) {
 // with its options, or the calibration file's when it reads its rates from there too; rates given
 // without factors keep the model's (8-bit moments: kQ8CpuUpdateFactor).
 TEST(ExecutorNumerics, Q8MomentsPlanWithTheCalibratedCpuFactor) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model q8({4096, 1000}, 0, 3, false, Dtype::kFloat32, kQ8);
   CpuUpdateFactors factors;
   factors[UpdateFormat::q8_moments] = 0.9;
@@ -218,7 +218,7 @@ TEST(ExecutorNumerics, Q8MomentsPlanWithTheCalibratedCpuFactor) {
 }
 
 TEST(ExecutorNumerics, StateDtypeMustBeFp32OrBf16) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   std::vector<SubgroupSpec> specs(1);
   specs[0].params = 4;
   driver::DeviceBuffer params(8);
@@ -229,7 +229,7 @@ TEST(ExecutorNumerics, StateDtypeMustBeFp32OrBf16) {
 }
 
 TEST(ExecutorNumerics, PlannerUsesTheGpuWithTheseRates) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model model(std::vector<std::uint64_t>(8, 4096));
   ExecutorOptions options;
   options.rates = test_rates();
@@ -243,7 +243,7 @@ TEST(ExecutorNumerics, PlannerUsesTheGpuWithTheseRates) {
 // Non-finite gradients: counted per phase, never written, the same on both sides.
 TEST(ExecutorNumerics, NonFiniteGradientsAreReportedAndNeverWritten) {
   for (const Policy& policy : {Policy::all_cpu(), Policy::all_gpu()}) {
-    driver::PrimaryContext context;
+    const driver::CurrentContext context;
     Model model({1000, 1000});
     Reference ref(*model.state);
     ExecutorOptions options;
@@ -268,7 +268,7 @@ TEST(ExecutorNumerics, NonFiniteGradientsAreReportedAndNeverWritten) {
 }
 
 TEST(ExecutorNumerics, GradientStatsMatchTheGradients) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model model({5000, 123});
   ExecutorOptions options;
   options.rates = test_rates();
@@ -299,7 +299,7 @@ namespace {
 TEST(ExecutorNumerics, Q8MomentsFrozenSlicesKeepTheirState) {
   for (const Policy& policy : {Policy::all_cpu(), Policy::all_gpu(), Policy::every(2)}) {
     SCOPED_TRACE(policy_name(policy));
-    driver::PrimaryContext context;
+    const driver::CurrentContext context;
     // Subgroup 0 in three slices: [0, 1000), [1000, 2000), [2000, 3000); subgroup 1 one slice.
     Model model({3000, 4096}, /*split_every=*/2, 3, true, Dtype::kFloat32, kQ8);
     const OptimizerState& s = *model.state;

@@ -201,7 +201,7 @@ struct ReadyModel {
   std::uint64_t weights(std::size_t s) const { return address(model.state->weight_copy(s)); }
 
   const Control& standin = control();
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model model;
   Reference ref;
   std::unique_ptr<Executor> executor;

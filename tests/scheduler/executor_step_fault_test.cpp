@@ -153,7 +153,7 @@ template <typename Field>
 std::uint64_t events_in_a_phase(const Faults& faults, const Policy& policy, Field field,
                                 Dtype state_dtype = Dtype::kFloat32,
                                 Dtype master_dtype = Dtype::kFloat32, int first = 1) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostModel model(kSizes, state_dtype, master_dtype);
   Executor executor(*model.state, options_for_test());
   for (int step = 1; step < first; ++step) {
@@ -175,7 +175,7 @@ void step_with_fault(const Faults& faults, const Policy& policy, const std::func
                      const std::string& what, Dtype state_dtype = Dtype::kFloat32,
                      Dtype master_dtype = Dtype::kFloat32, int first = 1) {
   SCOPED_TRACE(policy_name(policy) + ", " + what);
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostModel model(kSizes, state_dtype, master_dtype);
   Reference ref = reference_of(model);
   Executor executor(*model.state, options_for_test());
@@ -368,7 +368,7 @@ TEST_F(StepFaultTest, DeviceLostAtEachCallOfAPhaseEndsInOneOfTheTwoStates) {
 
 // A completed step after a fault says what it did.
 TEST_F(StepFaultTest, AFailedGpuCopyIsRolledForwardOnTheCpu) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostModel model(kSizes);
   Reference ref = reference_of(model);
   Executor executor(*model.state, options_for_test());
@@ -389,7 +389,7 @@ TEST_F(StepFaultTest, AFailedGpuCopyIsRolledForwardOnTheCpu) {
 // subgroup size, not a second copy of the state; the state itself moves between them.
 void spares_are_few(Dtype state_dtype) {
   SCOPED_TRACE(state_dtype == Dtype::kFloat32 ? "fp32 moments" : "bf16 moments");
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   HostModel model(std::vector<std::uint64_t>(8, 4096), state_dtype);
   Reference ref = reference_of(model);
   ExecutorOptions options = options_for_test();
@@ -422,7 +422,7 @@ void frozen_slices_are_kept(Dtype state_dtype) {
   for (const Policy& policy : kPolicies) {
     SCOPED_TRACE(policy_name(policy) +
                  (state_dtype == Dtype::kFloat32 ? ", fp32 moments" : ", bf16 moments"));
-    driver::PrimaryContext context;
+    const driver::CurrentContext context;
     HostModel model(kSizes, state_dtype);
     Reference ref = reference_of(model);
     Executor executor(*model.state, options_for_test());

@@ -16,7 +16,7 @@ struct OffloadTest : ::testing::Test {
 };
 
 TEST_F(OffloadTest, ReturnsWhileASlowCopyIsInFlight) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   const std::uint64_t n = std::uint64_t{1} << 21;  // 4 MiB of bf16
   Model model({n, n});
   Reference ref(*model.state);
@@ -44,7 +44,7 @@ TEST_F(OffloadTest, ReturnsWhileASlowCopyIsInFlight) {
 // offload waits for it by event, so the update sees the new values, not the old ones.
 TEST_F(OffloadTest, WaitsForTheProducingStream) {
   for (const Policy& policy : {Policy::all_cpu(), Policy::all_gpu()}) {
-    driver::PrimaryContext context;
+    const driver::CurrentContext context;
     const std::uint64_t n = std::uint64_t{1} << 20;
     Model model({n, n});
     Reference ref(*model.state);
@@ -77,7 +77,7 @@ TEST_F(OffloadTest, WaitsForTheProducingStream) {
 
 // Offloads from several threads at once (autograd may call hooks from its worker threads).
 TEST_F(OffloadTest, ConcurrentOffloads) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model model(std::vector<std::uint64_t>(8, 10000));
   Reference ref(*model.state);
   ExecutorOptions options;
@@ -87,7 +87,7 @@ TEST_F(OffloadTest, ConcurrentOffloads) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      executor.make_current();
+      const driver::ContextScope scope(executor.context());
       for (std::size_t i = t; i < 8; i += 4) {
         for (std::uint64_t off = 0; off < 10000; off += 1000) {
           executor.offload().offload(i, off, model.grads[i].get() + 2 * off, 1000, Dtype::kBFloat16,
@@ -104,7 +104,7 @@ TEST_F(OffloadTest, ConcurrentOffloads) {
 }
 
 TEST_F(OffloadTest, RejectsBadArguments) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   Model model({100});
   ExecutorOptions options;
   options.rates = test_rates();

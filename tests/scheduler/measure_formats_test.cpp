@@ -51,7 +51,7 @@ TEST(MeasureFormats, ContendedFactorsAreTheRatiosWhileCopying) {
 
 // Through the stand-in: every format measured while the copies run, at a rate > 0.
 TEST(MeasureFormats, MeasuresEachFormatWhileCopying) {
-  driver::PrimaryContext context;
+  const driver::CurrentContext context;
   const CpuFormatRates r = measure_cpu_formats_while_copying(1 << 16, 1);
   EXPECT_GT(r.fp32, 0);
   for (double x : r.format) EXPECT_GT(x, 0);

@@ -33,7 +33,7 @@ class CachingAllocatorTest : public ::testing::Test {
     return c;
   }
 
-  driver::PrimaryContext context_{0};
+  driver::CurrentContext context_{0};
   testing::DeviceStandin standin_;
 };
 
@@ -307,7 +307,7 @@ TEST_F(CachingAllocatorTest, KeepsTheCallersContextCurrent) {
   CUcontext current = reinterpret_cast<CUcontext>(1);
   TIDE_CU(cuCtxGetCurrent, &current);
   EXPECT_EQ(current, nullptr);
-  context_.make_current();
+  TIDE_CU(cuCtxSetCurrent, context_.get());  // back, as the fixture left it
   a.deallocate(p, 8 * kMiB, nullptr);
   a.empty_cache();
   TIDE_CU(cuCtxGetCurrent, &current);

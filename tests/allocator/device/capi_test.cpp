@@ -20,7 +20,7 @@ constexpr size_t kMiB = size_t{1} << 20;
 
 class AllocatorCapiTest : public ::testing::Test {
  protected:
-  tide::driver::PrimaryContext context_{0};
+  tide::driver::CurrentContext context_{0};
 };
 
 TEST_F(AllocatorCapiTest, AllocAndFreeAsPyTorchCallsThem) {

@@ -37,7 +37,7 @@ class OomTest : public ::testing::Test {
   }
 
   testing::DeviceStandin standin_;
-  driver::PrimaryContext context_{0};
+  driver::CurrentContext context_{0};
   std::uint64_t capacity_ = 0;
 };
 

@@ -37,7 +37,7 @@ class StreamReuseTest : public ::testing::TestWithParam<std::size_t> {
     driver::copy_to_device_async(dev(ptr), host_.data(), 4096, stream);
   }
 
-  driver::PrimaryContext context_{0};
+  driver::CurrentContext context_{0};
   testing::DeviceStandin standin_;
   std::vector<unsigned char> host_ = std::vector<unsigned char>(4 * kMiB, 7);
   driver::HostRegistration pinned_{host_.data(), host_.size()};

@@ -81,7 +81,7 @@ class Mailbox {
 };
 
 void run_stress(const AllocatorConfig& config, int threads, int ops) {
-  driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   testing::DeviceStandin standin;
   const std::uint64_t in_use = standin.bytes_in_use();
   {
@@ -93,7 +93,7 @@ void run_stress(const AllocatorConfig& config, int threads, int ops) {
     std::vector<std::thread> workers;
     for (int t = 0; t < threads; ++t) {
       workers.emplace_back([&, t] {
-        context.make_current();
+        const driver::ContextScope scope(context.context());
         driver::Stream own;
         std::mt19937 rng(static_cast<unsigned>(t) * 7919u + 1);
         std::vector<Held> held;
@@ -139,7 +139,7 @@ void run_stress(const AllocatorConfig& config, int threads, int ops) {
     }
     // Meanwhile: statistics, marks and cache releases from another thread.
     std::thread observer([&] {
-      context.make_current();
+      const driver::ContextScope scope(context.context());
       while (!done.load()) {
         (void)a.stats();
         a.mark(Mark::kIterationEnd);

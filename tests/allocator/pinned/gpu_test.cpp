@@ -30,7 +30,7 @@ TEST(PinnedGpu, AsyncCopiesRoundTripThroughPinnedBuffers) {
 #endif
   PinnedArena arena;
   ASSERT_TRUE(arena.pinned());
-  const driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   const driver::Stream stream;
   // A subgroup's three fp32 buffers (1e7 parameters each), and small ones through jemalloc.
   for (std::size_t bytes : {std::size_t{40'000'000}, std::size_t{40'000'000}, std::size_t{4096},

@@ -197,7 +197,7 @@ class GeneratedTraceTest : public ::testing::TestWithParam<const char*> {
     return out;
   }
 
-  driver::PrimaryContext context_{0};
+  driver::CurrentContext context_{0};
   testing::DeviceStandin standin_;
   std::uint64_t capacity_ = 0;
 };
@@ -278,7 +278,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GeneratedTraceTest, ::testing::Values("gpt-tiny
                          shape_test_name);
 
 TEST(MarkedTraceTest, PhasePeaksMatchTheCurveExactly) {
-  driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   SyntheticOptions o;
   o.iterations = 5;
   const SyntheticTrace gen = generate_transformer_trace(shape_named("gpt-tiny"), o);
@@ -309,7 +309,7 @@ TEST(MarkedTraceTest, PhasePeaksMatchTheCurveExactly) {
 }
 
 TEST(TimelineExportTest, ChromeTraceHasCountersPhasesAndMarks) {
-  driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   SyntheticOptions o;
   o.iterations = 3;
   const SyntheticTrace gen = generate_transformer_trace(shape_named("gpt-tiny"), o);

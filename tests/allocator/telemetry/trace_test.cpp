@@ -127,7 +127,7 @@ TEST(TraceFormatTest, RejectsNumbersOutOfBoundsAndIdsThatAreNotLive) {
 }
 
 TEST(TraceRecordingTest, ARecordedTraceReplaysToTheSamePeaks) {
-  driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   driver::Stream side;
   CachingAllocator recorded(0, AllocatorConfig{});
   void* before = recorded.allocate(3 * kMiB, nullptr);  // live when recording starts
@@ -175,7 +175,7 @@ TEST(TraceRecordingTest, ARecordedTraceReplaysToTheSamePeaks) {
 }
 
 TEST(TraceRecordingTest, AFullRecordingStopsCleanly) {
-  driver::PrimaryContext context(0);
+  const driver::CurrentContext context(0);
   CachingAllocator a(0, AllocatorConfig{});
   a.start_trace(3);
   std::vector<void*> ps;
