@@ -87,7 +87,7 @@ class DeviceArena {
 
 class AdamGpuTest : public ::testing::Test {
  protected:
-  driver::PrimaryContext context_{0};
+  driver::CurrentContext context_{0};
 };
 
 // Lengths around the kernel's 8-element vectors and the CPU's 16, one large enough for many
