@@ -100,13 +100,22 @@ bool bound_to_standin() {
 }
 
 int current_device(Binding& binding) {
+  using CtxGetCurrent = CUresult (*)(CUcontext*);
   using CtxGetDevice = CUresult (*)(CUdevice*);
   if (!binding.companions_resolved.load(std::memory_order_acquire)) {
-    binding.ctx_get_device.store(
-        companion_symbol(binding.real.load(std::memory_order_acquire), "cuCtxGetDevice"),
-        std::memory_order_relaxed);
+    void* real = binding.real.load(std::memory_order_acquire);
+    binding.ctx_get_current.store(companion_symbol(real, "cuCtxGetCurrent"),
+                                  std::memory_order_relaxed);
+    binding.ctx_get_device.store(companion_symbol(real, "cuCtxGetDevice"),
+                                 std::memory_order_relaxed);
     binding.companions_resolved.store(true, std::memory_order_release);
   }
+  // A thread with no current context has no device (its call will fail in the driver): asking
+  // cuCtxGetDevice there would be an API error of tide's own in the program's debugger.
+  auto current =
+      reinterpret_cast<CtxGetCurrent>(binding.ctx_get_current.load(std::memory_order_relaxed));
+  CUcontext context = nullptr;
+  if (current != nullptr && (current(&context) != CUDA_SUCCESS || context == nullptr)) return 0;
   auto get = reinterpret_cast<CtxGetDevice>(binding.ctx_get_device.load(std::memory_order_relaxed));
   CUdevice device = 0;
   if (get == nullptr || get(&device) != CUDA_SUCCESS) return 0;

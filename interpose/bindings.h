@@ -18,7 +18,8 @@ namespace tide::interpose {
 
 struct Binding {
   std::atomic<void*> real{nullptr};
-  // cuCtxGetDevice from the same library as `real`, found on first use.
+  // cuCtxGetCurrent and cuCtxGetDevice from the same library as `real`, found on first use.
+  std::atomic<void*> ctx_get_current{nullptr};
   std::atomic<void*> ctx_get_device{nullptr};
   std::atomic<bool> companions_resolved{false};
 

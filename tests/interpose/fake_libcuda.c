@@ -35,8 +35,15 @@ FAKE_EXPORT const char* fakecuda_last_call(void) { return last_call; }
 FAKE_EXPORT unsigned long fakecuda_call_count(void) {
   return __atomic_load_n(&call_count, __ATOMIC_RELAXED);
 }
-/* The device cuCtxGetDevice reports on this thread (two devices exist). */
+/* The device cuCtxGetDevice reports on this thread (two devices exist); -1: the thread has no
+ * current context (cuCtxGetCurrent gives NULL, context calls fail with INVALID_CONTEXT). */
 FAKE_EXPORT void fakecuda_set_device(int device) { current_device = device; }
+/* Calls of cuCtxGetDevice made with no current context (the NVIDIA driver reports each as an
+ * API error to debuggers and tools). */
+static unsigned long calls_without_context = 0;
+FAKE_EXPORT unsigned long fakecuda_calls_without_context(void) {
+  return __atomic_load_n(&calls_without_context, __ATOMIC_RELAXED);
+}
 
 /* ---- Memory: addresses, sizes, capacity ------------------------------------------------------ */
 
@@ -121,6 +128,7 @@ static CUresult erase(uint64_t key) {
 }
 
 static CUresult alloc_v2(CUdeviceptr* dptr, size_t bytes) {
+  if (current_device < 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
   uint64_t key = 0;
   const CUresult r = insert(bytes, current_device, 0, &key);
@@ -166,8 +174,19 @@ FAKE_EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 
 FAKE_EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
   /* Not recorded: the interposer calls it from inside its hooks. */
+  if (current_device < 0) {
+    __atomic_add_fetch(&calls_without_context, 1, __ATOMIC_RELAXED);
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
   if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
   *device = current_device;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuCtxGetCurrent(CUcontext* context) {
+  /* Not recorded: the interposer calls it from inside its hooks. */
+  if (context == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *context = current_device < 0 ? NULL : (CUcontext)(uintptr_t)(0x1000 + current_device);
   return CUDA_SUCCESS;
 }
 
@@ -214,6 +233,7 @@ FAKE_EXPORT CUresult cuMemGetInfo(unsigned int* free_bytes, unsigned int* total)
 
 FAKE_EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
   RECORD("cuMemGetInfo_v2");
+  if (current_device < 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (free_bytes == NULL && total == NULL) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&table_mutex);
   const uint64_t in_use = used[current_device];
@@ -401,6 +421,7 @@ static const struct proc procs[] = {
     PROC("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
     PROC("cuDeviceGet", 2000, 0, cuDeviceGet),
     PROC("cuCtxGetDevice", 2000, 0, cuCtxGetDevice),
+    PROC("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
     PROC("cuGetErrorName", 6000, 0, cuGetErrorName),
     PROC("cuGetExportTable", 3000, 0, cuGetExportTable),
     PROC("cuMemGetInfo", 2000, 0, cuMemGetInfo),
@@ -491,6 +512,7 @@ static const struct {
     FN(cuDeviceGetCount),
     FN(cuDeviceGet),
     FN(cuCtxGetDevice),
+    FN(cuCtxGetCurrent),
     FN(cuGetErrorName),
     FN(cuGetExportTable),
     FN(cuMemGetInfo),

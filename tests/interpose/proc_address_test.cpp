@@ -314,6 +314,27 @@ TEST_F(ProcAddress, AllocationsAreChargedToTheCurrentDevice) {
   EXPECT_EQ(stats(1).peak_bytes, 1u << 20);
 }
 
+// On a thread with no current context (a PyTorch pin-memory or data-loader thread) the hooks do
+// not ask the driver which device is current: cuCtxGetDevice there is an API error that the
+// NVIDIA driver reports to debuggers (seen on an H200 under tide run).
+TEST_F(ProcAddress, AThreadWithoutAContextIsNotAskedForItsDevice) {
+  using Count = unsigned long (*)();
+  auto without =
+      reinterpret_cast<Count>(dlsym(fake_driver().handle, "fakecuda_calls_without_context"));
+  ASSERT_NE(without, nullptr);
+  auto alloc = hooked<MemAlloc>("cuMemAlloc_v2");
+  auto info = hooked<MemGetInfo>("cuMemGetInfo_v2");
+  const unsigned long before = without();
+  fake_driver().set_device(-1);
+  CUdeviceptr ptr = 0;
+  EXPECT_EQ(alloc(&ptr, 1 << 20), CUDA_ERROR_INVALID_CONTEXT);
+  std::size_t total = 0;
+  info(nullptr, &total);
+  fake_driver().set_device(0);
+  EXPECT_EQ(without(), before);
+  EXPECT_EQ(stats(0).live_bytes, 0u);
+}
+
 TEST(PreloadDlsym, RtldNextStaysRelativeToTheCaller) {
   ASSERT_TRUE(preloaded());
   // From the program, "next" starts right after it: the preload's own dlsym. A dlsym wrapper
