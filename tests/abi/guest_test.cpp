@@ -101,33 +101,44 @@ struct Baseline {
   }
 };
 
+// One optimizer's whole life through the C ABI on this thread — the device's memory asked,
+// made, fed gradients produced on `producer`, two steps with `policy`, its buffers given back,
+// its weights written, destroyed — with `observer.usable_here(expected)` after every call.
+void live_one_optimizer(const Model& model, const Runtime& observer, CUstream producer,
+                        CUcontext expected, tide_placement_policy policy) {
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  EXPECT_EQ(tide_device_memory(0, &free_bytes, &total), TIDE_OK);
+  EXPECT_TRUE(observer.usable_here(expected));
+  tide_optimizer* opt = create(model);
+  ASSERT_NE(opt, nullptr);
+  EXPECT_TRUE(observer.usable_here(expected));
+  for (std::int64_t n = 1; n <= 2; ++n) {
+    offload(opt, model, producer);
+    EXPECT_TRUE(observer.usable_here(expected));
+    double sum_squares = 0;
+    EXPECT_EQ(tide_optimizer_grad_stats(opt, &sum_squares, nullptr), TIDE_OK);
+    EXPECT_TRUE(observer.usable_here(expected));
+    const tide_phase_report report = step(opt, policy, n);
+    if (policy.kind == TIDE_PLACEMENT_GPU) {
+      EXPECT_EQ(report.gpu_subgroups, model.sizes.size());
+    }
+    EXPECT_TRUE(observer.usable_here(expected));
+  }
+  EXPECT_EQ(tide_optimizer_release_buffers(opt), TIDE_OK);
+  EXPECT_EQ(tide_optimizer_write_params(opt), TIDE_OK);
+  EXPECT_TRUE(observer.usable_here(expected));
+  EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+  EXPECT_TRUE(observer.usable_here(expected));
+}
+
 TEST(Guest, EveryPlacementLeavesTheRuntimeAsItWas) {
   Runtime runtime;
   Model model(runtime);
   const Baseline baseline(runtime);
-  const CUcontext mine = runtime.context();
   for (const tide_placement_policy& policy : kPolicies) {
     SCOPED_TRACE("placement " + std::to_string(policy.kind));
-    tide_optimizer* opt = create(model);
-    ASSERT_NE(opt, nullptr);
-    EXPECT_TRUE(runtime.usable_here(mine));
-    for (std::int64_t n = 1; n <= 2; ++n) {
-      offload(opt, model, runtime.stream());
-      EXPECT_TRUE(runtime.usable_here(mine));
-      double sum_squares = 0;
-      EXPECT_EQ(tide_optimizer_grad_stats(opt, &sum_squares, nullptr), TIDE_OK);
-      EXPECT_TRUE(runtime.usable_here(mine));
-      const tide_phase_report report = step(opt, policy, n);
-      if (policy.kind == TIDE_PLACEMENT_GPU) {
-        EXPECT_EQ(report.gpu_subgroups, model.sizes.size());
-      }
-      EXPECT_TRUE(runtime.usable_here(mine));
-    }
-    EXPECT_EQ(tide_optimizer_release_buffers(opt), TIDE_OK);
-    EXPECT_EQ(tide_optimizer_write_params(opt), TIDE_OK);
-    EXPECT_TRUE(runtime.usable_here(mine));
-    EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
-    EXPECT_TRUE(runtime.usable_here(mine));
+    live_one_optimizer(model, runtime, runtime.stream(), runtime.context(), policy);
     baseline.expect_restored();
   }
 }
@@ -138,22 +149,8 @@ TEST(Guest, ACallerWithoutAContextIsLeftWithoutOne) {
   Runtime runtime;
   Model model(runtime);
   const Baseline baseline(runtime);
-  std::thread bare([&] {
-    std::size_t free_bytes = 0;
-    std::size_t total = 0;
-    EXPECT_EQ(tide_device_memory(0, &free_bytes, &total), TIDE_OK);
-    EXPECT_TRUE(runtime.usable_here(nullptr));
-    tide_optimizer* opt = create(model);
-    EXPECT_TRUE(runtime.usable_here(nullptr));
-    offload(opt, model, runtime.stream());
-    EXPECT_TRUE(runtime.usable_here(nullptr));
-    step(opt, kPolicies[2]);
-    EXPECT_TRUE(runtime.usable_here(nullptr));
-    EXPECT_EQ(tide_optimizer_release_buffers(opt), TIDE_OK);
-    EXPECT_TRUE(runtime.usable_here(nullptr));
-    EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
-    EXPECT_TRUE(runtime.usable_here(nullptr));
-  });
+  std::thread bare(
+      [&] { live_one_optimizer(model, runtime, runtime.stream(), nullptr, kPolicies[2]); });
   bare.join();
   EXPECT_TRUE(runtime.usable_here(runtime.context()));
   baseline.expect_restored();
@@ -166,18 +163,7 @@ TEST(Guest, ACallerOnAnotherDeviceKeepsItsContext) {
   Model model(zero);
   Runtime one(1);  // current on this thread from here on
   const Baseline baseline(zero);
-  std::size_t free_bytes = 0;
-  std::size_t total = 0;
-  EXPECT_EQ(tide_device_memory(0, &free_bytes, &total), TIDE_OK);
-  EXPECT_TRUE(one.usable_here(one.context()));
-  tide_optimizer* opt = create(model, 0);
-  EXPECT_TRUE(one.usable_here(one.context()));
-  offload(opt, model, zero.stream());
-  EXPECT_TRUE(one.usable_here(one.context()));
-  step(opt, kPolicies[1]);
-  EXPECT_TRUE(one.usable_here(one.context()));
-  EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
-  EXPECT_TRUE(one.usable_here(one.context()));
+  live_one_optimizer(model, one, zero.stream(), one.context(), kPolicies[1]);
   baseline.expect_restored();
 }
 
