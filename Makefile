@@ -4,8 +4,16 @@
 #   make test    build, then run every test: clang-format, C++ (ctest), Python (pytest), the
 #                numerics tests once more per CPU kernel variant, ASan+UBSan, TSan
 #   make bench   run the benchmarks (BENCH=name for one), JSON lines on stdout
-#   make gpu-check   on a machine with a GPU: the GPU tests, the example on CUDA and the GPU
-#                benchmarks, one report (out/gpu-check/); without one, a line saying so
+#   make gpu-check   on a machine with a GPU: the GPU tests, the C++ tests that need no stand-in
+#                on the real driver, memcheck, the Python tests, the example on CUDA and the GPU
+#                benchmarks, one report (out/gpu-check/); without one, a line saying so.
+#                GPU_BUNDLE=out/gpu-bundle.tar.gz: on an offline GPU machine, from that archive
+#                with the machine's python3, building nothing (GPU_CHECK_STANDIN=1: rehearsed
+#                here on the stand-in driver)
+#   make gpu-bundle  build, then out/gpu-bundle.tar.gz: what `make gpu-check` needs on an offline
+#                GPU machine besides the source tree
+#   make gpu-rehearsal   the bundle's gpu-check here, on the stand-in, from a scratch copy of the
+#                tree (no GPU needed)
 #
 # Each target installs what it needs first (scripts/bootstrap.sh) and skips what is there.
 
@@ -18,7 +26,8 @@ BENCH ?=
 export PATH := $(PATH):/usr/local/cuda/bin
 
 .PHONY: run test bench build bootstrap test-cpp test-python test-cpu-variants test-asan test-tsan \
-        test-pip-install format-check tidy clean gpu-check
+        test-pip-install format-check tidy clean gpu-check gpu-bundle \
+        gpu-rehearsal
 
 bootstrap:
 	@scripts/bootstrap.sh --python
@@ -84,6 +93,12 @@ bench:
 # Checks for the GPU first and builds only when there is one (scripts/gpu_check.sh).
 gpu-check:
 	@scripts/gpu_check.sh
+
+gpu-bundle: build
+	@scripts/gpu_bundle.sh
+
+gpu-rehearsal: gpu-bundle
+	@scripts/gpu_rehearsal.sh
 
 format-check:
 	@echo "== clang-format"

@@ -1,36 +1,96 @@
-"""The steps of `make gpu-check` (scripts/gpu_check.sh builds first), and their report.
+"""The steps of `make gpu-check` (scripts/gpu_check.sh), and their report.
 
-Each step runs as a subprocess with its own time limit, its output in out/gpu-check/STEP.log; a
-failing step does not stop the others. The report, out/gpu-check/report.md and report.json, has
-the machine (GPU, driver, CPU), the commit, and per step its status, seconds and figures: test
-counts, the example run's update-phase times against torch.optim.AdamW and its largest weight
-difference, and the benchmarks' JSON lines. Exit status 0 when every step passed.
+Two ways in. Built here (`make gpu-check` on a GPU machine with network): gpu_check.sh builds,
+then runs this with .venv's python. From a bundle (`GPU_BUNDLE=out/gpu-bundle.tar.gz make
+gpu-check` on a lent, offline GPU machine): this unpacks the archive `make gpu-bundle` made into
+build/ and runs every step with the machine's own python3 (PYTHONPATH=python; no .venv, apt, pip,
+build or network). `--standin` (GPU_CHECK_STANDIN=1) rehearses the bundle flow on a machine without
+a GPU: the real-driver steps run over the bundle's host stand-in driver, the Python suite in CPU
+mode (a subset, GPU_CHECK_PYTEST_ARGS), and what needs a GPU (memcheck) is left out.
+
+Each step runs as a subprocess with its own time limit (STEPS; the whole fits 8 minutes on a
+16-core H100/H200), its output in out/gpu-check/STEP.log; a failing step does not stop the others.
+The report, out/gpu-check/report.md and report.json, has the machine (GPU, driver, CPU), the commit,
+and per step its status, seconds and figures; out/gpu-check/logs.tar.gz has every log. Those three
+files are everything. Exit status 0 when every step passed.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
-import xml.etree.ElementTree as ET
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OUT = REPO / "out" / "gpu-check"
-PY = str(REPO / ".venv" / "bin" / "python")
+BUILD = REPO / "build"
+MANIFEST = BUILD / "ctest-manifest.json"
+STANDIN = BUILD / "lib" / "libtide_standin_cuda.so"
+
+# Seconds each step may take on a 16-core H100/H200 (README, "Testing"), in the order they run:
+# 455 in all, and no step runs past BUDGET seconds from the start (unpacking has no limit of its
+# own), so the check and its report end within 8 minutes of a 15-minute loan that includes the
+# machine's start. The Python suite (ELASTIC) also gets what the steps before it left unused,
+# less what the steps after it may take.
+STEPS = {
+    "unpack": 15,
+    "preflight": 10,
+    "ctest-gpu": 30,
+    "ctest-real-driver": 45,
+    "memcheck-gpu": 60,
+    "pytest": 200,
+    "example": 35,
+    "bench-gpu_update_phase": 45,
+    "bench-gpu_allocator_replay": 15,
+}
+BUDGET = 460
+ELASTIC = "pytest"
+PYTEST_TEST_LIMIT = 60  # seconds per Python test: a hung test costs this much, then the run goes on
+# Python test files that cannot run on a lent machine: they need the network or a build.
+PYTEST_NEVER = {
+    "tests/python/test_deepspeed.py": "installs DeepSpeed with pip (network); CPU-only by design",
+    "tests/python/test_make_bench.py": "runs `make bench`, which builds first (apt, pip)",
+}
+# ... and those that need packages the machine's python may lack (checked there).
+PYTEST_NEEDS = {"tests/python/test_trainers.py": ["transformers", "lightning"]}
+# The rehearsal's Python subset (a few minutes on 2 cores): the optimizer on its devices, the
+# library, the allocator, the interposer under `tide run`.
+REHEARSAL_PYTEST = ["tests/python/test_lib.py", "tests/python/test_allocator.py",
+                    "tests/python/test_optim.py", "tests/python/test_interpose_run.py"]
 
 
-def command_output(args: list[str]) -> str:
+def command_output(args: list[str], **kwargs) -> str:
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=60).stdout.strip()
+        return subprocess.run(args, capture_output=True, text=True, timeout=60,
+                              **kwargs).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def cmake_archs() -> str:
+    try:
+        text = (BUILD / "CMakeCache.txt").read_text()
+    except OSError:
+        return ""
+    m = re.search(r"^TIDE_CUDA_ARCHS:\w+=(.*)$", text, re.MULTILINE)
+    return m.group(1) if m else ""
+
+
+def bundle_info() -> dict:
+    try:
+        return json.loads((BUILD / "gpu-bundle.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def machine() -> dict:
@@ -45,44 +105,95 @@ def machine() -> dict:
     return {"gpus": [g.strip() for g in gpu.splitlines() if g.strip()], "cpu": cpu,
             "cores": os.cpu_count(), "host": platform.node(),
             "commit": command_output(["git", "-C", str(REPO), "rev-parse", "HEAD"]),
+            "python": f"{sys.executable} {platform.python_version()}",
+            "torch": command_output([sys.executable, "-c",
+                                     "import torch; print(torch.__version__)"]),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def run(name: str, args: list[str], timeout: int, env: dict | None = None) -> dict:
-    """Runs one step; its combined output goes to out/gpu-check/NAME.log."""
-    log = OUT / f"{name}.log"
-    start = time.monotonic()
-    print(f"gpu-check: {name}: {' '.join(args)}", flush=True)
-    try:
+class Steps:
+    """Runs the steps, each within its limit and what is left of the budget."""
+
+    def __init__(self, env: dict, budget: float, scale: float):
+        self.env = env
+        self.scale = scale
+        self.deadline = time.monotonic() + budget * scale
+        self.done: list[dict] = []
+
+    def left(self, name: str) -> float:
+        now_left = self.deadline - time.monotonic()
+        if name == ELASTIC:
+            order = list(STEPS)
+            after = sum(STEPS[n] for n in order[order.index(name) + 1:]) * self.scale
+            return max(0.0, min(now_left, max(STEPS[name] * self.scale, now_left - after)))
+        return max(0.0, min(STEPS[name] * self.scale, now_left))
+
+    def add(self, name: str, status: str, seconds: float = 0, figures: dict | None = None) -> dict:
+        step = {"step": name, "status": status, "seconds": round(seconds, 1),
+                "log": f"out/gpu-check/{name}.log", "figures": figures or {}}
+        self.done.append(step)
+        print(f"gpu-check: {name}: {status}", flush=True)
+        return step
+
+    def run(self, name: str, args: list[str], env: dict | None = None) -> dict:
+        """Runs one step; its combined output goes to out/gpu-check/NAME.log."""
+        limit = self.left(name)
+        if limit < 1:
+            return self.add(name, "not run (the check's time budget is spent)")
+        log = OUT / f"{name}.log"
+        start = time.monotonic()
+        print(f"gpu-check: {name} (limit {limit:.0f} s): {' '.join(args)}", flush=True)
         with open(log, "w") as f:
-            p = subprocess.run(args, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                               env={**os.environ, **(env or {})})
-        status = "passed" if p.returncode == 0 else f"failed (exit {p.returncode})"
-    except subprocess.TimeoutExpired:
-        status = f"failed (over {timeout} s)"
-    seconds = round(time.monotonic() - start, 1)
-    print(f"gpu-check: {name}: {status} in {seconds} s", flush=True)
-    return {"step": name, "status": status, "seconds": seconds, "log": str(log.relative_to(REPO)),
-            "figures": {}}
+            f.write(f"$ {' '.join(args)}\n")
+            f.flush()
+            # A session of its own, so that the limit ends the step's children too.
+            p = subprocess.Popen(args, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                 env={**self.env, **(env or {})}, start_new_session=True)
+            try:
+                code = p.wait(timeout=limit)
+                status = "passed" if code == 0 else f"failed (exit {code})"
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait()
+                status = f"failed (over its limit of {limit:.0f} s)"
+        step = {"step": name, "status": status, "seconds": round(time.monotonic() - start, 1),
+                "log": str(log.relative_to(REPO)), "figures": {}}
+        self.done.append(step)
+        print(f"gpu-check: {name}: {status} in {step['seconds']} s", flush=True)
+        return step
 
 
-def junit_counts(path: pathlib.Path) -> dict:
+# ---- figures -------------------------------------------------------------------------------------
+
+def read_json(path: pathlib.Path) -> dict:
     try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
         return {}
-    suites = [root] if root.tag == "testsuite" else list(root)
-    keys = ("tests", "failures", "errors", "skipped")
-    return {k: sum(int(s.get(k, 0)) for s in suites) for k in keys}
 
 
-def ctest_counts(log: pathlib.Path) -> dict:
-    text = log.read_text(errors="replace") if log.exists() else ""
-    m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", text)
-    if not m:
-        return {}
-    skipped = re.findall(r"^\s*\d+ - (\S+) \(Skipped\)", text, re.MULTILINE)
-    return {"tests": int(m.group(3)), "failures": int(m.group(2)), "skipped": len(skipped)}
+def ctest_figures(path: pathlib.Path) -> dict:
+    r = read_json(path)
+    figures = {k: r[k] for k in ("tests", "passed", "skipped", "failures") if k in r}
+    if r.get("failed"):
+        figures["failed_tests"] = r["failed"]
+    return figures
+
+
+def pytest_figures(path: pathlib.Path, ignored: dict) -> dict:
+    r = read_json(path)
+    keys = ("collected", "passed", "failed", "errors", "skipped", "xfailed", "xpassed", "crashed",
+            "not_run", "collection_errors", "rounds")
+    figures = {k: r[k] for k in keys if k in r}
+    if r.get("crashes"):
+        figures["crashes"] = r["crashes"]
+    if r.get("failures"):
+        figures["failed_tests"] = r["failures"]
+    if r.get("collection_error_messages"):
+        figures["collection_error_messages"] = r["collection_error_messages"]
+    if ignored:
+        figures["left_out"] = ignored
+    return figures
 
 
 def no_skips(step: dict) -> dict:
@@ -127,72 +238,214 @@ def json_lines(log: pathlib.Path) -> list[dict]:
     return lines
 
 
+# ---- steps ---------------------------------------------------------------------------------------
+
+def unpack(steps: Steps, bundle: pathlib.Path) -> bool:
+    start = time.monotonic()
+    try:
+        with tarfile.open(bundle) as tar:
+            members = tar.getmembers()
+            names = [m.name for m in members]
+            if not names or any(not (n == "build" or n.startswith("build/")) for n in names):
+                raise tarfile.TarError(f"{bundle} holds more than build/: not a gpu-bundle")
+            if hasattr(tarfile, "data_filter"):  # Python 3.12: say which filter (3.14's default)
+                tar.extractall(REPO, filter="tar")
+            else:
+                tar.extractall(REPO)
+        info = bundle_info()
+        step = steps.add("unpack", "passed", time.monotonic() - start,
+                         {"files": sum(m.isfile() for m in members),
+                          "bundle_bytes": bundle.stat().st_size,
+                          "bundle_commit": info.get("commit"), "bundle_dirty": info.get("dirty"),
+                          "bundle_built": info.get("built")})
+    except (OSError, tarfile.TarError) as e:
+        steps.add("unpack", f"failed ({e})", time.monotonic() - start)
+        return False
+    return step["status"] == "passed"
+
+
+def preflight(steps: Steps) -> None:
+    """What the machine offers: the driver and devices tide sees, and any library the bundle's
+    programs need that it lacks (then every C++ step fails for the same reason: said here once)."""
+    s = steps.run("preflight", ["sh", "-c", "build/bin/tide info; status=$?; echo '== ldd'; "
+                                "for f in build/bin/* build/lib/*.so build/lib/bundled/*; do "
+                                "ldd \"$f\" 2>&1 | sed -n \"/not found/s|^|$f: |p\"; done; "
+                                "exit $status"])
+    lines = (REPO / s["log"]).read_text(errors="replace").splitlines()[1:]  # after the command
+    cut = lines.index("== ldd") if "== ldd" in lines else len(lines)
+    s["figures"] = {"tide_info": lines[:min(cut, 8)],
+                    "missing_libraries": sorted({m for line in lines[cut:]
+                                                 for m in re.findall(r"(\S+) => not found", line)})}
+    if s["figures"]["missing_libraries"] and s["status"] == "passed":
+        s["status"] = "failed (libraries missing)"
+
+
+def ctest_step(steps: Steps, python: str, name: str, options: list[str], gpu: bool) -> None:
+    result = OUT / f"{name}.json"
+    limit = steps.left(name)
+    s = steps.run(name, [python, "scripts/ctest_manifest.py", "run", str(MANIFEST),
+                         "--deadline", f"{max(limit - 5, 1):.0f}", "--json", str(result), *options])
+    s["figures"] = ctest_figures(result)
+    if gpu:
+        no_skips(s)
+
+
+def pytest_step(steps: Steps, python: str, extra: list[str]) -> None:
+    ignored = dict(PYTEST_NEVER)
+    for path, modules in PYTEST_NEEDS.items():
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            ignored[path] = f"needs {', '.join(missing)}, not on this python"
+    result = OUT / "pytest.json"
+    limit = steps.left("pytest")
+    args = [python, "scripts/pytest_resume.py", "--timeout", str(PYTEST_TEST_LIMIT * steps.scale),
+            "--deadline", f"{max(limit - 5, 1):.0f}", "--json", str(result), "--",
+            "-q", "-rfE", "--durations=25", "-p", "no:cacheprovider",
+            *[f"--ignore={p}" for p in ignored], *(extra or ["tests/python"])]
+    s = steps.run("pytest", args)
+    s["figures"] = pytest_figures(result, ignored)
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
+    b = report.get("bundle") or {}
     lines = [f"# tide gpu-check, {m['date']}", "",
-             f"- GPU: {'; '.join(m['gpus']) or 'unknown'}", f"- CPU: {m['cpu']} ({m['cores']} cores)",
-             f"- commit: {m['commit']}", f"- fatbin architectures: {report['archs']}",
-             f"- overall: **{'passed' if report['passed'] else 'FAILED'}**", "",
+             f"- GPU: {'; '.join(m['gpus']) or 'none'}", f"- CPU: {m['cpu']} ({m['cores']} cores)",
+             f"- python: {m['python']}, torch {m['torch']}",
+             f"- commit: {m['commit'] or 'unknown (no .git here)'}",
+             *([f"- bundle: built from {b.get('commit')}"
+                f"{' with uncommitted changes' if b.get('dirty') else ''} on {b.get('built')}"]
+               if b else []),
+             f"- mode: {report['mode']}", f"- fatbin architectures: {report['archs']}",
+             f"- overall: **{'passed' if report['passed'] else 'FAILED'}**"
+             f" in {report['seconds']} s (budget {report['budget_seconds']} s)", "",
              "| step | status | seconds | figures |", "| --- | --- | --- | --- |"]
     for s in report["steps"]:
-        figures = s["figures"]
-        shown = {k: v for k, v in figures.items() if k != "lines"}
-        if "lines" in figures:
-            shown["json_lines"] = len(figures["lines"])
+        shown = {k: v for k, v in s["figures"].items()
+                 if k not in ("lines", "crashes", "failed_tests", "collection_error_messages",
+                              "left_out", "tide_info")}
+        if "lines" in s["figures"]:
+            shown["json_lines"] = len(s["figures"]["lines"])
         lines.append(f"| {s['step']} | {s['status']} | {s['seconds']} | "
                      f"{json.dumps(shown) if shown else ''} |")
     for s in report["steps"]:
-        if s["figures"].get("lines"):
-            lines += ["", f"## {s['step']}", ""]
-            lines += ["- " + json.dumps(line) for line in s["figures"]["lines"]]
-    lines += ["", "Logs: out/gpu-check/*.log; everything above also in report.json.", ""]
+        f = s["figures"]
+        detail = [f"- crashed: `{c['test']}`: {c['reason']}" for c in f.get("crashes", [])]
+        detail += [f"- failed: `{t}`" for t in f.get("failed_tests", [])]
+        if f.get("tide_info"):
+            detail += ["```", *f["tide_info"], "```"]
+        detail += [f"- collection error: `{p}`: {why}"
+                   for p, why in f.get("collection_error_messages", {}).items()]
+        detail += [f"- left out: `{p}`: {why}" for p, why in f.get("left_out", {}).items()]
+        detail += ["- " + json.dumps(line) for line in f.get("lines", [])]
+        if detail:
+            lines += ["", f"## {s['step']}", "", *detail]
+    lines += ["", "Logs: out/gpu-check/logs.tar.gz (one per step); all of the above also in "
+              "report.json.", ""]
     return "\n".join(lines)
+
+
+def pack_logs() -> None:
+    with tarfile.open(OUT / "logs.tar.gz", "w:gz") as tar:
+        for f in sorted(OUT.iterdir()):
+            if f.suffix in (".log", ".json") and f.name != "report.json":
+                tar.add(f, arcname=f"gpu-check/{f.name}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--bundle", help="unpack this archive (make gpu-bundle) into build/ first")
+    parser.add_argument("--standin", action="store_true",
+                        help="rehearse on the host stand-in driver (no GPU needed)")
     parser.add_argument("--build-status", default="passed")
     parser.add_argument("--build-seconds", type=float, default=0)
     parser.add_argument("--archs", default="")
+    parser.add_argument("--budget", type=float, default=BUDGET, help="seconds for all the steps")
+    parser.add_argument("--time-scale", type=float,
+                        default=float(os.environ.get("GPU_CHECK_TIME_SCALE", 0)) or None,
+                        help="every limit times this (default 1; 4 with --standin: a rehearsal "
+                             "runs on a small machine)")
+    parser.add_argument("--pytest-args", default=os.environ.get("GPU_CHECK_PYTEST_ARGS", ""),
+                        help="what pytest runs instead of tests/python (space-separated)")
     args = parser.parse_args()
+    started = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
+    for old in OUT.iterdir():  # a report of this run only (gpu_check.sh's build log is)
+        if old.is_file() and old.name != "build.log":
+            old.unlink()
 
-    steps = [{"step": "build", "status": args.build_status, "seconds": args.build_seconds,
-              "log": "out/gpu-check/build.log", "figures": {}}]
-    if args.build_status == "passed":
-        s = run("ctest-gpu", ["ctest", "--test-dir", "build", "-L", "gpu", "--output-on-failure"],
-                timeout=1800)
-        s["figures"] = ctest_counts(REPO / s["log"])
-        steps.append(no_skips(s))
+    python = sys.executable
+    env = dict(os.environ)
+    # tide from the tree (python/), the bundle's libraries (libunwind for `tide run --stacks`).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "python"), env.get("PYTHONPATH"))
+                                        if p)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(BUILD / "lib" / "bundled"), env.get("LD_LIBRARY_PATH")) if p)
+    if args.standin:
+        env["TIDE_CUDA_DRIVER"] = str(STANDIN)
+    # Child processes find this python first (tests' subprocesses mostly use sys.executable).
+    env["PATH"] = os.pathsep.join((str(pathlib.Path(python).parent), env.get("PATH", "")))
+    steps = Steps(env, args.budget, args.time_scale or (4 if args.standin else 1))
 
-        xml = OUT / "pytest-gpu.xml"
-        s = run("pytest-gpu", [PY, "-m", "pytest", "-q", "-m", "gpu", f"--junitxml={xml}",
-                               "tests/python"], timeout=3600)
-        s["figures"] = junit_counts(xml)
-        steps.append(no_skips(s))
+    ok = True
+    if args.bundle:
+        ok = unpack(steps, pathlib.Path(args.bundle).resolve())
+    else:
+        steps.add("build", args.build_status, args.build_seconds)
+        ok = args.build_status == "passed"
+        if ok:
+            subprocess.run([python, "scripts/ctest_manifest.py", "generate", "build",
+                            str(MANIFEST)], cwd=REPO, check=True)
+    if ok:
+        preflight(steps)
+        driver = ["--driver", "standin" if args.standin else "real"]
+        ctest_step(steps, python, "ctest-gpu", ["--label", "gpu", "-j", "2"], gpu=not args.standin)
+        # 8 at a time: many of them start as many threads as the machine has cores.
+        ctest_step(steps, python, "ctest-real-driver",
+                   ["--label", "real_driver", "-j", "8", *driver], gpu=False)
+        sanitizer = shutil.which("compute-sanitizer") or shutil.which(
+            "compute-sanitizer", path="/usr/local/cuda/bin")
+        if args.standin or not sanitizer:
+            steps.add("memcheck-gpu", "not run (" + ("rehearsal: compute-sanitizer needs a GPU"
+                      if args.standin else "no compute-sanitizer found") + ")")
+        else:
+            ctest_step(steps, python, "memcheck-gpu",
+                       ["--label", "gpu", "-j", "2", "--wrap",
+                        f"{sanitizer} --tool memcheck --error-exitcode 86"],
+                       gpu=True)
+        extra = args.pytest_args.split() or (REHEARSAL_PYTEST if args.standin else [])
+        pytest_step(steps, python, extra)
 
-        xml = OUT / "pytest-optim.xml"
-        s = run("pytest-optim-on-cuda", [PY, "-m", "pytest", "-q", f"--junitxml={xml}",
-                                         "tests/python/test_optim.py"], timeout=3600)
-        s["figures"] = junit_counts(xml)
-        steps.append(s)
-
-        s = run("make-run", ["make", "--no-print-directory", "run"], timeout=3600)
+        # The rehearsal's CPU does in minutes what a GPU does in seconds: fewer steps there.
+        s = steps.run("example", [python, "examples/train_gpt.py", "--compare",
+                                  "--out", "out/gpu-check/example",
+                                  *(["--steps", "20"] if args.standin else [])])
         s["figures"] = example_figures(REPO / s["log"])
-        steps.append(no_skips(s))
-
-        for bench in ("gpu_update_phase", "gpu_allocator_replay"):
-            s = run(f"bench-{bench}", [PY, f"bench/{bench}.py"], timeout=3600)
+        if not args.standin:
+            no_skips(s)
+        for bench, options in (("gpu_update_phase", ["--steps", "3"]),
+                               ("gpu_allocator_replay", [])):
+            s = steps.run(f"bench-{bench}", [python, f"bench/{bench}.py", *options])
             s["figures"] = {"lines": json_lines(REPO / s["log"])}
-            steps.append(no_skips(s))
+            if not args.standin:
+                no_skips(s)
 
-    report = {"machine": machine(), "archs": args.archs, "steps": steps,
-              "passed": all(s["status"] == "passed" for s in steps)}
+    passed = all(s["status"] == "passed" or s["status"].startswith("not run (rehearsal")
+                 for s in steps.done)
+    report = {"machine": machine(), "bundle": bundle_info() if args.bundle else None,
+              "mode": ("rehearsal on the host stand-in driver" if args.standin else "real GPU") +
+                      (f", from {args.bundle}" if args.bundle else ", built here"),
+              "archs": args.archs or (bundle_info().get("cuda_archs", "") if args.bundle
+                                      else cmake_archs()),
+              "budget_seconds": round(args.budget * steps.scale), "time_scale": steps.scale,
+              "steps": steps.done, "passed": passed,
+              "seconds": round(time.monotonic() - started, 1)}
     (OUT / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (OUT / "report.md").write_text(markdown(report))
-    print(f"gpu-check: {'passed' if report['passed'] else 'FAILED'}; report: "
-          f"out/gpu-check/report.md, out/gpu-check/report.json", flush=True)
-    return 0 if report["passed"] else 1
+    pack_logs()
+    print(f"gpu-check: {'passed' if passed else 'FAILED'} in {report['seconds']} s; report: "
+          "out/gpu-check/report.md, report.json, logs.tar.gz", flush=True)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -1,17 +1,41 @@
 #!/usr/bin/env bash
-# `make gpu-check`: everything that needs a real GPU, in one command, with one report. Without a
-# GPU it says so in one line and exits 0, before building anything. With one it builds tide (also
-# for this GPU's architecture when the default fatbin lacks it), then scripts/gpu_check.py runs
-# the gpu-labelled C++ tests, the gpu-marked Python tests and all of tests/python/test_optim.py
-# (on CUDA tensors there), the example training on CUDA (`make run`) and the GPU benchmarks, and
-# writes out/gpu-check/report.md and report.json. Exit status: 0 when every step passed.
-set -uo pipefail
+# `make gpu-check`: everything that needs a real GPU, in one command, with one report
+# (scripts/gpu_check.py runs the steps: README, "Testing"). Without a GPU it says so in one line and
+# exits 0, before building or unpacking anything.
+#
+#   make gpu-check                              a GPU machine with network: builds tide (also for
+#                                               this GPU's architecture when the fatbin lacks it)
+#   GPU_BUNDLE=out/gpu-bundle.tar.gz make gpu-check
+#                                               a lent, offline GPU machine: unpacks what
+#                                               `make gpu-bundle` packed, runs with python3
+#   GPU_BUNDLE=... GPU_CHECK_STANDIN=1 make gpu-check
+#                                               the same, rehearsed here on the host stand-in driver
+#
+# Only make, bash and a python3 with torch are needed with GPU_BUNDLE (PYTHON=... picks another
+# python). Exit status: 0 when every step passed, or when there is no GPU.
+set -euo pipefail
 cd "$(dirname "$0")/.."
 
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-if [[ ${gpus:-0} -eq 0 ]]; then
-  echo "gpu-check: no GPU on this machine (nvidia-smi lists none): nothing to check"
-  exit 0
+bundle=${GPU_BUNDLE:-}
+standin=${GPU_CHECK_STANDIN:-0}
+
+if [[ $standin == 1 ]]; then
+  [[ -n $bundle ]] || { echo "gpu-check: GPU_CHECK_STANDIN=1 rehearses the bundle flow: set GPU_BUNDLE too" >&2; exit 2; }
+else
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  if [[ ${gpus:-0} -eq 0 ]]; then
+    echo "gpu-check: no GPU on this machine (nvidia-smi lists none): nothing to check"
+    exit 0
+  fi
+fi
+
+if [[ -n $bundle ]]; then
+  [[ -f $bundle ]] || { echo "gpu-check: GPU_BUNDLE=$bundle: no such file" >&2; exit 2; }
+  python=${PYTHON:-python3}
+  flags=(--bundle "$bundle")
+  [[ $standin == 1 ]] && flags+=(--standin)
+  echo "gpu-check: from $bundle with $(command -v "$python")$([[ $standin == 1 ]] && echo ', on the host stand-in driver (rehearsal)')"
+  exec "$python" scripts/gpu_check.py "${flags[@]}" "$@"
 fi
 
 mkdir -p out/gpu-check

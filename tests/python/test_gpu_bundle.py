@@ -1,0 +1,178 @@
+"""The offline GPU check's parts (make gpu-bundle, GPU_BUNDLE=... make gpu-check), kept from rotting
+between the rare days a GPU is lent: the C++ tests' manifest and its runner
+(scripts/ctest_manifest.py), the labels that say which C++ tests run on the real driver, the
+crash-resume pytest driver (scripts/pytest_resume.py), and gpu_check.sh's answers without a GPU.
+The whole flow is rehearsed by `GPU_CHECK_STANDIN=1` (README, "Testing"); that takes minutes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts"
+
+
+def run(args: list, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120,
+                          **kwargs)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory) -> dict:
+    build_dir = pathlib.Path(os.environ.get("TIDE_BUILD_DIR", REPO / "build"))  # as conftest.py
+    if not (build_dir / "CMakeCache.txt").is_file() or shutil.which("ctest") is None:
+        pytest.skip("no build tree with ctest (make build)")
+    out = tmp_path_factory.mktemp("manifest") / "ctest-manifest.json"
+    r = run([sys.executable, SCRIPTS / "ctest_manifest.py", "generate", build_dir, out])
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+def test_the_manifest_names_no_path_of_this_tree(manifest):
+    assert str(REPO) not in json.dumps(manifest)
+    names = [t["name"] for t in manifest["tests"]]
+    assert len(names) == len(set(names)) > 50
+    driver_test = next(t for t in manifest["tests"] if t["name"] == "driver_test")
+    assert driver_test["command"] == ["@BUILD@/bin/driver_test"]
+    assert driver_test["working_directory"] == "@BUILD@/tests/driver"
+    assert "TIDE_CUDA_DRIVER=@BUILD@/lib/libtide_standin_cuda.so" in driver_test["environment"]
+
+
+def test_real_driver_tests_need_nothing_of_the_stand_in(manifest):
+    """The label's promise, as far as the manifest shows it: no stand-in knob, no fake libcuda, no
+    stand-in name expected, and not also a gpu test (tests/CMakeLists.txt)."""
+    labelled = {t["name"]: t for t in manifest["tests"] if "real_driver" in t["labels"]}
+    gpu = {t["name"] for t in manifest["tests"] if "gpu" in t["labels"]}
+    assert {"driver_test", "executor_numerics_test", "allocator_capi_test"} <= set(labelled)
+    assert gpu == {"kernels_adam_gpu_test", "pinned_gpu_test"}
+    assert not gpu & set(labelled)
+    for name, t in labelled.items():
+        env = " ".join(t["environment"])
+        assert "TIDE_STANDIN_" not in env and "fakecuda" not in env, name
+        assert not any("stand-in" in r for r in t["pass_regular_expression"]), name
+    for name in ("standin_test", "allocator_caching_test", "executor_overlap_test",
+                 "driver_node_share_test", "tide_calibrate_roundtrip", "interpose_cudart_test"):
+        assert name not in labelled
+
+
+def test_the_runner_keeps_ctests_rules(tmp_path):
+    """Pass expressions, the skip code, the time limit, a missing working directory, paths, the
+    driver swap of --driver real, and a command put before each test's (--wrap: the sanitizer)."""
+    build = tmp_path / "build"
+    build.mkdir()
+
+    def test(name, script, **extra):
+        return {"name": name, "command": ["/bin/sh", "-c", script], "labels": ["x"],
+                "environment": ["TIDE_CUDA_DRIVER=@BUILD@/lib/libtide_standin_cuda.so",
+                                "WHERE=@BUILD@"],
+                "working_directory": "@BUILD@/tests/made", "timeout": 600,
+                "pass_regular_expression": [], "skip_return_code": None, **extra}
+
+    manifest = {"version": 1, "tests": [
+        test("plain", 'test "$(pwd -P)" = "$(cd "$WHERE" && pwd -P)/tests/made"'),
+        test("regex", "echo status=3; exit 1", pass_regular_expression=["status=3\n"]),
+        test("regex_missed", "echo status=4", pass_regular_expression=["status=3"]),
+        test("skipped", "exit 77", skip_return_code=77),
+        test("slow", "sleep 30", timeout=1),
+        test("driver", 'echo "driver=$TIDE_CUDA_DRIVER"',
+             pass_regular_expression=["driver=libcuda"]),
+        {**test("other", 'test "$WRAPPED" = 1'), "labels": ["y"]},
+    ]}
+    path = build / "ctest-manifest.json"
+    path.write_text(json.dumps(manifest))
+    out = tmp_path / "results.json"
+    r = run([sys.executable, SCRIPTS / "ctest_manifest.py", "run", path, "--label", "x",
+             "--driver", "real", "-j", "4", "--json", out])
+    assert r.returncode == 1, r.stdout + r.stderr
+    status = {x["name"]: x["status"] for x in json.loads(out.read_text())["results"]}
+    assert status == {"plain": "passed", "regex": "passed",
+                      "regex_missed": "failed (output does not match)", "skipped": "skipped",
+                      "slow": "failed (over 1 s)", "driver": "passed"}, r.stdout
+    r = run([sys.executable, SCRIPTS / "ctest_manifest.py", "run", path, "--label", "y",
+             "--wrap", "env WRAPPED=1"])
+    assert r.returncode == 0 and "1 passed, 0 skipped, 0 failed out of 1" in r.stdout
+
+
+SYNTHETIC = textwrap.dedent("""
+    import ctypes, time
+
+    def test_first():
+        pass
+
+    def test_second_segfaults():
+        ctypes.string_at(0)
+
+    def test_third_fails():
+        assert False
+
+    def test_fourth_hangs():
+        time.sleep(60)
+
+    def test_fifth():
+        pass
+""")
+
+
+def test_a_crash_ends_one_test_and_the_run_goes_on_in_order(tmp_path):
+    (tmp_path / "test_synthetic.py").write_text(SYNTHETIC)
+    out = tmp_path / "summary.json"
+    r = run([sys.executable, SCRIPTS / "pytest_resume.py", "--timeout", "3", "--json", out, "--",
+             "-q", "-p", "no:cacheprovider", tmp_path / "test_synthetic.py"],
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})
+    assert r.returncode == 1, r.stdout + r.stderr
+    s = json.loads(out.read_text())
+    name = "test_synthetic.py::"
+    # In the file's order, each test once: the run resumed after each crash.
+    assert s["crashes"] == [{"test": name + "test_second_segfaults", "reason": "killed by SIGSEGV"},
+                            {"test": name + "test_fourth_hangs",
+                             "reason": "over the per-test time limit"}], r.stdout
+    assert s["failures"] == [name + "test_third_fails"]
+    assert {k: s[k] for k in ("collected", "passed", "failed", "crashed", "not_run", "rounds")} == \
+        {"collected": 5, "passed": 2, "failed": 1, "crashed": 2, "not_run": 0, "rounds": 3}
+
+
+def test_a_clean_run_is_one_process(tmp_path):
+    (tmp_path / "test_ok.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    out = tmp_path / "summary.json"
+    r = run([sys.executable, SCRIPTS / "pytest_resume.py", "--json", out, "--", "-q",
+             "-p", "no:cacheprovider", tmp_path / "test_ok.py"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(out.read_text())
+    assert (s["passed"], s["rounds"], s["crashed"], s["status"]) == (2, 1, 0, "finished")
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
+    if shutil.which("nvidia-smi") and "GPU " in run(["nvidia-smi", "-L"]).stdout:
+        pytest.skip("this machine has a GPU")
+    # Not the settings of a gpu-check this test may run under (the rehearsal's).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_")}
+    r = run([SCRIPTS / "gpu_check.sh"], env={**env, "GPU_BUNDLE": str(tmp_path / "none")})
+    assert (r.returncode, r.stdout.count("\n")) == (0, 1) and "no GPU" in r.stdout, r.stdout
+    r = run([SCRIPTS / "gpu_check.sh"], env={**env, "GPU_CHECK_STANDIN": "1"})
+    assert r.returncode == 2 and "set GPU_BUNDLE" in r.stderr
+
+
+def test_the_steps_fit_eight_minutes():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert sum(gpu_check.STEPS.values()) <= gpu_check.BUDGET <= 8 * 60 - 15  # 15 s: the report
+    steps = gpu_check.Steps({}, gpu_check.BUDGET, 1)
+    after = sum(gpu_check.STEPS[n] for n in ("example", "bench-gpu_update_phase",
+                                             "bench-gpu_allocator_replay"))
+    # The Python suite gets what the steps before it left, the others their own limits...
+    assert abs(steps.left("pytest") - (gpu_check.BUDGET - after)) < 1
+    assert steps.left("example") == gpu_check.STEPS["example"]
+    # ... and nothing runs past the budget.
+    steps.deadline -= gpu_check.BUDGET - 20
+    assert steps.left("pytest") <= 20 and steps.left("example") <= 20
