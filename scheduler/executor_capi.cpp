@@ -22,7 +22,7 @@
 static_assert(TIDE_QUANT_BLOCK == tide::kernels::kQuantBlock);
 
 struct tide_optimizer {
-  // Held for the whole life of the state: the pinned arena's registrations belong to it.
+  // Held for the whole life of the state, which goes first (members end in reverse order).
   std::unique_ptr<tide::driver::PrimaryContext> context;
   std::unique_ptr<tide::scheduler::OptimizerState> state;
   std::unique_ptr<tide::scheduler::Executor> executor;
@@ -211,11 +211,8 @@ TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, s
     eo.cpu_update_factors = given_factors;
     auto result = std::make_unique<tide_optimizer>();
     result->context = std::make_unique<tide::driver::PrimaryContext>(o.device);
-    {
-      const tide::driver::ContextScope scope(*result->context);
-      result->state = std::make_unique<OptimizerState>(std::move(specs), so);
-      result->executor = std::make_unique<Executor>(*result->state, eo);
-    }
+    result->state = std::make_unique<OptimizerState>(std::move(specs), so);
+    result->executor = std::make_unique<Executor>(*result->state, eo);
     for (size_t i = 0; i < slice_count; ++i) {
       const std::vector<ParamSlice>& placed = result->state->spec(slices[i].subgroup).slices;
       const auto at = std::find_if(placed.begin(), placed.end(), [&](const ParamSlice& p) {
@@ -229,13 +226,9 @@ TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, s
 
 TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer) {
   return tide::capi::guard([&] {
-    if (optimizer == nullptr) return;
-    {
-      const tide::driver::ContextScope scope(*optimizer->context);
-      optimizer->executor.reset();
-      optimizer->state.reset();
-    }
-    delete optimizer;  // its share of the context last, with no scope left open on it
+    // The executor, then the state, then the context's share: each makes the context current
+    // for what it gives back (driver/context.h).
+    delete optimizer;
   });
 }
 
