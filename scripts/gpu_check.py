@@ -18,6 +18,7 @@ files are everything. Exit status 0 when every step passed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -226,6 +227,33 @@ def example_figures(log: pathlib.Path) -> dict:
     return out
 
 
+# What tide breaking PyTorch's contexts looked like on the first real GPU (issue 25): none of it
+# may appear in any step's log, whatever the step's own verdict.
+CONTEXT_ERRORS = re.compile(r"CUDA_ERROR_INVALID_CONTEXT|CUDA_ERROR_CONTEXT_IS_DESTROYED|"
+                            r"invalid device context|context is destroyed")
+
+
+def context_errors(log: pathlib.Path, keep: int = 3) -> list[str]:
+    """The first `keep` lines of `log` that report a CUDA context error (empty: none)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            if CONTEXT_ERRORS.search(line):
+                found.append(line.strip()[:300])
+                if len(found) == keep:
+                    break
+    return found
+
+
+def fail_on_context_errors(steps: list[dict]) -> None:
+    for step in steps:
+        lines = context_errors(REPO / step["log"])
+        if lines:
+            step["figures"]["context_errors"] = lines
+            if step["status"] == "passed":
+                step["status"] = "failed (CUDA context errors in its log)"
+
+
 def json_lines(log: pathlib.Path) -> list[dict]:
     lines = []
     for line in (log.read_text(errors="replace") if log.exists() else "").splitlines():
@@ -430,6 +458,7 @@ def main() -> int:
             if not args.standin:
                 no_skips(s)
 
+    fail_on_context_errors(steps.done)
     passed = all(s["status"] == "passed" or s["status"].startswith("not run (rehearsal")
                  for s in steps.done)
     report = {"machine": machine(), "bundle": bundle_info() if args.bundle else None,

@@ -176,3 +176,24 @@ def test_the_steps_fit_eight_minutes():
     # ... and nothing runs past the budget.
     steps.deadline -= gpu_check.BUDGET - 20
     assert steps.left("pytest") <= 20 and steps.left("example") <= 20
+
+
+def test_a_cuda_context_error_in_any_log_fails_its_step(tmp_path, monkeypatch):
+    """The first real GPU's symptoms (issue 25) fail the check wherever they are printed, even in
+    a step whose command exited 0 (a fault tide redid on the CPU still logged it)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.setattr(gpu_check, "REPO", tmp_path)
+    (tmp_path / "clean.log").write_text("fine\nCUDA_ERROR_DEVICE_UNAVAILABLE: no context error\n")
+    (tmp_path / "dirty.log").write_text(
+        "step 1\n"
+        "tide: cuEventRecord failed: CUDA_ERROR_CONTEXT_IS_DESTROYED (context is destroyed)\n"
+        "RuntimeError: CUDA error: invalid device context\n")
+    steps = [{"step": "clean", "status": "passed", "log": "clean.log", "figures": {}},
+             {"step": "dirty", "status": "passed", "log": "dirty.log", "figures": {}},
+             {"step": "gone", "status": "passed", "log": "missing.log", "figures": {}}]
+    gpu_check.fail_on_context_errors(steps)
+    assert [s["status"] for s in steps] == ["passed", "failed (CUDA context errors in its log)",
+                                            "passed"]
+    assert len(steps[1]["figures"]["context_errors"]) == 2

@@ -62,7 +62,8 @@ class Runtime:
         self.enter()
         self._check(self.cuda.cuEventDestroy_v2(self.event), "cuEventDestroy")
         self._check(self.cuda.cuStreamDestroy_v2(self.stream), "cuStreamDestroy")
-        self._check(self.cuda.cuDevicePrimaryCtxRelease_v2(self.device), "cuDevicePrimaryCtxRelease")
+        self._check(self.cuda.cuDevicePrimaryCtxRelease_v2(self.device),
+                    "cuDevicePrimaryCtxRelease")
 
     def current(self):
         current = ctypes.c_void_p()
