@@ -63,8 +63,10 @@ cat >"$stage/build/gpu-bundle.json" <<JSON
  "bundled_libraries": [$(printf '"%s",' "${needed[@]}" | sed 's/,$//')]}
 JSON
 
-tar -C "$stage" -czf "$out" build
+# Written beside it and renamed: a failed or interrupted run leaves the last bundle as it was.
+tar -C "$stage" -czf "$out.partial" build
 rm -rf "$stage"
+mv -f "$out.partial" "$out"
 bytes=$(stat -c %s "$out")
 echo "gpu-bundle: $out, $((bytes / 1024 / 1024)) MiB ($bytes bytes): $(tar -tzf "$out" | grep -c -v '/$')" \
      "files; commit ${commit:0:12}$([[ $dirty == true ]] && echo ' (with uncommitted changes)')"

@@ -12,8 +12,15 @@ scratch=${GPU_REHEARSAL_DIR:-/tmp/tide-gpu-rehearsal}
 [[ -f out/gpu-bundle.tar.gz ]] || { echo "gpu-rehearsal: no out/gpu-bundle.tar.gz (make gpu-bundle)" >&2; exit 1; }
 [[ -x .venv/bin/python3 ]] || { echo "gpu-rehearsal: no .venv/bin/python3 (make bootstrap)" >&2; exit 1; }
 
+# Emptied first, so only a folder this script made is ever emptied (GPU_REHEARSAL_DIR may name any).
+marker=.tide-gpu-rehearsal
+if [[ -e $scratch && ! -f $scratch/$marker ]]; then
+  echo "gpu-rehearsal: $scratch exists and is not a rehearsal folder of ours: choose another GPU_REHEARSAL_DIR" >&2
+  exit 1
+fi
 rm -rf "$scratch"
 mkdir -p "$scratch/out"
+touch "$scratch/$marker"
 git ls-files -z -co --exclude-standard | xargs -0 tar -cf - | tar -C "$scratch" -xf -
 cp out/gpu-bundle.tar.gz "$scratch/out/"
 venv_bin=$(cd .venv/bin && pwd)
