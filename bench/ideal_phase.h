@@ -6,13 +6,13 @@
 
 #include <algorithm>
 
-#include "scheduler/rates.h"
+#include "planner/rates.h"
 
 namespace tide::bench {
 
 // `w` parameters, `state_bytes` per parameter each way (12: fp32 state, 8: bf16 moments).
-inline double ideal_seconds(double w, double cpu_rate, const scheduler::Rates& r,
-                            double upload_bytes, unsigned state_bytes) {
+inline double ideal_seconds(double w, double cpu_rate, const planner::Rates& r, double upload_bytes,
+                            unsigned state_bytes) {
   const double sb = state_bytes;
   double best = 1e300;
   for (int i = 0; i <= 1000; ++i) {

@@ -56,7 +56,7 @@
 // iteration in each state. ZeRO-Offload-style is left out there (its update uses no GPU memory).
 //
 // Each line also has the performance model's prediction of every phase (forward: the layers'
-// compute; backward: scheduler/iteration_model.h; update: the plan the executor's planner, the one
+// compute; backward: planner/iteration_model.h; update: the plan the executor's planner, the one
 // `tide plan` runs, makes for that headroom with the rates measured at the start) and measured
 // over predicted.
 #include <cuda.h>
@@ -82,15 +82,16 @@
 #include "driver/stream.h"
 #include "kernels/adam_kernel.h"
 #include "kernels/cpu_adam.h"
-#include "scheduler/executor.h"
-#include "scheduler/iteration_model.h"
-#include "scheduler/measure.h"
+#include "planner/iteration_model.h"
+#include "planner/measure.h"
+#include "runtime/executor.h"
 #include "standin/standin.h"
 
 namespace {
 
 using namespace tide;
-using namespace tide::scheduler;
+using namespace tide::planner;
+using namespace tide::runtime;
 using allocator::device::CachingAllocator;
 using Clock = std::chrono::steady_clock;
 

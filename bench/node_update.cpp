@@ -45,16 +45,17 @@
 #include "driver/memory.h"
 #include "kernels/adam_kernel.h"
 #include "kernels/cpu_adam.h"
-#include "scheduler/executor.h"
-#include "scheduler/measure.h"
-#include "scheduler/node_rates.h"
-#include "scheduler/planner.h"
-#include "scheduler/rank_processes.h"
+#include "planner/measure.h"
+#include "planner/node_rates.h"
+#include "planner/planner.h"
+#include "planner/rank_processes.h"
+#include "runtime/executor.h"
 
 namespace {
 
 using namespace tide;
-using namespace tide::scheduler;
+using namespace tide::planner;
+using namespace tide::runtime;
 
 constexpr const char* kName = "bench_node_update";
 constexpr double kAdamBytesPerParam = 28;  // fp32 p, m, v read and written, bf16 g in, copy out

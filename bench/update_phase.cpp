@@ -26,7 +26,7 @@
 // had ("tide_cpu_params_per_s": a busy machine moves the CPU's rate between measurements).
 //
 // tide's line has the two ratios that say whether the executor overlaps and the planner chooses
-// well (the test suite proves the overlap by order, tests/scheduler/executor_overlap_test.cpp;
+// well (the test suite proves the overlap by order, tests/runtime/executor_overlap_test.cpp;
 // how much it is worth is measured here):
 // - "over_plan_overlap": the phase against the ideal overlap of the placement it ran, the larger
 //   of its two sides perfectly overlapped: the CPU side as the CPU worker took it in that very
@@ -48,7 +48,7 @@
 // update), --state-dtype all fp32, bf16 and q8 in the same rounds.
 //
 // The rates are measured here (fp32 state's) and given to the executor; the CPU update factors of
-// the other state formats (scheduler/cpu_update_factors.h) are the calibration file's, as the
+// the other state formats (planner/cpu_update_factors.h) are the calibration file's, as the
 // executor takes them: --calibration FILE, else TIDE_CALIBRATION_FILE or the default path when a
 // file is there, else the model's. Each line says which ("cpu_update_factor",
 // "cpu_update_contended_factor", "cpu_update_factor_source"). A file measured with the widest
@@ -83,16 +83,17 @@
 #include "io/json_writer.h"
 #include "kernels/adam_kernel.h"
 #include "kernels/cpu_adam.h"
-#include "scheduler/executor.h"
-#include "scheduler/interleave.h"
-#include "scheduler/measure.h"
-#include "scheduler/rate_sources.h"
+#include "planner/interleave.h"
+#include "planner/measure.h"
+#include "planner/rate_sources.h"
+#include "runtime/executor.h"
 #include "standin/standin.h"
 
 namespace {
 
 using namespace tide;
-using namespace tide::scheduler;
+using namespace tide::planner;
+using namespace tide::runtime;
 
 using bench::ideal_seconds;
 using bench::sleeping_adam;

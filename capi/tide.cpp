@@ -1,5 +1,5 @@
 // The C ABI's general part: version, errors, driver. Each component implements the tide_*
-// functions of its own area next to its code (e.g. kernels/capi.cpp).
+// functions of its own area next to its code (e.g. capi/kernels.cpp).
 #include "tide/tide.h"
 
 #include <stdexcept>

@@ -80,7 +80,7 @@ void existing_file(std::string_view name, std::string_view value) {
   }
 }
 
-// As scheduler::parse_policy reads it.
+// As runtime::parse_policy reads it.
 void placement(std::string_view name, std::string_view value) {
   if (value == "auto" || value == "cpu" || value == "gpu") return;
   std::string_view digits = value;

@@ -1,6 +1,6 @@
-// kernels/cuda/adam.cu compiled for the host (kernels/host/cuda.h): the stand-in driver runs this,
-// the kernel's own source, for a launch of tide_adam_step or tide_adam_step_q8.
-#include "kernels/host/cuda.h"
+// kernels/cuda/adam.cu compiled for the host (kernels/host/cuda_emulation.h): the stand-in driver
+// runs this, the kernel's own source, for a launch of tide_adam_step or tide_adam_step_q8.
+#include "kernels/host/cuda_emulation.h"
 // Second: the kernel source sees the host definitions of CUDA's keywords and intrinsics.
 #include "kernels/cuda/adam.cu"
 #include "kernels/host_kernel.h"

@@ -174,7 +174,7 @@ struct HostMath {
 #if defined(__CUDACC__) || defined(TIDE_CUDA_HOST)
 // Device math: the _rn intrinsics are never contracted or approximated by nvcc, whatever the
 // flags (e.g. -use_fast_math), so the kernel computes what the CPU computes. Also the kernels'
-// host build (kernels/host/cuda.h), whose intrinsics are the same IEEE-754 operations.
+// host build (kernels/host/cuda_emulation.h), whose intrinsics are the same IEEE-754 operations.
 struct DeviceMath {
   static __device__ __forceinline__ float fma(float a, float b, float c) {
     return __fmaf_rn(a, b, c);

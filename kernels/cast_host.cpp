@@ -1,6 +1,6 @@
-// kernels/cuda/cast.cu compiled for the host (kernels/host/cuda.h): the stand-in driver runs this,
-// the kernel's own source, for a launch of tide_cast_f32_to_half.
-#include "kernels/host/cuda.h"
+// kernels/cuda/cast.cu compiled for the host (kernels/host/cuda_emulation.h): the stand-in driver
+// runs this, the kernel's own source, for a launch of tide_cast_f32_to_half.
+#include "kernels/host/cuda_emulation.h"
 // Second: the kernel source sees the host definitions of CUDA's keywords and intrinsics.
 #include "kernels/cuda/cast.cu"
 #include "kernels/host_kernel.h"

@@ -1,10 +1,11 @@
 // tide's CUDA kernels compiled for the host, by name.
 //
 // Every kernel in kernels/cuda/ is an extern "C" __global__ function taking one parameter struct
-// by value. Its .cu file is compiled a second time as host C++ through kernels/host/cuda.h
-// (kernels/adam_host.cpp, kernels/cast_host.cpp), and kernels/host/grid.h runs that compiled
-// source over a launch's grid, every block and every thread. The host stand-in driver does so when
-// tide launches a kernel on it: the kernel that runs in the tests is the kernel's own code.
+// by value. Its .cu file is compiled a second time as host C++ through
+// kernels/host/cuda_emulation.h (kernels/adam_host.cpp, kernels/cast_host.cpp), and
+// kernels/host/grid.h runs that compiled source over a launch's grid, every block and every thread.
+// The host stand-in driver does so when tide launches a kernel on it: the kernel that runs in the
+// tests is the kernel's own code.
 #pragma once
 
 #include <cstddef>

@@ -15,16 +15,16 @@
 #include "config/node.h"
 #include "driver/context.h"
 #include "kernels/thread_pool.h"
-#include "scheduler/calibration_file.h"
-#include "scheduler/measure.h"
-#include "scheduler/rank_processes.h"
-#include "scheduler/units.h"
+#include "planner/calibration_file.h"
+#include "planner/measure.h"
+#include "planner/rank_processes.h"
+#include "planner/units.h"
 #include "tools/command.h"
 
 namespace tide::tools {
 namespace {
 
-using namespace tide::scheduler;
+using namespace tide::planner;
 
 constexpr const char* kUsage = R"(usage: tide calibrate [options]
 

@@ -12,19 +12,19 @@
 #include "config/env.h"
 #include "config/node.h"
 #include "io/json_writer.h"
-#include "scheduler/interleave.h"
-#include "scheduler/iteration_model.h"
-#include "scheduler/node_rates.h"
-#include "scheduler/plan_format.h"
-#include "scheduler/planner.h"
-#include "scheduler/rate_sources.h"
-#include "scheduler/units.h"
+#include "planner/interleave.h"
+#include "planner/iteration_model.h"
+#include "planner/node_rates.h"
+#include "planner/plan_format.h"
+#include "planner/planner.h"
+#include "planner/rate_sources.h"
+#include "planner/units.h"
 #include "tools/command.h"
 
 namespace tide::tools {
 namespace {
 
-using namespace tide::scheduler;
+using namespace tide::planner;
 namespace json = io::json;
 
 constexpr const char* kUsage = R"(usage: tide plan --params N --free-memory SIZE [options]
@@ -238,7 +238,7 @@ void print_rates(const ResolvedRates& resolved, const Footprint& base) {
   }
 }
 
-// The whole iteration under the model: forward and backward passes (scheduler/iteration_model.h;
+// The whole iteration under the model: forward and backward passes (planner/iteration_model.h;
 // the gradients of the plan's GPU subgroups stay on the GPU when it keeps them there) and the
 // plan's update phase.
 struct Iteration {

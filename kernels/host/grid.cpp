@@ -9,7 +9,7 @@
 
 #include "kernels/host/fiber.h"
 // Last: it defines the CUDA keywords as macros.
-#include "kernels/host/cuda.h"
+#include "kernels/host/cuda_emulation.h"
 
 namespace tide::kernels::host {
 namespace {

@@ -1,5 +1,5 @@
-// Runs a kernel compiled for the host (kernels/host/cuda.h) over a launch's grid: every block,
-// every thread, on the calling OS thread.
+// Runs a kernel compiled for the host (kernels/host/cuda_emulation.h) over a launch's grid: every
+// block, every thread, on the calling OS thread.
 //
 // Blocks run one after another. Within a block, each warp of 32 threads (by linear thread index,
 // as on the device) runs its threads as fibers (kernels/host/fiber.h), one at a time, each until
@@ -23,8 +23,8 @@ class KernelFault : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Runs `thread` (kernel_thread<kernel> of kernels/host/cuda.h) as every thread of `grid`, with
-// `params` as the kernel's parameters. Throws KernelFault; the runner stays usable after one.
+// Runs `thread` (kernel_thread<kernel> of kernels/host/cuda_emulation.h) as every thread of `grid`,
+// with `params` as the kernel's parameters. Throws KernelFault; the runner stays usable after one.
 void run_grid(const HostGrid& grid, KernelThread thread, const void* params);
 
 }  // namespace tide::kernels::host

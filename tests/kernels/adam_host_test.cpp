@@ -1,6 +1,6 @@
 // The fused Adam kernel's own source (kernels/cuda/adam.cu compiled for the host through
-// kernels/host/cuda.h) run over launch grids by the host runner, every block and thread: its
-// outputs equal the CPU path's (cpu_adam_step) bit for bit and the float64 reference within
+// kernels/host/cuda_emulation.h) run over launch grids by the host runner, every block and thread:
+// its outputs equal the CPU path's (cpu_adam_step) bit for bit and the float64 reference within
 // 1e-6 relative norm (tests/kernels/adam_test_util.h), for every dtype combination; lengths 0 to
 // 70 and large; every buffer at every misalignment to the kernel's 8-element vectors, alone and
 // all together; 32 subgroups of mixed alignment per launch; grids smaller and larger than the

@@ -1,6 +1,6 @@
-// Kernels that kernels/host/cuda.h must refuse to compile (tests/kernels/CMakeLists.txt compiles
-// this file once per -DREFUSE_* and expects the header's message).
-#include "kernels/host/cuda.h"
+// Kernels that kernels/host/cuda_emulation.h must refuse to compile (tests/kernels/CMakeLists.txt
+// compiles this file once per -DREFUSE_* and expects the header's message).
+#include "kernels/host/cuda_emulation.h"
 
 #if defined(REFUSE_syncthreads)
 __global__ void uses_a_barrier(unsigned* out) {

@@ -1,5 +1,5 @@
-// CUDA on the host (kernels/host/cuda.h) and the grid runner (kernels/host/grid.h), with test
-// kernels written as CUDA: every block and thread runs once with its built-in variables; warp
+// CUDA on the host (kernels/host/cuda_emulation.h) and the grid runner (kernels/host/grid.h), with
+// test kernels written as CUDA: every block and thread runs once with its built-in variables; warp
 // collectives see every thread their mask names, also when threads diverge before them; what
 // would hang, fault or be undefined on the device fails the launch instead; the fp16 intrinsics
 // equal NVIDIA's own host implementation for every 16-bit pattern.
@@ -16,7 +16,7 @@
 #include "kernels/host_kernel.h"
 #include "tests/kernels/nvidia_reference.h"
 // Last: CUDA's keywords become macros.
-#include "kernels/host/cuda.h"
+#include "kernels/host/cuda_emulation.h"
 #include "kernels/host/include/cuda_fp16.h"
 
 namespace tide::kernels::testing {

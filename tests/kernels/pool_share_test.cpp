@@ -16,7 +16,7 @@
 #include "config/node.h"
 #include "driver/node_share.h"
 #include "kernels/thread_pool.h"
-#include "scheduler/cpu_worker.h"
+#include "runtime/cpu_worker.h"
 
 namespace tide::kernels {
 namespace {
@@ -66,7 +66,7 @@ TEST(PoolShareTest, SizedAndPinnedToTheRanksShare) {
 TEST(PoolShareTest, TheExecutorsCpuWorkerRunsOnTheShare) {
   std::vector<int> seen;
   {
-    scheduler::CpuWorker worker(
+    runtime::CpuWorker worker(
         [&](std::size_t) {
           cpu_set_t set;
           CPU_ZERO(&set);
@@ -76,7 +76,7 @@ TEST(PoolShareTest, TheExecutorsCpuWorkerRunsOnTheShare) {
           }
           return std::uint64_t{0};
         },
-        std::make_shared<scheduler::Wakeup>());
+        std::make_shared<runtime::Wakeup>());
     worker.add(0);
     worker.close();
   }

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-SOURCE_DIRS = ["config", "driver", "allocator", "kernels", "scheduler", "interpose", "standin",
+SOURCE_DIRS = ["config", "driver", "allocator", "kernels", "planner", "runtime", "interpose", "standin",
                "tools", "capi", "python", "scripts", "examples", "bench"]
 # A knob is read by name: a quoted "TIDE_..." in C++/Python, ${TIDE_...} in shell.
 KNOB_USE = re.compile(r"""["']?(TIDE_[A-Z0-9_]+)["'}]""")

@@ -1,7 +1,7 @@
-// <cuda_fp16.h> for kernels compiled on the host (kernels/host/cuda.h): only this directory is on
-// their include path, never the CUDA toolkit's. The part of the device's fp16 API tide's kernels
-// use, with the device's results bit for bit; tests/kernels/host_cuda_test.cpp checks every
-// 16-bit pattern against the toolkit's own host implementation (cuda_fp16.hpp).
+// <cuda_fp16.h> for kernels compiled on the host (kernels/host/cuda_emulation.h): only this
+// directory is on their include path, never the CUDA toolkit's. The part of the device's fp16 API
+// tide's kernels use, with the device's results bit for bit; tests/kernels/host_cuda_test.cpp
+// checks every 16-bit pattern against the toolkit's own host implementation (cuda_fp16.hpp).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,501 @@
+// The executor's part of the C ABI (include/tide/tide.h, "executor"): the offloading optimizer's
+// state, gradient offload and update phase, for the Python layer.
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "capi/kernels.h"
+#include "capi/planner.h"
+#include "capi/status.h"
+#include "planner/rate_sources.h"
+#include "runtime/executor.h"
+#include "runtime/gradient_stats.h"
+#include "tide/tide.h"
+
+static_assert(TIDE_QUANT_BLOCK == tide::kernels::kQuantBlock);
+
+struct tide_optimizer {
+  // Held for the whole life of the state, which goes first (members end in reverse order).
+  std::unique_ptr<tide::driver::PrimaryContext> context;
+  std::unique_ptr<tide::runtime::OptimizerState> state;
+  std::unique_ptr<tide::runtime::Executor> executor;
+  // Each create-time slice: its subgroup and its position among that subgroup's slices.
+  std::vector<std::pair<std::size_t, std::size_t>> slices;
+};
+
+namespace {
+
+using tide::capi::rates_from_c;
+using tide::capi::require;
+
+using namespace tide::planner;
+using namespace tide::runtime;
+using tide::kernels::Dtype;
+
+Dtype dtype_of(int32_t d, const char* what) {
+  return tide::capi::dtype_from_c(d, std::string("tide_optimizer: ") + what);
+}
+
+Policy policy_of(const tide_placement_policy* policy) {
+  if (policy == nullptr) return policy_from_env(Policy::automatic_policy());
+  switch (policy->kind) {
+    case TIDE_PLACEMENT_AUTO:
+      return Policy::automatic_policy();
+    case TIDE_PLACEMENT_CPU:
+      return Policy::all_cpu();
+    case TIDE_PLACEMENT_GPU:
+      return Policy::all_gpu();
+    case TIDE_PLACEMENT_INTERLEAVE:
+      require(policy->k >= 1, "tide_optimizer: TIDE_PLACEMENT_INTERLEAVE needs k >= 1");
+      return Policy::every(static_cast<std::size_t>(policy->k));
+    default:
+      throw std::invalid_argument("tide_optimizer: unknown placement policy kind " +
+                                  std::to_string(policy->kind));
+  }
+}
+
+tide_optimizer& checked(tide_optimizer* optimizer) {
+  require(optimizer != nullptr, "tide_optimizer: null optimizer");
+  return *optimizer;
+}
+const tide_optimizer& checked(const tide_optimizer* optimizer) {
+  require(optimizer != nullptr, "tide_optimizer: null optimizer");
+  return *optimizer;
+}
+
+// tide_cpu_update_factors in its first version: the smallest a caller may pass.
+constexpr std::size_t kFirstFactorsSize = sizeof(tide_cpu_update_factors);
+
+// The factors a caller gave, checked field by field.
+CpuUpdateFactors factors_from_c(const tide_cpu_update_factors& given_by_caller) {
+  require(given_by_caller.struct_size >= kFirstFactorsSize &&
+              given_by_caller.struct_size <= sizeof(tide_cpu_update_factors),
+          "tide_optimizer_create_ex: factors->struct_size " +
+              std::to_string(given_by_caller.struct_size) + " is not from " +
+              std::to_string(kFirstFactorsSize) + " to " +
+              std::to_string(sizeof(tide_cpu_update_factors)) +
+              " (fill it with tide_cpu_update_factors_default(); a larger one is from a newer "
+              "tide.h)");
+  tide_cpu_update_factors c = tide_cpu_update_factors_default();
+  std::memcpy(&c, &given_by_caller, given_by_caller.struct_size);
+  struct Field {
+    UpdateFormat format;
+    const char* name;
+    double free;
+    const char* contended_name;
+    double contended;
+  };
+  const Field fields[] = {
+      {UpdateFormat::bf16_moments, "bf16_moments", c.bf16_moments, "bf16_moments_contended",
+       c.bf16_moments_contended},
+      {UpdateFormat::q8_moments, "q8_moments", c.q8_moments, "q8_moments_contended",
+       c.q8_moments_contended},
+      {UpdateFormat::bf16_master, "bf16_master", c.bf16_master, "bf16_master_contended",
+       c.bf16_master_contended},
+      {UpdateFormat::bf16_master_bf16_moments, "bf16_master_bf16_moments",
+       c.bf16_master_bf16_moments, "bf16_master_bf16_moments_contended",
+       c.bf16_master_bf16_moments_contended},
+  };
+  static_assert(std::size(fields) == kUpdateFormatCount);
+  CpuUpdateFactors out;
+  auto check = [](const char* name, double factor) {
+    require(factor == 0 || plausible_cpu_update_factor(factor),
+            std::string("tide_optimizer_create_ex: factors->") + name + " is " +
+                std::to_string(factor) +
+                ": must be 0 (not measured: the model's) or a number from 0.01 to 100 (the "
+                "format's CPU update rate over fp32 state's)");
+  };
+  for (const Field& f : fields) {
+    check(f.name, f.free);
+    check(f.contended_name, f.contended);
+    out[f.format] = f.free;
+    out.contended[static_cast<std::size_t>(f.format)] = f.contended;
+  }
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+TIDE_API tide_cpu_update_factors tide_cpu_update_factors_default(void) {
+  tide_cpu_update_factors out{};
+  out.struct_size = sizeof(tide_cpu_update_factors);
+  return out;
+}
+
+TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options) {
+  return tide::capi::guard([&] {
+    require(options != nullptr, "tide_optimizer_options_default: null pointer");
+    *options = tide_optimizer_options{};
+    options->grad_dtype = TIDE_BFLOAT16;
+    options->param_dtype = TIDE_BFLOAT16;
+    options->refine = 1;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size_t count,
+                                           const tide_param_slice* slices, size_t slice_count,
+                                           const tide_optimizer_options* options,
+                                           tide_optimizer** optimizer) {
+  return tide_optimizer_create_ex(subgroup_params, count, slices, slice_count, options, nullptr,
+                                  optimizer);
+}
+
+TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, size_t count,
+                                              const tide_param_slice* slices, size_t slice_count,
+                                              const tide_optimizer_options* options,
+                                              const tide_cpu_update_factors* factors,
+                                              tide_optimizer** optimizer) {
+  return tide::capi::guard([&] {
+    require(optimizer != nullptr, "tide_optimizer_create: null output pointer");
+    std::optional<CpuUpdateFactors> given_factors;
+    if (factors != nullptr) given_factors = factors_from_c(*factors);
+    require(count > 0 && subgroup_params != nullptr, "tide_optimizer_create: no subgroups");
+    require(slice_count == 0 || slices != nullptr, "tide_optimizer_create: null slices");
+    tide_optimizer_options o;
+    if (options != nullptr) {
+      o = *options;
+    } else {
+      tide_optimizer_options_default(&o);
+    }
+    std::vector<SubgroupSpec> specs(count);
+    for (size_t i = 0; i < count; ++i) specs[i].params = subgroup_params[i];
+    for (size_t i = 0; i < slice_count; ++i) {
+      const tide_param_slice& s = slices[i];
+      require(s.subgroup < count, "tide_optimizer_create: slice " + std::to_string(i) +
+                                      " names subgroup " + std::to_string(s.subgroup) + " of " +
+                                      std::to_string(count));
+      specs[s.subgroup].slices.push_back(ParamSlice{s.offset, s.count, s.device_ptr});
+    }
+    StateOptions so;
+    so.grad_dtype = dtype_of(o.grad_dtype, "grad_dtype");
+    so.param_dtype = dtype_of(o.param_dtype, "param_dtype");
+    if (o.state_dtype == TIDE_STATE_BLOCK_Q8) {
+      so.state_format = tide::kernels::StateFormat::kBlockQ8;
+    } else {
+      require(o.state_dtype == TIDE_FLOAT32 || o.state_dtype == TIDE_BFLOAT16,
+              "tide_optimizer_create: state_dtype must be TIDE_FLOAT32, TIDE_BFLOAT16 or "
+              "TIDE_STATE_BLOCK_Q8 (the moments' format)");
+      so.state_dtype = dtype_of(o.state_dtype, "state_dtype");
+    }
+    require(o.host_params == 0 || o.master_dtype != TIDE_BFLOAT16,
+            "tide_optimizer_create: host_params and master_dtype TIDE_BFLOAT16 do not go together "
+            "(host-resident parameters are fp32 and their own master weights; bf16 master "
+            "weights need bf16 parameters)");
+    require(o.master_dtype == TIDE_FLOAT32 || o.master_dtype == TIDE_BFLOAT16,
+            "tide_optimizer_create: master_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16 (the "
+            "master weights' format)");
+    require(
+        o.master_dtype == TIDE_FLOAT32 ||
+            (o.param_dtype == TIDE_BFLOAT16 && o.state_dtype != TIDE_STATE_BLOCK_Q8),
+        "tide_optimizer_create: master_dtype TIDE_BFLOAT16 needs param_dtype TIDE_BFLOAT16 (the "
+        "model's parameters are the master weights) and state_dtype TIDE_FLOAT32 or "
+        "TIDE_BFLOAT16 (no 8-bit moments)");
+    so.master_dtype = dtype_of(o.master_dtype, "master_dtype");
+    so.host_params = o.host_params != 0;
+    ExecutorOptions eo;
+    eo.device = o.device;
+    if (o.use_rates) eo.rates = rates_from_c(o.rates);
+    eo.gradients_on_gpu = o.gradients_on_gpu != 0;
+    eo.planner.max_buffers = o.max_buffers;
+    eo.refine = o.refine != 0;
+    require(o.cpu_threads >= 0 && o.cpu_threads <= 1024,
+            "tide_optimizer_create: cpu_threads must be 0 (all) to 1024");
+    eo.cpu_threads = static_cast<unsigned>(o.cpu_threads);
+    eo.cpu_update_factors = given_factors;
+    auto result = std::make_unique<tide_optimizer>();
+    result->context = std::make_unique<tide::driver::PrimaryContext>(o.device);
+    result->state = std::make_unique<OptimizerState>(std::move(specs), so);
+    result->executor = std::make_unique<Executor>(*result->state, eo);
+    for (size_t i = 0; i < slice_count; ++i) {
+      const std::vector<ParamSlice>& placed = result->state->spec(slices[i].subgroup).slices;
+      const auto at = std::find_if(placed.begin(), placed.end(), [&](const ParamSlice& p) {
+        return p.offset == slices[i].offset;
+      });
+      result->slices.emplace_back(slices[i].subgroup, at - placed.begin());
+    }
+    *optimizer = result.release();
+  });
+}
+
+TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer) {
+  return tide::capi::guard([&] {
+    // The executor, then the state, then the context's share: each makes the context current
+    // for what it gives back (driver/context.h).
+    delete optimizer;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t subgroup,
+                                            tide_subgroup_buffers* buffers) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(buffers != nullptr, "tide_optimizer_buffers: null output pointer");
+    require(subgroup < o.state->size(), "tide_optimizer_buffers: subgroup " +
+                                            std::to_string(subgroup) + " of " +
+                                            std::to_string(o.state->size()));
+    // No fp32 master with bf16 master weights: tide_optimizer_master_bf16 has them.
+    float* param = o.state->bf16_master() ? nullptr : o.state->param(subgroup);
+    *buffers =
+        tide_subgroup_buffers{param, o.state->exp_avg(subgroup), o.state->exp_avg_sq(subgroup),
+                              o.state->grad(subgroup), o.state->params(subgroup)};
+  });
+}
+
+TIDE_API tide_status tide_optimizer_master_bf16(tide_optimizer* optimizer, size_t subgroup,
+                                                uint16_t** weights, uint16_t** compensation) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(weights != nullptr && compensation != nullptr,
+            "tide_optimizer_master_bf16: null output pointer");
+    require(subgroup < o.state->size(), "tide_optimizer_master_bf16: subgroup " +
+                                            std::to_string(subgroup) + " of " +
+                                            std::to_string(o.state->size()));
+    *weights = o.state->master_bf16(subgroup);
+    *compensation = o.state->master_comp(subgroup);
+  });
+}
+
+TIDE_API tide_status tide_optimizer_set_state_rounding(tide_optimizer* optimizer, int32_t rounding,
+                                                       uint64_t seed) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(
+        rounding == TIDE_STATE_ROUNDING_NEAREST || rounding == TIDE_STATE_ROUNDING_STOCHASTIC,
+        "tide_optimizer_set_state_rounding: rounding must be TIDE_STATE_ROUNDING_NEAREST (0) or "
+        "TIDE_STATE_ROUNDING_STOCHASTIC (1)");
+    o.state->set_moment_rounding(rounding == TIDE_STATE_ROUNDING_STOCHASTIC
+                                     ? tide::kernels::MomentRounding::kStochastic
+                                     : tide::kernels::MomentRounding::kNearest,
+                                 seed);
+  });
+}
+
+TIDE_API tide_status tide_optimizer_q8_scales(tide_optimizer* optimizer, size_t subgroup,
+                                              float** exp_avg_scale, float** exp_avg_sq_scale,
+                                              uint64_t* blocks) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(exp_avg_scale != nullptr && exp_avg_sq_scale != nullptr && blocks != nullptr,
+            "tide_optimizer_q8_scales: null output pointer");
+    require(subgroup < o.state->size(), "tide_optimizer_q8_scales: subgroup " +
+                                            std::to_string(subgroup) + " of " +
+                                            std::to_string(o.state->size()));
+    *exp_avg_scale = o.state->exp_avg_scale(subgroup);
+    *exp_avg_sq_scale = o.state->exp_avg_sq_scale(subgroup);
+    *blocks = o.state->quantized() ? tide::kernels::quant_blocks(o.state->params(subgroup)) : 0;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_offload_gradient(tide_optimizer* optimizer, size_t subgroup,
+                                                     uint64_t offset, uint64_t src, uint64_t count,
+                                                     int32_t dtype, void* stream) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    const tide::driver::ContextScope scope(*o.context);
+    o.executor->offload().offload(subgroup, offset, src, count, dtype_of(dtype, "dtype"),
+                                  static_cast<CUstream>(stream));
+  });
+}
+
+TIDE_API tide_status tide_optimizer_offload_stream(tide_optimizer* optimizer, void** stream) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(stream != nullptr, "tide_optimizer_offload_stream: null output pointer");
+    *stream = o.executor->offload().stream().get();
+  });
+}
+
+TIDE_API tide_status tide_optimizer_grad_stats(tide_optimizer* optimizer, double* sum_squares,
+                                               uint64_t* nonfinite) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    const GradientStats stats = o.executor->gradient_stats();
+    if (sum_squares) *sum_squares = stats.sum_squares;
+    if (nonfinite) *nonfinite = stats.nonfinite;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_set_gradients(tide_optimizer* optimizer, const uint64_t* grads,
+                                                  size_t slice_count) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(o.state->host_params(),
+            "tide_optimizer_set_gradients: the optimizer was not created with host_params");
+    require(slice_count == o.slices.size(),
+            "tide_optimizer_set_gradients: slice_count is " + std::to_string(slice_count) +
+                ", the optimizer was created with " + std::to_string(o.slices.size()));
+    require(slice_count == 0 || grads != nullptr, "tide_optimizer_set_gradients: null array");
+    for (std::size_t i = 0; i < slice_count; ++i) {
+      o.executor->set_host_gradient(o.slices[i].first, o.slices[i].second,
+                                    reinterpret_cast<const void*>(grads[i]));
+    }
+  });
+}
+
+TIDE_API tide_status tide_optimizer_release_buffers(tide_optimizer* optimizer) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    o.executor->release_buffers();
+  });
+}
+
+TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
+                                            const tide_placement_policy* policy,
+                                            uint64_t headroom_bytes) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    o.executor->prepare(policy_of(policy), headroom_bytes);
+  });
+}
+
+TIDE_API tide_status tide_optimizer_ready(tide_optimizer* optimizer, const tide_adam_hyper* hyper) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(hyper != nullptr, "tide_optimizer_ready: null hyperparameters");
+    o.executor->ready(tide::capi::hyper_from_c(*hyper));
+  });
+}
+
+TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_adam_hyper* hyper,
+                                         const tide_placement_policy* policy,
+                                         uint64_t headroom_bytes, tide_phase_report* report) {
+  // Errors thrown here come before the step changed anything; what happened after is in the
+  // report, and decides the status below.
+  tide_status after = TIDE_OK;
+  std::string message;
+  const tide_status status = tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(hyper != nullptr, "tide_optimizer_step: null hyperparameters");
+    const PhaseReport& r =
+        o.executor->run(tide::capi::hyper_from_c(*hyper), policy_of(policy), headroom_bytes);
+    if (!r.not_updated.empty()) {
+      after = TIDE_ERROR_STEP_INCOMPLETE;
+      message = "tide_optimizer_step: " + std::to_string(r.not_updated.size()) +
+                " subgroups could not be updated (their gradients were kept on the GPU, which "
+                "failed: " +
+                r.fault + "); the others were";
+    } else if (!r.unwritten.empty()) {
+      after = TIDE_ERROR_PARAMS_NOT_WRITTEN;
+      message = "tide_optimizer_step: the step completed, but the model's parameters of " +
+                std::to_string(r.unwritten.size()) +
+                " subgroups could not be written from the new master weights: " + r.fault;
+    } else if (!r.fault.empty()) {
+      message = "tide_optimizer_step: completed after a fault (" +
+                std::to_string(r.rolled_forward) + " subgroups redone on the CPU): " + r.fault;
+    }
+    if (report == nullptr) return;
+    tide_phase_report out{};
+    out.seconds = r.seconds;
+    out.predicted_seconds = r.ran.predicted.phase_s;
+    out.all_cpu_seconds = r.ran.predicted.all_cpu_s;
+    out.cpu_busy_seconds = r.cpu_seconds;
+    out.gpu_subgroups = r.ran.gpu_order.size();
+    out.cpu_subgroups = r.ran.cpu_order.size();
+    out.fallback_subgroups = r.fallback_subgroups;
+    out.gpu_params = r.ran.gpu_params;
+    out.buffers = r.ran.buffers;
+    out.nonfinite = r.nonfinite;
+    out.headroom_cap = r.headroom_cap;
+    out.rolled_forward = r.rolled_forward;
+    out.unwritten = r.unwritten.size();
+    out.not_updated = r.not_updated.size();
+    *report = out;
+  });
+  if (status != TIDE_OK) return status;
+  if (!message.empty()) tide::capi::set_last_error(message);
+  return after;
+}
+
+TIDE_API tide_status tide_optimizer_last_outcome(const tide_optimizer* optimizer, uint8_t* outcome,
+                                                 size_t count) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    require(outcome != nullptr, "tide_optimizer_last_outcome: null array");
+    require(count == o.state->size(), "tide_optimizer_last_outcome: count is " +
+                                          std::to_string(count) + ", there are " +
+                                          std::to_string(o.state->size()) + " subgroups");
+    const PhaseReport& r = o.executor->last_report();
+    std::fill(outcome, outcome + count, TIDE_SUBGROUP_UPDATED);
+    for (std::size_t s : r.unwritten) outcome[s] = TIDE_SUBGROUP_UNWRITTEN;
+    for (std::size_t s : r.not_updated) outcome[s] = TIDE_SUBGROUP_NOT_UPDATED;
+  });
+}
+
+TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    for (std::size_t s = 0; s < o.state->size(); ++s) o.executor->write_params(s);
+  });
+}
+
+TIDE_API tide_status tide_optimizer_set_frozen(tide_optimizer* optimizer, const uint8_t* frozen,
+                                               size_t slice_count) {
+  return tide::capi::guard([&] {
+    tide_optimizer& o = checked(optimizer);
+    require(slice_count == o.slices.size(),
+            "tide_optimizer_set_frozen: slice_count is " + std::to_string(slice_count) +
+                ", the optimizer was created with " + std::to_string(o.slices.size()));
+    require(slice_count == 0 || frozen != nullptr, "tide_optimizer_set_frozen: null array");
+    for (std::size_t i = 0; i < slice_count; ++i) {
+      o.executor->set_frozen(o.slices[i].first, o.slices[i].second, frozen[i] != 0);
+    }
+  });
+}
+
+TIDE_API tide_status tide_optimizer_last_plan(const tide_optimizer* optimizer, uint8_t* device,
+                                              uint32_t* order, tide_plan_summary* summary) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    const Plan& p = o.executor->last_report().ran;
+    require(!p.subgroups.empty(), "tide_optimizer_last_plan: no update phase has run yet");
+    require(device != nullptr && order != nullptr, "tide_optimizer_last_plan: null array");
+    for (std::size_t i = 0; i < p.subgroups.size(); ++i) {
+      device[i] = p.subgroups[i].device == Device::gpu ? 1 : 0;
+      order[i] = static_cast<uint32_t>(p.subgroups[i].position);
+    }
+    if (summary) {
+      *summary = tide_plan_summary{p.predicted.phase_s,
+                                   p.predicted.cpu_side_s,
+                                   p.predicted.gpu_side_s,
+                                   p.predicted.all_cpu_s,
+                                   p.buffers,
+                                   p.buffer_bytes,
+                                   p.gpu_bytes(),
+                                   p.optimal ? 1 : 0};
+    }
+  });
+}
+
+TIDE_API tide_status tide_optimizer_last_timings(const tide_optimizer* optimizer,
+                                                 tide_subgroup_timing* timings, size_t count) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    const auto& t = o.executor->last_report().timings;
+    require(count == 0 || timings != nullptr, "tide_optimizer_last_timings: null array");
+    for (std::size_t i = 0; i < count && i < t.size(); ++i) {
+      timings[i] =
+          tide_subgroup_timing{t[i].cpu_update_s, t[i].h2d_s, t[i].gpu_update_s, t[i].d2h_s};
+    }
+  });
+}
+
+TIDE_API tide_status tide_optimizer_rates(const tide_optimizer* optimizer, tide_rates* rates) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    require(rates != nullptr, "tide_optimizer_rates: null output pointer");
+    const Rates& r = o.executor->rates();
+    *rates = tide_rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
+                        r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
+  });
+}
+
+}  // extern "C"

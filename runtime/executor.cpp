@@ -1,0 +1,446 @@
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <stdexcept>
+
+#include "allocator/device/device_registry.h"
+#include "allocator/pinned/arena.h"
+#include "config/env.h"
+#include "driver/error.h"
+#include "driver/memory.h"
+#include "driver/stream_pool.h"
+#include "kernels/adam_gpu.h"
+#include "kernels/cpu_adam.h"
+#include "kernels/dtype.h"
+#include "planner/interleave.h"
+#include "planner/node_rates.h"
+#include "planner/rate_sources.h"
+#include "runtime/memory_pressure.h"
+
+namespace tide::runtime {
+namespace {
+
+constexpr std::string_view kPolicyAccepts =
+    "auto, cpu, gpu, or an integer K >= 1 (one GPU "
+    "subgroup every K)";
+
+}  // namespace
+
+Policy parse_policy(std::string_view text) {
+  if (text == "auto") return Policy::automatic_policy();
+  if (text == "cpu") return Policy::all_cpu();
+  if (text == "gpu") return Policy::all_gpu();
+  std::string_view digits = text;
+  if (!digits.empty() && (digits[0] == 'k' || digits[0] == 'K')) digits.remove_prefix(1);
+  std::size_t k = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), k);
+  if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() || k < 1 ||
+      k > (std::size_t{1} << 30)) {
+    throw std::invalid_argument("tide: placement policy \"" + std::string(text) +
+                                "\" is not valid: it accepts " + std::string(kPolicyAccepts));
+  }
+  return Policy::every(k);
+}
+
+std::string policy_name(const Policy& policy) {
+  switch (policy.kind) {
+    case Policy::Kind::automatic:
+      return "auto";
+    case Policy::Kind::cpu:
+      return "cpu";
+    case Policy::Kind::gpu:
+      return "gpu";
+    case Policy::Kind::interleave:
+      return "k" + std::to_string(policy.k);
+    case Policy::Kind::first:
+      return "first" + std::to_string(policy.k);
+  }
+  return "?";
+}
+
+Policy policy_from_env(const Policy& fallback) {
+  const std::optional<std::string> text = config::env_text("TIDE_PLACEMENT");
+  if (!text) return fallback;
+  try {
+    return parse_policy(*text);
+  } catch (const std::invalid_argument&) {
+    throw config::EnvError("TIDE_PLACEMENT", *text, kPolicyAccepts);
+  }
+}
+
+namespace {
+
+// `options` with the rates resolved when not given (built-in, calibration file, TIDE_RATE_*,
+// shared out to the node's ranks), and the calibration's CPU update factors with them.
+ExecutorOptions with_rates(ExecutorOptions options) {
+  if (!options.rates) {
+    const planner::ResolvedRates resolved = planner::resolve_node_rates();
+    options.rates = resolved.rates;
+    if (!options.cpu_update_factors) options.cpu_update_factors = resolved.cpu_update_factors();
+  }
+  return options;
+}
+
+}  // namespace
+
+Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
+    : state_(state),
+      options_(with_rates(options)),
+      context_(options.device),
+      refiner_(*options_.rates, options_.refine_options) {
+  if (state_.host_params() && options_.gradients_on_gpu) {
+    throw std::invalid_argument(
+        "tide: executor: host-resident parameters read their gradients where they are: "
+        "gradients_on_gpu does not apply");
+  }
+  const driver::ContextScope scope(context_);
+  driver::StreamPool& streams = driver::StreamPool::of(context_);
+  offload_ = std::make_unique<GradientOffload>(state_, streams.next());
+  adam_ = std::make_unique<kernels::AdamGpu>();
+  for (auto* s : {&h2d_, &compute_, &d2h_, &params_, &upload_}) *s = &streams.next();
+  stale_params_.assign(state_.size(), 1);
+  frozen_.resize(state_.size());
+  for (std::size_t i = 0; i < state_.size(); ++i)
+    frozen_[i].assign(state_.spec(i).slices.size(), 0);
+  if (state_.host_params()) {
+    host_grads_.resize(state_.size());
+    for (std::size_t i = 0; i < state_.size(); ++i)
+      host_grads_[i].assign(state_.spec(i).slices.size(), nullptr);
+  }
+}
+
+Executor::~Executor() {
+  // Streams may still hold work on the state and the buffers (a phase that could not wait for
+  // it): wait for it before they go, or, if the device cannot be waited for, leak them all. The
+  // buffers go here, while the device's context is current (streams and events see to their own).
+  try {
+    const driver::ContextScope scope(context_);
+    settle();
+    offload_->stream().synchronize();
+    for (auto* s : {h2d_, compute_, d2h_, params_, upload_}) {
+      s->synchronize();
+    }
+    resident_.clear();
+    cached_.clear();
+    cached_counters_ = UpdateBuffer();
+  } catch (...) {
+    for (auto* list : {&cached_, &resident_, &quarantined_}) {
+      for (UpdateBuffer& b : *list) b.leak();
+    }
+    cached_counters_.leak();
+    state_.abandon();
+  }
+}
+
+void Executor::settle() {
+  if (!unconfirmed_) return;
+  offload_->stream().synchronize();
+  for (auto* s : {h2d_, compute_, d2h_, params_, upload_}) {
+    s->synchronize();
+  }
+  unconfirmed_ = false;
+  quarantined_.clear();
+  for (const auto& [subgroup, slot] : quarantined_slots_) state_.give_spare(subgroup, slot);
+  quarantined_slots_.clear();
+  if (quarantined_counters_ != nullptr) {
+    state_.arena().deallocate(quarantined_counters_, quarantined_counter_bytes_);
+  }
+  quarantined_counters_ = nullptr;
+  for (const auto& [p, bytes] : quarantined_staging_) state_.arena().deallocate(p, bytes);
+  quarantined_staging_.clear();
+}
+
+void Executor::ready(const kernels::AdamHyper& hyper) {
+  (void)kernels::adam_coefficients(hyper);  // bad hyperparameters fail before anything runs
+  ready_ = false;
+  const driver::ContextScope scope(context_);
+  settle();
+  offload_->synchronize_all();
+  for (std::size_t i = 0; i < host_grads_.size(); ++i) {
+    for (std::size_t k = 0; k < host_grads_[i].size(); ++k) {
+      if (host_grads_[i][k] == nullptr && !frozen_[i][k]) {
+        throw std::invalid_argument("tide: executor: subgroup " + std::to_string(i) + ", slice " +
+                                    std::to_string(k) +
+                                    ": no gradient given and not frozen (host-resident "
+                                    "parameters read their gradients where they are)");
+      }
+    }
+  }
+  ready_offloads_ = offload_->offloads();
+  ready_ = true;
+}
+
+void Executor::set_host_gradient(std::size_t subgroup, std::size_t slice, const void* grad) {
+  if (!state_.host_params()) {
+    throw std::logic_error("tide: executor: host gradients need host-resident parameters");
+  }
+  host_grads_.at(subgroup).at(slice) = grad;
+  ready_ = false;  // ready() checks them again
+}
+
+const void* Executor::host_gradient(std::size_t subgroup, std::size_t slice) const {
+  return state_.host_params() ? host_grads_.at(subgroup).at(slice) : nullptr;
+}
+
+GradientStats Executor::gradient_stats() const {
+  if (!state_.host_params()) {
+    const driver::ContextScope scope(context_);  // waits for the offloads
+    return runtime::gradient_stats(state_, *offload_);
+  }
+  std::vector<GradientPiece> pieces;
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    const std::vector<ParamSlice>& slices = state_.spec(i).slices;
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      if (host_grads_[i][k] != nullptr) pieces.push_back({host_grads_[i][k], slices[k].count});
+    }
+  }
+  return runtime::gradient_stats(pieces, state_.options().grad_dtype);
+}
+
+void Executor::release_buffers() {
+  const driver::ContextScope scope(context_);
+  settle();
+  cached_.clear();
+  cached_counters_ = UpdateBuffer();
+}
+
+void Executor::set_frozen(std::size_t subgroup, std::size_t slice, bool frozen) {
+  frozen_.at(subgroup).at(slice) = frozen ? 1 : 0;
+}
+
+bool Executor::frozen(std::size_t subgroup, std::size_t slice) const {
+  return frozen_.at(subgroup).at(slice) != 0;
+}
+
+void Executor::save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks) {
+  saved.clear();
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
+      if (frozen_[i][k]) total += state_.spec(i).slices[k].count;
+    }
+  }
+  if (total == 0) return;
+  // 8-bit moments: the master weights here, the moments' blocks in `blocks`.
+  const std::size_t parts = state_parts(0).size();
+  saved.resize((state_.quantized() ? 4 : state_.state_bytes()) * total);  // may throw
+  char* out = saved.data();
+  std::vector<ParamSlice> frozen;
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    frozen.clear();
+    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
+      if (frozen_[i][k]) frozen.push_back(state_.spec(i).slices[k]);
+    }
+    if (state_.quantized()) blocks.save(state_, i, frozen);  // may throw: nothing changed yet
+  }
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
+      if (!frozen_[i][k]) continue;
+      const ParamSlice& slice = state_.spec(i).slices[k];
+      const auto all = state_parts(i);
+      for (std::size_t p = 0; p < parts; ++p) {
+        const auto& [part, size] = all[p];
+        const char* from = part + slice.offset * size;
+        out = std::copy(from, from + slice.count * size, out);
+      }
+      // A frozen element has no gradient this step: zero, so that its update is finite (and
+      // undone below) and counts as nothing. Host-resident: no buffer (a GPU subgroup's
+      // copy-in zeroes it in the GPU buffer, and the CPU update skips frozen slices).
+      if (state_.host_params()) continue;
+      std::memset(static_cast<char*>(state_.grad(i)) + slice.offset * state_.grad_bytes(), 0,
+                  slice.count * state_.grad_bytes());
+    }
+  }
+}
+
+void Executor::restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks) {
+  if (saved.empty()) return;
+  const std::size_t parts = state_parts(0).size();
+  const char* in = saved.data();
+  for (std::size_t i = 0; i < state_.size(); ++i) {
+    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
+      if (!frozen_[i][k]) continue;
+      const ParamSlice& slice = state_.spec(i).slices[k];
+      const auto all = state_parts(i);
+      for (std::size_t p = 0; p < parts; ++p) {
+        const auto& [part, size] = all[p];
+        std::copy(in, in + slice.count * size, part + slice.offset * size);
+        in += slice.count * size;
+      }
+    }
+  }
+  blocks.restore(state_);
+}
+
+// Subgroup i's parts a frozen slice keeps, each with its element size: the master weights (fp32;
+// or bf16 weights, then their compensation; none when host-resident: those parameters are never
+// written for a frozen slice) and the moments (unless 8-bit: FrozenQ8Blocks keeps their blocks).
+std::vector<std::pair<char*, unsigned>> Executor::state_parts(std::size_t i) const {
+  std::vector<std::pair<char*, unsigned>> parts;
+  if (state_.bf16_master()) {
+    parts.emplace_back(reinterpret_cast<char*>(state_.master_bf16(i)), 2u);
+    parts.emplace_back(reinterpret_cast<char*>(state_.master_comp(i)), 2u);
+  } else if (!state_.host_params()) {
+    parts.emplace_back(reinterpret_cast<char*>(state_.param(i)), 4u);
+  }
+  if (state_.quantized()) return parts;
+  parts.emplace_back(static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes());
+  parts.emplace_back(static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes());
+  return parts;
+}
+
+void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
+  if (state_.host_params()) return;  // updated in place
+  // fp32 parameters and bf16 master weights are the state itself.
+  const char* src = state_.separate_weights() ? static_cast<const char*>(state_.weight_copy(s))
+                                              : reinterpret_cast<const char*>(state_.param(s));
+  const unsigned size = state_.param_bytes();
+  const std::vector<ParamSlice>& slices = state_.spec(s).slices;
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    if (frozen_[s][k]) continue;
+    driver::copy_to_device_async(slices[k].device_ptr, src + slices[k].offset * size,
+                                 slices[k].count * size, stream);
+  }
+}
+
+void Executor::write_params(std::size_t s) {
+  const driver::ContextScope scope(context_);
+  settle();                          // no queued write of an earlier phase may land after this one
+  if (state_.host_params()) return;  // the parameters are the master weights
+  const char* src = reinterpret_cast<const char*>(state_.param(s));
+  if (state_.separate_weights()) {
+    // The cast the update would have written (round to nearest even, as every kernel does).
+    kernels::cpu_cast(state_.param(s), state_.weight_copy(s), state_.options().param_dtype,
+                      state_.params(s), kernels::CpuAdamOptions{.threads = options_.cpu_threads});
+    src = static_cast<const char*>(state_.weight_copy(s));
+  }
+  const unsigned size = state_.param_bytes();
+  const std::vector<ParamSlice>& slices = state_.spec(s).slices;
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    if (frozen_[s][k]) continue;
+    driver::copy_to_device(slices[k].device_ptr, src + slices[k].offset * size,
+                           slices[k].count * size);
+  }
+  stale_params_[s] = 0;
+}
+
+allocator::DeviceMemoryResource& Executor::memory() {
+  if (options_.memory != nullptr) return *options_.memory;
+  if (headroom_memory_ == nullptr) {
+    // Looked up at every allocation until found: PyTorch creates tide's allocator of a device
+    // at its first allocation there, which may come after the optimizer.
+    if (allocator::device::CachingAllocator* a =
+            allocator::device::find_device_allocator(options_.device)) {
+      headroom_memory_ = std::make_unique<allocator::device::HeadroomResource>(*a);
+    }
+  }
+  if (headroom_memory_ != nullptr) return *headroom_memory_;
+  return driver_memory_;
+}
+
+planner::Footprint Executor::footprint(bool gradients_on_gpu) const {
+  planner::Footprint f;
+  f.state_bytes_per_param = state_.state_bytes();
+  f.quantized_moments = state_.quantized();
+  f.gradient_bytes_per_param = state_.grad_bytes();
+  // What a CPU subgroup uploads (nothing when the parameters are updated where they are).
+  f.weight_bytes_per_param = state_.host_params() ? 0 : state_.param_bytes();
+  if (state_.bf16_master()) {
+    f.weights_in_state = true;
+    f.state_bytes_on_gpu = state_.param_bytes();  // GPU subgroups take them from the model
+  }
+  f.gradients_on_gpu = gradients_on_gpu;
+  if (options_.cpu_update_factors) f.calibrate_cpu(*options_.cpu_update_factors);
+  return f;
+}
+
+std::uint64_t Executor::capped(std::uint64_t headroom) const {
+  return headroom_cap_ ? std::min(headroom, headroom_cap_) : headroom;
+}
+
+bool Executor::needs_staging(bool gradients_on_gpu) const {
+  return state_.separate_weights() &&
+         (gradients_on_gpu || state_.grad_bytes() != state_.param_bytes());
+}
+
+planner::Plan Executor::plan_for(const Policy& policy, std::uint64_t headroom_bytes) const {
+  return plan_with(policy, headroom_bytes, options_.gradients_on_gpu);
+}
+
+planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_bytes,
+                                  bool gradients_on_gpu) const {
+  planner::Workload w;
+  w.subgroup_params = state_.sizes();
+  w.footprint = footprint(gradients_on_gpu);
+  // The kernel writes the low-precision weights into the buffer, and copies take them to the
+  // model once the subgroup is committed: over the gradient it has just read when that is in
+  // the buffer and of the same size, else into a staging area of their own. Leave room for it
+  // by planning with proportionally less headroom.
+  std::uint64_t headroom = capped(headroom_bytes);
+  if (needs_staging(gradients_on_gpu)) {
+    const double per = static_cast<double>(w.footprint.h2d_bytes_per_param());
+    headroom = static_cast<std::uint64_t>(static_cast<double>(headroom) * per /
+                                          (per + state_.param_bytes()));
+  }
+  w.headroom_bytes = headroom;
+  const planner::Rates& r = refiner_.rates();
+  std::optional<planner::Plan> chosen;
+  switch (policy.kind) {
+    case Policy::Kind::cpu:
+      break;
+    case Policy::Kind::gpu: {
+      std::vector<std::size_t> all(state_.size());
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+      chosen = planner::plan_for_order(w, r, all, options_.planner);
+      break;
+    }
+    case Policy::Kind::interleave:
+      if (policy.k < 1) throw std::invalid_argument("tide: interleave policy needs K >= 1");
+      chosen = planner::plan_interleaved(w, r, policy.k, options_.planner);
+      break;
+    case Policy::Kind::first: {
+      std::vector<std::size_t> order(std::min(policy.k, state_.size()));
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      chosen = planner::plan_for_order(w, r, order, options_.planner);
+      break;
+    }
+    case Policy::Kind::automatic:
+      chosen = plan(w, r, options_.planner);
+      break;
+  }
+  return chosen ? *chosen : planner::all_cpu_plan(w, r);
+}
+
+const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {
+  const driver::ContextScope scope(context_);
+  offload_->synchronize_all();  // no copy may be in flight to a buffer being re-routed
+  resident_.clear();
+  offload_->route({});
+  prepared_ = plan_with(policy, headroom_bytes, options_.gradients_on_gpu);
+  if (options_.gradients_on_gpu && !prepared_->gpu_order.empty()) {
+    std::vector<CUdeviceptr> route(state_.size(), 0);
+    try {
+      for (std::size_t s : prepared_->gpu_order) {
+        resident_.emplace_back(memory(), state_.params(s) * state_.grad_bytes(), compute_->get());
+        route[s] = resident_.back().get();
+      }
+      offload_->route(std::move(route));
+    } catch (...) {
+      if (!out_of_memory(std::current_exception())) throw;
+      // No room for the gradients on the GPU: they go to host memory, the plan is made again
+      // without them, and later plans get less headroom.
+      std::uint64_t got = 0;
+      for (const auto& b : resident_) got += b.size();
+      resident_.clear();
+      headroom_cap_ = std::max<std::uint64_t>(got, 1);
+      prepared_ = plan_with(policy, headroom_bytes, false);
+    }
+  }
+  return *prepared_;
+}
+
+}  // namespace tide::runtime

@@ -1,0 +1,284 @@
+// The executor: runs one update phase of a plan over an OptimizerState.
+//
+// GPU subgroups flow through streams: copy-in of the state and, unless kept on the GPU, of the
+// gradient (h2d), the fused Adam kernel (compute), copy-out of the state into a spare
+// state slot (d2h), and, once the copy-out is known complete, the write of the new weights into
+// the model's parameters (params: device-to-device from the buffer). Each of the plan's D buffers
+// is a lane: the next subgroup on a lane starts copying its state in as soon as the lane's last
+// copy-out is done (device-side), while the rest of it (its gradient, which goes where the last
+// subgroup's new weights wait to be written out; its update; its copy-out) is enqueued once the
+// calling thread has committed that last subgroup. The calling thread coordinates: it enqueues,
+// commits each GPU subgroup whose copy-out completed (a driver callback wakes it) and writes its
+// weights, and uploads the weights of the CPU subgroups, which a worker thread updates in place
+// in pinned memory on the CPU thread pool at the same time. No device-wide synchronisation: the
+// phase joins on its streams.
+//
+// A step happens exactly, or not at all. run() first makes sure the step can be completed from
+// host memory alone (ready(): the gradients are in pinned memory, work a failed phase left queued
+// is done); a failure there leaves everything as it was and is rethrown. After that nothing
+// changes a subgroup's state but a commit: a GPU subgroup's result becomes its state only when
+// its whole copy-out completed, and the model's parameters are written only from committed state.
+// A fault after that point never leaves a half-made step; what the executor does, by fault:
+// - a GPU buffer, its counters or a spare slot cannot be allocated (memory pressure): that
+//   subgroup is updated on the CPU instead (fallback_subgroups), later plans get less headroom;
+// - any other failed driver call of the GPU side (copy, kernel launch, event, a lost device):
+//   no further GPU work is started; subgroups in flight whose copy-out completes are committed,
+//   every other GPU subgroup is redone on the CPU from its untouched state (rolled_forward): the
+//   same bits, as both sides compute kernels/adam_math.h exactly;
+// - a parameter write that fails is retried once synchronously from the committed state; if the
+//   device still cannot be written (a lost device), the subgroup is reported `unwritten`: its
+//   state is committed and its parameters are to be written from the master weights by the
+//   caller (tide.torch does, with torch);
+// - a subgroup whose gradient was kept on a lost device (gradients_on_gpu) cannot be redone on
+//   the CPU: it is reported `not_updated` (the only outcome that is neither the whole step nor
+//   none of it; the caller must restore a checkpoint).
+// If the phase's streams cannot be waited for (a lost device), the buffers and spare slots their
+// queued work may still write are quarantined, never reused or freed until a later ready()
+// waits for that work; queued work only ever writes spare slots, GPU buffers, and the model's
+// parameters with committed values.
+//
+// Buffers are kept from one phase to the next (release_buffers() frees them).
+// Memory pressure: buffers are allocated as the pipeline runs; if one cannot be, the GPU
+// subgroups that would have used it (and any after, when none was allocated) are updated on the
+// CPU instead, the report says so, and the headroom the next plans may use is capped at what
+// could be allocated (the cap grows back by a quarter per phase without failure).
+//
+// Host-resident parameters (OptimizerState::host_params, FSDP2's CPUOffloadPolicy): the fp32
+// parameters in host memory are the master weights and the gradients are read where they are
+// (set_host_gradient, per step; no offload copy). A CPU subgroup is updated in place there. A
+// GPU subgroup copies its parameters and gradients in from that memory, slice by slice, with its
+// moments; its copy-out writes the moments into a spare slot and the new weights into a pinned
+// staging area, and the commit (host memcpy, which cannot fail) makes the spare the state and
+// copies the staged weights into the parameters. So the parameters change only at a commit or in
+// a CPU update, which cannot fail, and the guarantees above hold unchanged (no subgroup is ever
+// `unwritten`).
+//
+// Measured times of every subgroup feed a RateRefiner, whose rates plan the next phase (not after
+// a phase with a fault: its times are not the plan's).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "allocator/device/headroom_resource.h"
+#include "allocator/memory_resource.h"
+#include "driver/context.h"
+#include "kernels/adam_math.h"
+#include "kernels/cpu_adam.h"
+#include "planner/plan.h"
+#include "planner/planner.h"
+#include "planner/refine.h"
+#include "runtime/frozen_blocks.h"
+#include "runtime/gradient_offload.h"
+#include "runtime/gradient_stats.h"
+#include "runtime/optimizer_state.h"
+#include "runtime/update_buffer.h"
+
+namespace tide::kernels {
+class AdamGpu;
+}
+
+namespace tide::runtime {
+
+// Which subgroups go to the GPU.
+struct Policy {
+  enum class Kind : std::uint8_t { automatic, cpu, gpu, interleave, first };
+  Kind kind = Kind::automatic;
+  std::size_t k = 0;  // interleave: one GPU subgroup every k (k ≥ 1); first: how many
+
+  static Policy automatic_policy() { return {}; }
+  static Policy all_cpu() { return {Kind::cpu, 0}; }
+  static Policy all_gpu() { return {Kind::gpu, 0}; }
+  static Policy every(std::size_t k) { return {Kind::interleave, k}; }
+  // Subgroups 0..n-1 on the GPU (all of them when there are fewer), the rest on the CPU: a
+  // static share of the subgroups, as offloading systems that fix the GPU's ratio do (the
+  // iteration benchmark's Twin-Flow-style configurations). Not a TIDE_PLACEMENT value.
+  static Policy first(std::size_t n) { return {Kind::first, n}; }
+};
+
+// "auto", "cpu", "gpu" or a K ≥ 1 ("2": one GPU subgroup in two). Throws std::invalid_argument.
+Policy parse_policy(std::string_view text);
+std::string policy_name(const Policy& policy);  // "auto", "cpu", "gpu", "k2", "first3"
+// TIDE_PLACEMENT if set (strictly parsed; config::EnvError), else `fallback`.
+Policy policy_from_env(const Policy& fallback);
+
+struct ExecutorOptions {
+  int device = 0;
+  std::optional<planner::Rates>
+      rates;  // nullopt: resolve_rates (built-in, calibration file, TIDE_RATE_*)
+  // The CPU update's rate by state format against fp32 state's (planner/cpu_update_factors.h).
+  // nullopt: the calibration file's when `rates` is nullopt too, else none (the model's factor).
+  std::optional<planner::CpuUpdateFactors> cpu_update_factors;
+  // GPU subgroups of a prepared plan keep their gradients on the GPU (offloaded device to device)
+  // instead of copying them in from pinned memory with their state.
+  bool gradients_on_gpu = false;
+  planner::PlannerOptions planner;
+  bool refine = true;  // measured times refine the rates
+  planner::RefineOptions refine_options;
+  unsigned cpu_threads = 0;  // CPU subgroups' update threads; 0: the whole pool
+  // The CPU kernel's instruction set instead of the widest one (must be supported): for timing
+  // tests and benchmarks that want a slower CPU update against the stand-in's simulated copies.
+  std::optional<kernels::CpuIsa> cpu_isa;
+  // Where the GPU buffers come from. Null: tide's caching allocator of the device when the
+  // process uses it (PyTorch through tide.torch.use_allocator(), which is where the headroom
+  // comes from too: the buffers are carved from its cache), else the driver (cuMemAlloc).
+  allocator::DeviceMemoryResource* memory = nullptr;
+};
+
+struct PhaseReport {
+  planner::Plan planned;  // what the planner chose
+  planner::Plan ran;      // what ran (after any fallback), with the model's prediction
+  std::vector<planner::Device> devices;  // by subgroup: where it was updated
+  std::vector<planner::SubgroupTiming> timings;
+  // By subgroup: when its CPU update ran, on the steady clock (the one the stand-in driver's
+  // recorded timeline uses: tests prove overlap by order with both); default (the clock's epoch)
+  // for a subgroup not updated on the CPU.
+  struct Span {
+    std::chrono::steady_clock::time_point start, end;
+  };
+  std::vector<Span> cpu_spans;
+  double seconds = 0;                    // measured, from the first enqueue to the join
+  double cpu_seconds = 0;                // the CPU workers' busy time
+  std::uint64_t nonfinite = 0;           // elements left unchanged: non-finite gradient or update
+  std::size_t fallback_subgroups = 0;    // planned on the GPU, updated on the CPU
+  std::uint64_t headroom_cap = 0;        // cap on the next plans' headroom (0: none)
+  std::size_t rolled_forward = 0;        // GPU subgroups redone on the CPU after a fault
+  std::string fault;                     // the first fault of the phase (empty: none)
+  std::vector<std::size_t> unwritten;    // updated, but their model parameters were not written
+  std::vector<std::size_t> not_updated;  // not updated: their gradient was lost with the device
+};
+
+class Executor {
+ public:
+  // Any thread may call; each call that needs the device makes its primary context current for
+  // the call and leaves the caller's current context as it was (driver/context.h).
+  Executor(OptimizerState& state, const ExecutorOptions& options = {});
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  const driver::PrimaryContext& context() const { return context_; }
+  // Its calls need the device's context current (a driver::ContextScope of context()).
+  GradientOffload& offload() { return *offload_; }
+  OptimizerState& state() { return state_; }
+
+  // The plan for the next update phase with `headroom_bytes` of GPU memory, computed now (before
+  // backward), so that with gradients_on_gpu its GPU subgroups receive their gradients on the
+  // GPU: allocates their gradient buffers and routes the offload there. Optional: run() plans
+  // itself when no plan was prepared.
+  const planner::Plan& prepare(const Policy& policy, std::uint64_t headroom_bytes);
+
+  // Everything the step needs before it can change anything: checks `hyper`, waits for the
+  // gradients offloaded so far and for work a failed phase left queued. Throws when it cannot
+  // (nothing changed). Optional (run() calls it when needed): callers that step several
+  // executors as one step call it on all of them first, so that none starts when one cannot.
+  void ready(const kernels::AdamHyper& hyper);
+
+  // One update phase: the prepared plan, or a fresh one for `policy` and `headroom_bytes`.
+  // Throws only before anything changed (ready(), a bad policy or hyperparameters, no memory
+  // for the frozen slices' saved state); every later fault is handled as described above and
+  // reported. Returns the report (also kept: last_report()).
+  const PhaseReport& run(const kernels::AdamHyper& hyper, const Policy& policy,
+                         std::uint64_t headroom_bytes);
+
+  // Frozen slices (their parameters had no gradient this step, as torch.optim leaves such
+  // parameters untouched): the phase leaves their elements exactly as they were, state and
+  // model parameters. `slice` is the slice's position in spec(subgroup).slices. Kept until
+  // changed.
+  void set_frozen(std::size_t subgroup, std::size_t slice, bool frozen);
+  bool frozen(std::size_t subgroup, std::size_t slice) const;
+
+  // Host-resident parameters: the gradient of `slice` (its position in spec(subgroup).slices)
+  // for the coming step, `count` elements of the state's gradient dtype at host address
+  // `grad`; null: none (the slice must then be frozen). Read by grad_stats and the next run()
+  // (which forgets them when it returns: the memory is the caller's). ready() throws for a slice
+  // neither frozen nor given a gradient.
+  void set_host_gradient(std::size_t subgroup, std::size_t slice, const void* grad);
+  const void* host_gradient(std::size_t subgroup, std::size_t slice) const;
+  // Sum of squares and non-finite count of the gradients the coming step reads (host-resident:
+  // where they are; else the pinned buffers, after waiting for the offloads).
+  GradientStats gradient_stats() const;
+
+  // Writes the model's parameters of subgroup s from its committed master weights, now
+  // (synchronously, after any work a failed phase left queued), skipping frozen slices. Throws
+  // CudaError when the device fails.
+  void write_params(std::size_t s);
+
+  // The plan `policy` gives now (no side effects), as prepare() would make it.
+  planner::Plan plan_for(const Policy& policy, std::uint64_t headroom_bytes) const;
+
+  // The GPU buffers are kept from one phase to the next (allocating them every phase costs
+  // driver calls without tide's allocator, and cuMemFree synchronises on a real GPU): this frees
+  // them, e.g. before a forward pass that needs the memory. The next phase allocates them again.
+  // After a phase whose work could not be waited for, it waits for it first (throws if it still
+  // cannot: nothing is freed under queued work).
+  void release_buffers();
+
+  const PhaseReport& last_report() const { return report_; }
+  const planner::Rates& rates() const { return refiner_.rates(); }
+  planner::Footprint footprint(bool gradients_on_gpu) const;
+
+ private:
+  struct Phase;
+  struct GpuTask;
+  struct Lane;
+  // Waits for work an earlier phase left unconfirmed, then frees what it held. Throws if the
+  // device still cannot be waited for.
+  void settle();
+  void upload_weights(std::size_t s, const driver::Stream& stream);
+  void save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks);
+  bool needs_staging(bool gradients_on_gpu) const;
+  void restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks);
+  // The parts of subgroup i's slot a frozen slice keeps: master weights (fp32, or bf16 weights
+  // and their compensation; none when host-resident) and moments, each with its element size.
+  std::vector<std::pair<char*, unsigned>> state_parts(std::size_t i) const;
+  std::uint64_t capped(std::uint64_t headroom) const;
+  planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes,
+                          bool gradients_on_gpu) const;
+  allocator::DeviceMemoryResource& memory();
+
+  OptimizerState& state_;
+  ExecutorOptions options_;
+  driver::PrimaryContext context_;
+  std::unique_ptr<GradientOffload> offload_;
+  std::unique_ptr<kernels::AdamGpu> adam_;
+  // From the device's stream pool (driver/stream_pool.h): they outlive the executor, as the
+  // allocator's cached blocks and PyTorch's record_stream need.
+  const driver::Stream *h2d_ = nullptr, *compute_ = nullptr, *d2h_ = nullptr, *params_ = nullptr,
+                       *upload_ = nullptr;
+  planner::RateRefiner refiner_;
+  std::optional<planner::Plan> prepared_;
+  // Before the buffers: they go back to these when they go.
+  allocator::DriverResource driver_memory_;
+  std::unique_ptr<allocator::device::HeadroomResource> headroom_memory_;
+  std::vector<UpdateBuffer> resident_;  // prepared GPU subgroups' gradients
+  std::vector<UpdateBuffer> cached_;    // GPU buffers kept from the last phase
+  UpdateBuffer cached_counters_;
+  std::uint64_t headroom_cap_ = 0;
+  PhaseReport report_;
+  std::vector<std::vector<char>> frozen_;             // per subgroup, per slice
+  std::vector<std::vector<const void*>> host_grads_;  // host-resident: per subgroup, per slice
+  // bf16 master weights: per subgroup, whether the model's parameters may not hold the state's
+  // weights (never written yet, or their last write failed). A GPU subgroup whose parameters do
+  // hold them copies them on the device instead of from host memory.
+  std::vector<char> stale_params_;
+  bool ready_ = false;                // ready() ran, with no offload since
+  std::uint64_t ready_offloads_ = 0;  // the offload count it saw
+  // Left by a phase whose streams could not be waited for: what its queued work may still write.
+  bool unconfirmed_ = false;
+  std::vector<UpdateBuffer> quarantined_;
+  std::vector<std::pair<std::size_t, float*>> quarantined_slots_;  // (subgroup, spare)
+  void* quarantined_counters_ = nullptr;                           // pinned
+  std::size_t quarantined_counter_bytes_ = 0;
+  std::vector<std::pair<void*, std::size_t>> quarantined_staging_;  // pinned (host-resident)
+};
+
+}  // namespace tide::runtime

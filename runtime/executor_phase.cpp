@@ -1,0 +1,912 @@
+// Executor::run: one update phase. executor.h describes the pipeline, the commit point and what
+// happens on each kind of fault; this file is the coordinating thread's side of it.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "allocator/pinned/arena.h"
+#include "driver/error.h"
+#include "driver/memory.h"
+#include "kernels/adam_gpu.h"
+#include "kernels/cpu_adam.h"
+#include "runtime/cpu_worker.h"
+#include "runtime/executor.h"
+#include "runtime/memory_pressure.h"
+#include "runtime/wakeup.h"
+
+namespace tide::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Timing events of one GPU subgroup: copy-in of the state and of the gradient (the host may commit
+// the lane's last subgroup between them), update and copy-out, each start and end.
+enum Stage {
+  kH2dStart,
+  kStateIn,
+  kGradStart,
+  kH2dEnd,
+  kUpdateStart,
+  kUpdateEnd,
+  kD2hStart,
+  kD2hEnd,
+  kStages
+};
+
+// How long the coordinator sleeps when nothing wakes it: a lost device runs no callback, so it
+// polls now and then to find out.
+constexpr std::chrono::microseconds kPoll{20000};
+
+std::string what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+}  // namespace
+
+// A GPU subgroup started in this phase.
+struct Executor::GpuTask {
+  std::size_t subgroup = 0;
+  std::size_t position = 0;  // in the planned GPU order: its nonfinite counter
+  std::size_t buffer = 0;    // its lane
+  std::size_t events = 0;    // its first timing event
+  float* slot = nullptr;     // the spare its copy-out writes (taken when the copy-out is enqueued)
+  float* staging = nullptr;  // host-resident: pinned, where the copy-out writes the new weights
+  CUdeviceptr grad = 0;      // where its gradient is on the GPU
+  CUdeviceptr weights = 0;   // where the kernel leaves the new weights for the model
+  bool grad_copied = false;  // its gradient is copied in (not kept on the GPU)
+};
+
+// One GPU buffer and the subgroups that use it in turn.
+struct Executor::Lane {
+  std::optional<GpuTask> running;         // enqueued through its copy-out, not yet committed
+  std::optional<GpuTask> next;            // its state being copied in, the rest waits for `running`
+  std::optional<std::size_t> copied_out;  // events of the last subgroup whose copy-out was enqueued
+  driver::Event written;                  // after the last parameter write from the buffer
+  bool written_recorded = false;
+};
+
+// One phase, from the coordinating (calling) thread.
+struct Executor::Phase {
+  Phase(Executor& executor, const kernels::AdamHyper& step_hyper, PhaseReport& phase_report,
+        bool gradients_kept_on_gpu)
+      : x(executor),
+        state(executor.state_),
+        hyper(step_hyper),
+        report(phase_report),
+        gradients_on_gpu(gradients_kept_on_gpu) {}
+
+  // `no_context`: the device's context could not be made current (a lost device): every
+  // subgroup is updated on the CPU.
+  void run(const std::exception_ptr& no_context);
+
+  // The GPU side.
+  void set_up_gpu();
+  bool start_next();
+  GpuTask make_task(std::size_t lane);
+  void copy_state_in(const GpuTask& t);
+  void copy_grad_in(const GpuTask& t);
+  void update_and_copy_out(GpuTask& t);
+  void finish(GpuTask t);
+  void abandon(const GpuTask& t, bool memory);
+  void drop_waiting();
+  bool any_waiting() const;
+  void poll();
+  void commit(const GpuTask& t);
+  // The CPU side.
+  std::uint64_t update_on_cpu(std::size_t s) const;
+  void to_cpu(std::size_t s);
+  void fall_back(std::size_t s);
+  void roll_forward(std::size_t s);
+  void settle_copy_in(const GpuTask& t);
+  void take_cpu_results();
+  // Faults.
+  void fault(const std::exception_ptr& error);
+  void device_failed(const std::exception_ptr& error);
+  // The end.
+  void join();
+  void release(bool confirmed);
+
+  Executor& x;
+  OptimizerState& state;
+  const kernels::AdamHyper& hyper;
+  PhaseReport& report;
+  const bool gradients_on_gpu;
+  // The new low-precision weights are a copy of their own (else the state itself: fp32
+  // parameters, or bf16 master weights at the slot's start).
+  const bool low = state.separate_weights();
+  const bool bf16_master = state.bf16_master();
+  const unsigned gs = state.grad_bytes();
+  const unsigned ps = state.param_bytes();
+  const bool host = state.host_params();
+
+  std::shared_ptr<Wakeup> wakeup = std::make_shared<Wakeup>();
+  std::unique_ptr<CpuWorker> worker;
+  bool gpu_stopped = false;   // a fault: no more GPU work is started
+  bool device_usable = true;  // false once a wait or query failed: no driver call but the join
+  bool allocation_failed = false;
+  std::uint64_t allocated_bytes = 0;  // GPU memory the phase held
+
+  // GPU side.
+  std::vector<std::size_t> order;  // planned
+  std::size_t next = 0;            // the next of `order` to start
+  std::size_t buffers_cap = 0;     // buffers it may have (fewer after a failed allocation)
+  std::uint64_t buffer_bytes = 0;
+  // A buffer holds the state, then the gradient, then any staging area, each sized for the
+  // largest GPU subgroup: a lane's next subgroup copies its state in while the last one's new
+  // weights still wait in the gradient's (or staging) area, whatever their sizes.
+  std::uint64_t largest = 0;
+  // Host-resident: the buffer holds the moments, then the fp32 parameters, then the gradient.
+  std::uint64_t params_at() const { return state.slot_bytes_for(largest); }
+  std::uint64_t grad_at() const { return params_at() + (host ? 4 * largest : 0); }
+  void copy_params_in(const GpuTask& t);
+  void free_staging(const GpuTask& t);
+  std::vector<UpdateBuffer> buffer;
+  std::deque<Lane> lanes;  // one per buffer (a deque: they never move)
+  bool staging = false;    // the weights go to a staging area, not over the gradient
+  UpdateBuffer counters;   // one nonfinite counter per planned GPU subgroup
+  std::uint64_t* host_counters = nullptr;  // pinned
+  std::size_t host_counter_count = 0;
+  std::deque<driver::Event> events;  // kStages per started subgroup (a deque: they never move)
+  std::deque<GpuTask> in_flight;     // enqueued through the copy-out, in copy-out order
+  std::vector<GpuTask> committed;
+  std::vector<GpuTask> failed;  // started, never committed: redone on the CPU
+
+  // Parameter writes: enqueued (confirmed at the join), and those that could not be enqueued.
+  std::vector<std::size_t> written, unwritten;
+};
+
+std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
+  kernels::CpuAdamOptions options{.threads = x.options_.cpu_threads};
+  if (x.options_.cpu_isa) {
+    options.force_isa = true;
+    options.isa = *x.options_.cpu_isa;
+  }
+  kernels::AdamHyper h = hyper;
+  h.rounding_seed = state.rounding_seed();
+  if (host) {
+    // In place, slice by slice: the parameters and their gradients where they are; frozen
+    // slices are not touched at all.
+    std::uint64_t nonfinite = 0;
+    const unsigned mb = state.moment_bytes();
+    const std::vector<ParamSlice>& slices = state.spec(s).slices;
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      if (x.frozen_[s][k]) continue;
+      const ParamSlice& slice = slices[k];
+      kernels::AdamSubgroup sub;
+      sub.grad = x.host_grads_[s][k];
+      sub.param = reinterpret_cast<float*>(slice.device_ptr);
+      sub.exp_avg = static_cast<char*>(state.exp_avg(s)) + slice.offset * mb;
+      sub.exp_avg_sq = static_cast<char*>(state.exp_avg_sq(s)) + slice.offset * mb;
+      sub.count = slice.count;
+      sub.grad_dtype = state.options().grad_dtype;
+      sub.state_dtype = state.options().state_dtype;
+      // Stochastic rounding hashes each element's index in the flat state: the slice's own.
+      sub.moment_rounding = state.moment_rounding();
+      sub.rounding_index = state.first_index(s) + slice.offset;
+      nonfinite += kernels::cpu_adam_step(sub, h, options).nonfinite;
+    }
+    return nonfinite;
+  }
+  kernels::AdamSubgroup sub;
+  sub.grad = state.grad(s);
+  if (bf16_master) {
+    sub.master_dtype = kernels::Dtype::kBFloat16;
+    sub.param_bf16 = state.master_bf16(s);
+    sub.param_comp = state.master_comp(s);
+  } else {
+    sub.param = state.param(s);
+  }
+  sub.exp_avg = state.exp_avg(s);
+  sub.exp_avg_sq = state.exp_avg_sq(s);
+  sub.param_copy = state.weight_copy(s);
+  sub.count = state.params(s);
+  sub.grad_dtype = state.options().grad_dtype;
+  sub.state_dtype = state.options().state_dtype;
+  sub.state_format = state.options().state_format;
+  sub.exp_avg_scale = state.exp_avg_scale(s);
+  sub.exp_avg_sq_scale = state.exp_avg_sq_scale(s);
+  sub.copy_dtype = low ? state.options().param_dtype : kernels::Dtype::kBFloat16;
+  sub.moment_rounding = state.moment_rounding();
+  sub.rounding_index = state.first_index(s);
+  return kernels::cpu_adam_step(sub, h, options).nonfinite;
+}
+
+void Executor::Phase::fault(const std::exception_ptr& error) {
+  if (report.fault.empty()) report.fault = what_of(error);
+  gpu_stopped = true;
+}
+
+// A wait or query failed: nothing on the device can be trusted to finish. Every subgroup in
+// flight is redone on the CPU from its untouched state; what its queued work may still write
+// (its spare slot, its buffer) is left alone.
+void Executor::Phase::device_failed(const std::exception_ptr& error) {
+  fault(error);
+  device_usable = false;
+  while (!in_flight.empty()) {
+    const GpuTask t = in_flight.front();
+    in_flight.pop_front();
+    abandon(t, /*memory=*/false);
+  }
+  drop_waiting();
+}
+
+// A GPU subgroup that was started: its copy-in may still be reading its state. Wait for it; or,
+// when the device cannot be waited for, move the state to a fresh slot first (the same bits), so
+// that the CPU update never writes what a queued copy may still read; the old slot waits in
+// quarantine.
+void Executor::Phase::settle_copy_in(const GpuTask& t) {
+  bool settled = false;
+  if (device_usable) {
+    try {
+      x.h2d_->synchronize();
+      settled = true;
+    } catch (...) {
+      fault(std::current_exception());
+      device_usable = false;
+    }
+  }
+  if (!settled) {
+    const std::size_t s = t.subgroup;
+    try {
+      // (Host-resident parameters stay where they are: a queued copy that still reads them
+      // feeds a GPU result that is never committed.)
+      float* fresh = state.take_spare(s);
+      std::memcpy(fresh, state.slot(s), state.slot_bytes(s));
+      x.quarantined_slots_.emplace_back(s, state.commit(s, fresh));
+    } catch (...) {
+      // No memory for it: updated where it is (only the stand-in still runs queued work).
+    }
+  }
+}
+
+void Executor::Phase::to_cpu(std::size_t s) {
+  if (const CUdeviceptr g = x.offload_->device_gradient(s); g != 0 && gradients_on_gpu) {
+    // Its gradient was kept on the GPU: bring it over first. The kernel never writes it.
+    try {
+      driver::copy_to_host(state.grad(s), g, state.params(s) * gs);
+    } catch (...) {
+      fault(std::current_exception());
+      report.not_updated.push_back(s);
+      return;
+    }
+  }
+  worker->add(s);
+}
+
+void Executor::Phase::fall_back(std::size_t s) {
+  ++report.fallback_subgroups;
+  to_cpu(s);
+}
+
+void Executor::Phase::roll_forward(std::size_t s) {
+  ++report.rolled_forward;
+  to_cpu(s);
+}
+
+void Executor::Phase::set_up_gpu() {
+  // Bytes of one subgroup's buffer: state, the gradient unless kept on the GPU, and a staging
+  // area for the low-precision weights unless they go over the gradient.
+  staging = x.needs_staging(gradients_on_gpu);
+  auto bytes_of = [&](std::size_t s) {
+    const std::uint64_t n = state.params(s);
+    std::uint64_t b = state.slot_bytes(s) + (host ? 4 * n : 0);
+    if (!gradients_on_gpu) b += n * gs;
+    if (staging) b += n * ps;
+    return b;
+  };
+  for (std::size_t s : order) {
+    buffer_bytes = std::max(buffer_bytes, bytes_of(s));
+    largest = std::max(largest, state.params(s));
+  }
+  buffers_cap = std::max<std::size_t>(report.planned.buffers, 1);
+
+  // Buffers kept from earlier phases are reused when large enough: allocating and freeing
+  // device memory every phase costs driver calls without tide's allocator (and cuMemFree
+  // synchronises on a real GPU). Those this phase does not use stay kept (see release()).
+  for (auto it = x.cached_.begin(); it != x.cached_.end() && buffer.size() < buffers_cap;) {
+    if (it->size() >= buffer_bytes) {
+      buffer.push_back(std::move(*it));
+      it = x.cached_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (x.cached_counters_.size() >= 8 * order.size()) counters = std::move(x.cached_counters_);
+  x.cached_counters_ = UpdateBuffer();
+  try {
+    while (lanes.size() < buffer.size()) lanes.emplace_back();
+    if (counters.get() == 0) {
+      counters = UpdateBuffer(x.memory(), 8 * order.size(), x.compute_->get());
+    }
+    host_counters = static_cast<std::uint64_t*>(state.arena().allocate(8 * order.size(), 8));
+    host_counter_count = order.size();
+  } catch (...) {
+    if (!out_of_memory(std::current_exception())) {
+      fault(std::current_exception());
+      return;  // run() sends the GPU subgroups to the CPU
+    }
+    allocation_failed = true;
+    while (next < order.size()) fall_back(order[next++]);
+  }
+}
+
+// A task for the next GPU subgroup on `lane`: where its gradient and new weights go, and its
+// timing events.
+Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
+  GpuTask t;
+  t.subgroup = order[next];
+  t.position = next;
+  t.buffer = lane;
+  const CUdeviceptr base = buffer[lane].get();
+  const CUdeviceptr kept = gradients_on_gpu ? x.offload_->device_gradient(t.subgroup) : 0;
+  t.grad_copied = kept == 0;
+  if (gradients_on_gpu && t.grad_copied) {
+    // The buffers have no room for it (prepare() routes every planned GPU subgroup's gradient).
+    throw std::logic_error("tide: executor: a GPU subgroup's kept gradient is missing");
+  }
+  const std::uint64_t slot = state.slot_bytes_for(largest);
+  t.grad = t.grad_copied ? base + grad_at() : kept;
+  if (host) {
+    t.weights = base + params_at();  // staged to the host by the copy-out
+  } else if (!low) {
+    t.weights = base;  // the updated master weights themselves (fp32, or bf16 master)
+  } else if (!staging) {
+    t.weights = t.grad;  // over the gradient the kernel has just read
+  } else {
+    t.weights = base + slot + (gradients_on_gpu ? 0 : largest * gs);
+  }
+  t.events = events.size();
+  for (int k = 0; k < kStages; ++k) events.emplace_back(driver::Event::Timing::kEnabled);
+  return t;
+}
+
+// The state's copy-in, once the lane's last copy-out is done (and, for fp32 weights, which are
+// the state itself, once they were written out). The gradients are in pinned memory already
+// (ready() waited for them).
+void Executor::Phase::copy_state_in(const GpuTask& t) {
+  Lane& lane = lanes[t.buffer];
+  driver::Event* ev = &events[t.events];
+  if (lane.copied_out) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
+  if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
+  ev[kH2dStart].record(*x.h2d_);
+  const std::size_t s = t.subgroup;
+  const CUdeviceptr base = buffer[t.buffer].get();
+  if (bf16_master && !x.stale_params_[s]) {
+    // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only
+    // the compensation and the moments come over the link (2 bytes per parameter less).
+    const std::vector<ParamSlice>& slices = state.spec(s).slices;
+    for (const ParamSlice& slice : slices) {
+      driver::copy_on_device_async(base + 2 * slice.offset, slice.device_ptr, 2 * slice.count,
+                                   *x.h2d_);
+    }
+    const std::uint64_t skip = 2 * state.params(s);
+    driver::copy_to_device_async(base + skip, reinterpret_cast<const char*>(state.slot(s)) + skip,
+                                 state.slot_bytes(s) - skip, *x.h2d_);
+  } else {
+    driver::copy_to_device_async(base, state.slot(s), state.slot_bytes(s), *x.h2d_);
+  }
+  if (host) copy_params_in(t);
+  ev[kStateIn].record(*x.h2d_);
+}
+
+// Host-resident: the master weights are the parameters, copied in slice by slice.
+void Executor::Phase::copy_params_in(const GpuTask& t) {
+  const CUdeviceptr to = buffer[t.buffer].get() + params_at();
+  for (const ParamSlice& slice : state.spec(t.subgroup).slices) {
+    driver::copy_to_device_async(to + slice.offset * 4,
+                                 reinterpret_cast<const void*>(slice.device_ptr), slice.count * 4,
+                                 *x.h2d_);
+  }
+}
+
+// The gradient's copy-in, right after the state's on the same stream: over the last subgroup's
+// new weights when they go there, so only once they were written out.
+void Executor::Phase::copy_grad_in(const GpuTask& t) {
+  Lane& lane = lanes[t.buffer];
+  driver::Event* ev = &events[t.events];
+  if (low && !staging && lane.written_recorded) x.h2d_->wait(lane.written);
+  ev[kGradStart].record(*x.h2d_);
+  if (host) {
+    // Where they are, slice by slice; a frozen slice has none: zeros (its update is undone).
+    const std::vector<ParamSlice>& slices = state.spec(t.subgroup).slices;
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      const void* g = x.host_grads_[t.subgroup][k];
+      if (x.frozen_[t.subgroup][k] || g == nullptr) {
+        driver::fill_zero_async(t.grad + slices[k].offset * gs, slices[k].count * gs, *x.h2d_);
+      } else {
+        driver::copy_to_device_async(t.grad + slices[k].offset * gs, g, slices[k].count * gs,
+                                     *x.h2d_);
+      }
+    }
+  } else if (t.grad_copied) {
+    driver::copy_to_device_async(t.grad, state.grad(t.subgroup), state.params(t.subgroup) * gs,
+                                 *x.h2d_);
+  }
+  ev[kH2dEnd].record(*x.h2d_);
+}
+
+// The update and the copy-out into a spare slot (taken here), and the counter; the callback
+// wakes the coordinator to commit. Throws std::bad_alloc (or CudaError) for the spare before
+// anything is enqueued.
+void Executor::Phase::update_and_copy_out(GpuTask& t) {
+  const std::size_t s = t.subgroup;
+  const std::uint64_t n = state.params(s);
+  const CUdeviceptr base = buffer[t.buffer].get();
+  Lane& lane = lanes[t.buffer];
+  driver::Event* ev = &events[t.events];
+  if (host) {
+    t.staging = static_cast<float*>(state.arena().allocate(4 * n));
+    try {
+      t.slot = state.take_spare(s);
+    } catch (...) {
+      free_staging(t);
+      t.staging = nullptr;
+      throw;
+    }
+  } else {
+    t.slot = state.take_spare(s);
+  }
+
+  x.compute_->wait(ev[kH2dEnd]);
+  if (low && staging && lane.written_recorded) x.compute_->wait(lane.written);
+  ev[kUpdateStart].record(*x.compute_);
+  kernels::AdamGpuSubgroup sub;
+  sub.grad = t.grad;
+  if (bf16_master) {
+    sub.param_bf16 = base;
+    sub.param_comp = base + 2 * n;
+  } else {
+    sub.param = host ? base + params_at() : base;
+  }
+  // The host slot's layout (runtime/optimizer_state.h).
+  sub.exp_avg = base + state.moment_offset(n, 0);
+  sub.exp_avg_sq = base + state.moment_offset(n, 1);
+  if (state.quantized()) {
+    sub.exp_avg_scale = base + state.scale_offset(n, 0);
+    sub.exp_avg_sq_scale = base + state.scale_offset(n, 1);
+  }
+  sub.param_copy = low ? t.weights : 0;
+  sub.count = n;
+  sub.rounding_index = state.first_index(s);
+  kernels::AdamGpuDtypes dtypes;
+  dtypes.grad = state.options().grad_dtype;
+  dtypes.state = state.options().state_dtype;
+  dtypes.state_format = state.options().state_format;
+  dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
+  dtypes.master = state.options().master_dtype;
+  dtypes.rounding = state.moment_rounding();
+  kernels::AdamHyper h = hyper;
+  h.rounding_seed = state.rounding_seed();
+  x.adam_->step({&sub, 1}, dtypes, h, counters.get() + 8 * t.position, *x.compute_);
+  ev[kUpdateEnd].record(*x.compute_);
+
+  x.d2h_->wait(ev[kUpdateEnd]);
+  ev[kD2hStart].record(*x.d2h_);
+  driver::copy_to_host_async(t.slot, base, state.slot_bytes(s), *x.d2h_);
+  if (host) driver::copy_to_host_async(t.staging, base + params_at(), 4 * n, *x.d2h_);
+  driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
+                             *x.d2h_);
+  ev[kD2hEnd].record(*x.d2h_);
+  lane.copied_out = t.events;
+  x.d2h_->host_callback([w = wakeup] { w->notify(); });
+}
+
+void Executor::Phase::free_staging(const GpuTask& t) {
+  if (t.staging != nullptr) state.arena().deallocate(t.staging, 4 * state.params(t.subgroup));
+}
+
+// Enqueues the rest of a subgroup whose state is being copied in, on a lane now free.
+void Executor::Phase::finish(GpuTask t) {
+  Lane& lane = lanes[t.buffer];
+  try {
+    if (low && !staging) copy_grad_in(t);
+    update_and_copy_out(t);
+    lane.running = t;
+    in_flight.push_back(t);
+  } catch (...) {
+    if (t.slot == nullptr && out_of_memory(std::current_exception())) {
+      abandon(t, /*memory=*/true);  // no pinned memory for its result
+    } else {
+      fault(std::current_exception());
+      abandon(t, /*memory=*/false);
+    }
+  }
+}
+
+// A started subgroup that will not complete on the GPU: updated on the CPU instead, from its
+// untouched state.
+void Executor::Phase::abandon(const GpuTask& t, bool memory) {
+  failed.push_back(t);
+  settle_copy_in(t);
+  if (memory) {
+    fall_back(t.subgroup);
+  } else {
+    roll_forward(t.subgroup);
+  }
+}
+
+void Executor::Phase::drop_waiting() {
+  for (Lane& lane : lanes) {
+    if (lane.next) {
+      const GpuTask t = *lane.next;
+      lane.next.reset();
+      abandon(t, /*memory=*/false);
+    }
+  }
+}
+
+bool Executor::Phase::any_waiting() const {
+  return std::any_of(lanes.begin(), lanes.end(), [](const Lane& l) { return l.next.has_value(); });
+}
+
+// Starts the next GPU subgroup: on a free lane, else on a new one, else, when the weights are
+// not the state, copying its state in behind the subgroup that commits next (one at a time, so
+// that the copy-in stream carries each subgroup's state and gradient in order, the gradient
+// waiting only for the host to commit the lane's last subgroup). False when it must wait.
+bool Executor::Phase::start_next() {
+  const std::size_t s = order[next];
+  std::optional<std::size_t> free, behind;
+  for (std::size_t i = 0; i < lanes.size() && !free; ++i) {
+    if (!lanes[i].running && !lanes[i].next) free = i;
+  }
+  if (!in_flight.empty() && !any_waiting()) behind = in_flight.front().buffer;
+  if (!free && buffer.size() < buffers_cap) {
+    try {
+      buffer.emplace_back(x.memory(), buffer_bytes, x.compute_->get());
+      lanes.emplace_back();
+      free = buffer.size() - 1;
+    } catch (...) {
+      if (buffer.size() > lanes.size()) buffer.pop_back();  // its event failed
+      if (!out_of_memory(std::current_exception())) {
+        fault(std::current_exception());
+        return true;
+      }
+      // This subgroup goes to the CPU; later ones share the buffers there are.
+      allocation_failed = true;
+      buffers_cap = buffer.size();
+      if (buffers_cap == 0) {
+        while (next < order.size()) fall_back(order[next++]);
+      } else {
+        ++next;
+        fall_back(s);
+      }
+      return true;
+    }
+  }
+  if (!free && !(low && behind)) return false;
+  GpuTask t;
+  try {
+    t = make_task(free ? *free : *behind);
+  } catch (...) {
+    fault(std::current_exception());
+    return true;
+  }
+  ++next;
+  try {
+    copy_state_in(t);
+    if (!free) {
+      if (staging) copy_grad_in(t);  // its gradient does not go over waiting weights
+      lanes[t.buffer].next = t;
+      return true;
+    }
+    copy_grad_in(t);
+    update_and_copy_out(t);
+    lanes[t.buffer].running = t;
+    in_flight.push_back(t);
+  } catch (...) {
+    if (t.slot == nullptr && out_of_memory(std::current_exception())) {
+      abandon(t, /*memory=*/true);
+    } else {
+      fault(std::current_exception());
+      abandon(t, /*memory=*/false);
+    }
+  }
+  return true;
+}
+
+// Commits the GPU subgroups whose copy-out completed, in order.
+void Executor::Phase::poll() {
+  while (!in_flight.empty()) {
+    bool done = false;
+    try {
+      done = events[in_flight.front().events + kD2hEnd].done();
+    } catch (...) {
+      device_failed(std::current_exception());
+      return;
+    }
+    if (!done) return;
+    const GpuTask t = in_flight.front();
+    in_flight.pop_front();
+    commit(t);
+  }
+}
+
+void Executor::Phase::commit(const GpuTask& t) {
+  const std::size_t s = t.subgroup;
+  Lane& lane = lanes[t.buffer];
+  lane.running.reset();
+  state.give_spare(s, state.commit(s, t.slot));
+  report.nonfinite += host_counters[t.position];
+  report.devices[s] = planner::Device::gpu;
+  committed.push_back(t);
+  // The weights reach the model from the committed state only.
+  const std::vector<ParamSlice>& slices = state.spec(s).slices;
+  if (host) {
+    // Into the parameters, on the host: nothing here can fail.
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      if (x.frozen_[s][k]) continue;
+      std::memcpy(reinterpret_cast<void*>(slices[k].device_ptr), t.staging + slices[k].offset,
+                  slices[k].count * 4);
+    }
+    free_staging(t);
+  } else {
+    try {
+      // ps bytes per parameter: the weight copy's, or the state's own weights (fp32 or bf16).
+      for (std::size_t k = 0; k < slices.size(); ++k) {
+        if (x.frozen_[s][k]) continue;
+        driver::copy_on_device_async(slices[k].device_ptr, t.weights + slices[k].offset * ps,
+                                     slices[k].count * ps, *x.params_);
+      }
+      lane.written.record(*x.params_);
+      lane.written_recorded = true;
+      written.push_back(s);
+    } catch (...) {
+      fault(std::current_exception());
+      unwritten.push_back(s);  // retried at the join
+      return;                  // the lane's next subgroup is dropped: the GPU side is stopping
+    }
+  }
+  if (lane.next && !gpu_stopped) {
+    const GpuTask waiting = *lane.next;
+    lane.next.reset();
+    finish(waiting);
+  }
+}
+
+void Executor::Phase::take_cpu_results() {
+  for (CpuWorker::Done& d : worker->take()) {
+    const std::size_t s = d.subgroup;
+    if (!d.error.empty()) {
+      if (report.fault.empty()) report.fault = "CPU update: " + d.error;
+      report.not_updated.push_back(s);
+      continue;
+    }
+    report.timings[s].cpu_update_s = d.seconds;
+    report.cpu_spans[s] = {d.start, d.end};
+    report.cpu_seconds += d.seconds;
+    report.nonfinite += d.nonfinite;
+    if (host) continue;  // updated where the parameters are
+    if (!device_usable) {
+      unwritten.push_back(s);
+      continue;
+    }
+    try {
+      x.upload_weights(s, *x.upload_);
+      written.push_back(s);
+    } catch (...) {
+      fault(std::current_exception());
+      unwritten.push_back(s);
+    }
+  }
+}
+
+void Executor::Phase::run(const std::exception_ptr& no_context) {
+  if (no_context) device_failed(no_context);
+  order = report.planned.gpu_order;
+  worker = std::make_unique<CpuWorker>([this](std::size_t s) { return update_on_cpu(s); }, wakeup);
+  for (std::size_t s : report.planned.cpu_order) worker->add(s);
+  if (!order.empty() && device_usable) set_up_gpu();
+
+  bool closed = false;
+  for (;;) {
+    while (!gpu_stopped && device_usable && next < order.size() && start_next()) {
+    }
+    if (gpu_stopped || !device_usable) {
+      while (next < order.size()) roll_forward(order[next++]);
+      drop_waiting();
+    }
+    poll();
+    take_cpu_results();
+    if (!closed && next == order.size() && in_flight.empty() && !any_waiting()) {
+      worker->close();
+      closed = true;
+    }
+    if (closed && worker->finished()) break;
+    wakeup->wait(kPoll);
+  }
+  worker.reset();
+  join();
+}
+
+// Waits for the phase's streams. When that fails, nothing it enqueued is known to be done: every
+// parameter write is reported unwritten (the caller writes the same committed values), and what
+// queued work may still write is quarantined.
+void Executor::Phase::join() {
+  bool confirmed = device_usable;
+  if (confirmed) {
+    try {
+      for (auto* s : {x.h2d_, x.compute_, x.d2h_, x.params_, x.upload_}) {
+        s->synchronize();
+      }
+    } catch (...) {
+      fault(std::current_exception());
+      confirmed = false;
+    }
+  }
+  if (confirmed) {
+    for (const GpuTask& t : committed) {
+      const driver::Event* ev = &events[t.events];
+      planner::SubgroupTiming& timing = report.timings[t.subgroup];
+      try {
+        // The state's and the gradient's copies, without the wait between them.
+        timing.h2d_s =
+            (ev[kStateIn].elapsed_ms(ev[kH2dStart]) + ev[kH2dEnd].elapsed_ms(ev[kGradStart])) / 1e3;
+        timing.gpu_update_s = ev[kUpdateEnd].elapsed_ms(ev[kUpdateStart]) / 1e3;
+        timing.d2h_s = ev[kD2hEnd].elapsed_ms(ev[kD2hStart]) / 1e3;
+      } catch (...) {
+        fault(std::current_exception());
+      }
+    }
+    // Parameter writes that could not be enqueued: once more, synchronously.
+    for (std::size_t s : unwritten) {
+      try {
+        x.write_params(s);
+      } catch (...) {
+        fault(std::current_exception());
+        report.unwritten.push_back(s);
+      }
+    }
+  } else {
+    report.unwritten = unwritten;
+    report.unwritten.insert(report.unwritten.end(), written.begin(), written.end());
+  }
+  std::sort(report.unwritten.begin(), report.unwritten.end());
+  report.unwritten.erase(std::unique(report.unwritten.begin(), report.unwritten.end()),
+                         report.unwritten.end());
+  std::sort(report.not_updated.begin(), report.not_updated.end());
+  release(confirmed);
+}
+
+void Executor::Phase::release(bool confirmed) {
+  // The GPU memory the phase held: what later plans are capped at if an allocation failed. The
+  // gradients kept on the GPU count: they are part of what a plan places in the headroom.
+  allocated_bytes = counters.size() + buffer.size() * buffer_bytes;
+  for (const UpdateBuffer& b : x.resident_) allocated_bytes += b.size();
+  if (!confirmed) {
+    x.unconfirmed_ = true;
+    for (const GpuTask& t : failed) {
+      if (t.slot != nullptr) x.quarantined_slots_.emplace_back(t.subgroup, t.slot);
+      if (t.staging != nullptr) {
+        x.quarantined_staging_.emplace_back(t.staging, 4 * state.params(t.subgroup));
+      }
+    }
+    for (auto* list : {&buffer, &x.cached_, &x.resident_}) {
+      for (UpdateBuffer& b : *list) x.quarantined_.push_back(std::move(b));
+      list->clear();
+    }
+    x.quarantined_.push_back(std::move(counters));
+    if (host_counters != nullptr) {
+      // Another phase's counters may be quarantined already (never: settle() ran before).
+      x.quarantined_counters_ = host_counters;
+      x.quarantined_counter_bytes_ = 8 * host_counter_count;
+    }
+    try {
+      x.offload_->route({});
+    } catch (...) {
+    }
+    return;
+  }
+  for (const GpuTask& t : failed) {
+    if (t.slot != nullptr) state.give_spare(t.subgroup, t.slot);
+    free_staging(t);
+  }
+  for (const auto& [subgroup, slot] : x.quarantined_slots_) state.give_spare(subgroup, slot);
+  x.quarantined_slots_.clear();
+  if (host_counters != nullptr) state.arena().deallocate(host_counters, 8 * host_counter_count);
+  if (allocation_failed || !report.fault.empty()) {
+    buffer.clear();  // memory is short, or the device failed: give everything back
+    x.cached_.clear();
+  } else {
+    // Kept for the next phase: this phase's buffers, then earlier ones it did not use, as far
+    // as they fit in this phase's headroom together (so that a plan that alternates between
+    // fewer and more buffers does not allocate them again each time, and one that shrank with
+    // the headroom holds no more than it).
+    std::vector<UpdateBuffer> keep = std::move(buffer);
+    std::uint64_t bytes = 0;
+    for (const UpdateBuffer& b : keep) bytes += b.size();
+    for (UpdateBuffer& b : x.cached_) {
+      if (bytes + b.size() > report.planned.headroom_bytes) continue;  // freed below
+      bytes += b.size();
+      keep.push_back(std::move(b));
+    }
+    x.cached_ = std::move(keep);
+    if (counters.get() != 0) x.cached_counters_ = std::move(counters);
+  }
+  x.resident_.clear();
+  x.offload_->route({});
+}
+
+const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& policy,
+                                 std::uint64_t headroom_bytes) {
+  // The phase's driver calls run on this (the caller's) thread, in the device's context, which
+  // then becomes the caller's again. If it cannot be made current the phase runs on the CPU.
+  std::optional<driver::ContextScope> scope;
+  std::exception_ptr no_context;
+  try {
+    scope.emplace(context_);
+  } catch (...) {
+    no_context = std::current_exception();
+  }
+  // Before anything changes: whatever fails here is rethrown, and nothing changed.
+  (void)kernels::adam_coefficients(hyper);
+  if (!ready_ || offload_->offloads() != ready_offloads_) ready(hyper);
+  const bool prepared = prepared_.has_value();
+  PhaseReport report;
+  // Unprepared: the gradients were offloaded to host memory.
+  report.planned = prepared ? *prepared_ : plan_with(policy, headroom_bytes, false);
+  report.timings.assign(state_.size(), planner::SubgroupTiming{});
+  report.devices.assign(state_.size(), planner::Device::cpu);
+  report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
+  std::vector<char> frozen_state;
+  FrozenQ8Blocks frozen_blocks;
+  save_frozen(frozen_state, frozen_blocks);
+  ready_ = false;
+  prepared_.reset();
+  const bool gradients_on_gpu = prepared && !resident_.empty();
+  const planner::Footprint fp = footprint(gradients_on_gpu);
+
+  // From here on the step completes (see executor.h): nothing below throws.
+  const auto start = Clock::now();
+  Phase phase(*this, hyper, report, gradients_on_gpu);
+  phase.run(no_context);
+  report.seconds = seconds_since(start);
+  restore_frozen(frozen_state, frozen_blocks);
+  // Host-resident gradients are the caller's memory: none is read after this step.
+  for (auto& slices : host_grads_) std::fill(slices.begin(), slices.end(), nullptr);
+  for (std::size_t s : phase.written) stale_params_[s] = 0;
+  for (std::size_t s : report.unwritten) stale_params_[s] = 1;
+
+  // What ran, under the model (the fallback subgroups among the CPU's).
+  planner::Workload w;
+  w.subgroup_params = state_.sizes();
+  w.footprint = fp;
+  w.headroom_bytes = std::numeric_limits<std::uint64_t>::max() / 2;
+  std::vector<std::size_t> ran;
+  for (const GpuTask& t : phase.committed) ran.push_back(t.subgroup);
+  const std::size_t buffers_used = phase.lanes.size();
+  report.ran = ran.empty() ? planner::all_cpu_plan(w, refiner_.rates())
+                           : evaluate(w, refiner_.rates(), planner::Placement{ran, buffers_used});
+  report.ran.headroom_bytes = report.planned.headroom_bytes;
+
+  if (phase.allocation_failed) {
+    headroom_cap_ = std::max<std::uint64_t>(phase.allocated_bytes, 1);
+  } else if (headroom_cap_) {
+    headroom_cap_ += headroom_cap_ / 4;
+    if (headroom_cap_ >= headroom_bytes) headroom_cap_ = 0;
+  }
+  report.headroom_cap = headroom_cap_;
+  if (options_.refine && report.fault.empty()) {
+    refiner_.observe_phase(report.ran, fp, report.timings);
+  }
+  report_ = std::move(report);
+  return report_;
+}
+
+}  // namespace tide::runtime

@@ -1,0 +1,115 @@
+// The executor under tide's caching allocator: its GPU buffers are carved from the allocator's
+// cache (memory the forward and backward passes freed, which the driver does not count as free),
+// and the telemetry's update-phase peak, from which the next headroom is forecast, leaves them out.
+#include "allocator/device/device_registry.h"
+#include "tests/runtime/executor_fixture.h"
+
+namespace tide::runtime::testing {
+namespace {
+
+constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+constexpr std::size_t kSubgroups = 6;
+constexpr std::uint64_t kParams = 256 * 1024;  // a buffer: 14 bytes per parameter, 3.5 MiB
+
+struct ExecutorAllocatorTest : ::testing::Test {
+  void SetUp() override {
+    // 64 MiB of device memory; the model's parameters and gradients take 6 MiB.
+    capacity = standin.capacity();
+    standin.set_capacity(64 * kMiB);
+    model = std::make_unique<Model>(std::vector<std::uint64_t>(kSubgroups, kParams), 3);
+    allocator = &allocator::device::device_allocator(0);
+    // What a forward and backward pass leave behind: 54 MiB of large blocks and a small one
+    // freed into the cache; the driver's free memory is less than one buffer.
+    void* activations = allocator->allocate(54 * kMiB, nullptr);
+    void* small = allocator->allocate(4096, nullptr);
+    ASSERT_NE(activations, nullptr);
+    ASSERT_NE(small, nullptr);
+    allocator->deallocate(activations, 54 * kMiB, nullptr);
+    allocator->deallocate(small, 4096, nullptr);
+    ASSERT_LT(driver::memory_info().free_bytes, 14 * kParams);
+  }
+  void TearDown() override {
+    model.reset();
+    allocator->empty_cache();
+    standin.set_capacity(capacity);
+  }
+
+  const driver::CurrentContext context;
+  allocator::testing::DeviceStandin standin;
+  std::unique_ptr<Model> model;
+  allocator::device::CachingAllocator* allocator = nullptr;
+  std::uint64_t capacity = 0;
+};
+
+TEST_F(ExecutorAllocatorTest, BuffersComeFromTheAllocatorsCache) {
+  Reference ref(*model->state);
+  ExecutorOptions options;
+  options.rates = test_rates();
+  Executor executor(*model->state, options);
+  const std::uint64_t reserved = allocator->usage().reserved;
+
+  allocator->mark(allocator::telemetry::Mark::kUpdate);
+  auto grads = model->make_gradients(1);
+  model->offload_all(executor);
+  const PhaseReport& r = executor.run(hyper(1), Policy::all_gpu(), 48 * kMiB);
+  ASSERT_GE(r.planned.buffers, 2u);
+  EXPECT_EQ(r.fallback_subgroups, 0u);
+  EXPECT_EQ(r.ran.gpu_order.size(), kSubgroups);
+  ref.step(grads, hyper(1));
+  expect_matches(*model, ref);
+  // Out of the cache: the allocator took nothing more from the driver, and holds the buffers.
+  EXPECT_EQ(allocator->usage().reserved, reserved);
+  EXPECT_GE(allocator->usage().live, r.planned.buffers * 14 * kParams);
+  executor.release_buffers();
+  EXPECT_EQ(allocator->usage().live, 0u);
+  allocator->mark(allocator::telemetry::Mark::kIterationEnd);
+
+  // The update phase's peak leaves the buffers out (so the next headroom does not shrink by
+  // them); the timeline shows them.
+  const std::vector<allocator::telemetry::IterationStats> its = allocator->iterations();
+  ASSERT_FALSE(its.empty());
+  EXPECT_EQ(its.back().peak_live[static_cast<int>(allocator::telemetry::Phase::kUpdate)], 0u);
+  std::uint64_t highest = 0;
+  for (const allocator::telemetry::Sample& s : allocator->timeline())
+    highest = std::max(highest, s.live);
+  EXPECT_GE(highest, r.planned.buffers * 14 * kParams);
+  EXPECT_EQ(allocator->headroom().update_peak, 0u);
+}
+
+TEST_F(ExecutorAllocatorTest, DriverMemoryAloneFallsBackToTheCpu) {
+  // The same phase with the buffers from cuMemAlloc (what the executor did before it used the
+  // allocator): the cache holds the memory, the buffers do not fit, the subgroups go to the CPU.
+  Reference ref(*model->state);
+  allocator::DriverResource driver_memory;
+  ExecutorOptions options;
+  options.rates = test_rates();
+  options.memory = &driver_memory;
+  Executor executor(*model->state, options);
+  auto grads = model->make_gradients(1);
+  model->offload_all(executor);
+  const PhaseReport& r = executor.run(hyper(1), Policy::all_gpu(), 48 * kMiB);
+  EXPECT_GT(r.fallback_subgroups, 0u);
+  ref.step(grads, hyper(1));
+  expect_matches(*model, ref);
+}
+
+TEST_F(ExecutorAllocatorTest, KeptGradientsComeFromTheCacheToo) {
+  Reference ref(*model->state);
+  ExecutorOptions options;
+  options.rates = test_rates();
+  options.gradients_on_gpu = true;
+  Executor executor(*model->state, options);
+  const planner::Plan& plan = executor.prepare(Policy::all_gpu(), 48 * kMiB);
+  ASSERT_EQ(plan.gpu_order.size(), kSubgroups);
+  EXPECT_GE(allocator->usage().live, kSubgroups * 2 * kParams);  // the kept bf16 gradients
+  auto grads = model->make_gradients(1);
+  model->offload_all(executor);
+  const PhaseReport& r = executor.run(hyper(1), Policy::all_gpu(), 48 * kMiB);
+  EXPECT_EQ(r.fallback_subgroups, 0u);
+  EXPECT_EQ(r.ran.gpu_order.size(), kSubgroups);
+  ref.step(grads, hyper(1));
+  expect_matches(*model, ref);
+}
+
+}  // namespace
+}  // namespace tide::runtime::testing
