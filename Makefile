@@ -1,4 +1,4 @@
-# tide: the two commands (README) and a few more.
+# tide: the two commands (README.md) and a few more (docs/guide/getting-started.md).
 #
 #   make run     build, then run tide's main job
 #   make test    build, then run every test: clang-format, C++ (ctest), Python (pytest), the

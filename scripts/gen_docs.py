@@ -729,7 +729,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
-    build_default = pathlib.Path(os.environ.get("TIDE_BUILD_DIR", REPO / "build"))
+    build_default = REPO / "build"
     for name in ("knobs", "cli"):
         s = sub.add_parser(name)
         s.add_argument("--tide", type=pathlib.Path, default=build_default / "bin" / "tide")
