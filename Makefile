@@ -1,8 +1,9 @@
-# tide: the two commands (README) and a few more.
+# tide: the two commands (README.md) and a few more (docs/guide/getting-started.md).
 #
 #   make run     build, then run tide's main job
 #   make test    build, then run every test: clang-format, C++ (ctest), Python (pytest), the
-#                numerics tests once more per CPU kernel variant, ASan+UBSan, TSan
+#                numerics tests once more per CPU kernel variant, ASan+UBSan, TSan, make docs
+#   make docs    the documentation (docs/, Sphinx + MyST) into out/docs/, warnings as errors
 #   make bench   run the benchmarks (BENCH=name for one), JSON lines on stdout
 #   make gpu-check   on a machine with a GPU: the GPU tests, the C++ tests that need no stand-in
 #                on the real driver, memcheck, the Python tests, the example on CUDA and the GPU
@@ -27,7 +28,7 @@ export PATH := $(PATH):/usr/local/cuda/bin
 
 .PHONY: run test bench build bootstrap test-cpp test-python test-cpu-variants test-asan test-tsan \
         test-pip-install format-check tidy clean gpu-check gpu-bundle \
-        gpu-rehearsal
+        gpu-rehearsal docs
 
 bootstrap:
 	@scripts/bootstrap.sh --python
@@ -42,7 +43,7 @@ run: build
 
 test: build
 	@$(MAKE) --no-print-directory format-check test-cpp test-python test-cpu-variants test-asan \
-	  test-tsan
+	  test-tsan docs
 	@echo "make test: all passed"
 
 test-cpp:
@@ -89,6 +90,12 @@ test-pip-install: bootstrap
 bench:
 	@$(MAKE) --no-print-directory build >&2
 	@scripts/run_bench.sh $(BENCH)
+
+# The documentation site: warnings are errors (-W), every reference must resolve (-n), broken
+# internal links fail (docs/conf.py: heading anchors). Generated pages: scripts/gen_docs.py.
+docs: bootstrap
+	@echo "== documentation (sphinx-build)"
+	@$(PY) -m sphinx -W --keep-going -n -q -b html docs out/docs
 
 # Checks for the GPU first and builds only when there is one (scripts/gpu_check.sh).
 gpu-check:

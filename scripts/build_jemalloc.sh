@@ -4,7 +4,7 @@
 #
 # Why not Debian's libjemalloc.so.2: it uses initial-exec TLS, so a library linking it cannot
 # be dlopen()ed by Python, and its unprefixed malloc would replace the whole process's malloc
-# (see DESIGN.md, "Known pitfalls").
+# (see docs/design/index.md, "Known pitfalls").
 #
 # usage: build_jemalloc.sh DEST_DIR     (installs DEST_DIR/include and DEST_DIR/lib)
 set -euo pipefail

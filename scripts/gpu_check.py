@@ -38,7 +38,7 @@ BUILD = REPO / "build"
 MANIFEST = BUILD / "ctest-manifest.json"
 STANDIN = BUILD / "lib" / "libtide_standin_cuda.so"
 
-# Seconds each step may take on a 16-core H100/H200 (README, "Testing"), in the order they run:
+# Seconds each step may take on a 16-core H100/H200 (docs/contributing/testing.md), in the order they run:
 # 455 in all, and no step runs past BUDGET seconds from the start (unpacking has no limit of its
 # own), so the check and its report end within 8 minutes of a 15-minute loan that includes the
 # machine's start. The Python suite (ELASTIC) also gets what the steps before it left unused,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make gpu-check`: everything that needs a real GPU, in one command, with one report
-# (scripts/gpu_check.py runs the steps: README, "Testing"). Without a GPU it says so in one line and
+# (scripts/gpu_check.py runs the steps: docs/contributing/testing.md). Without a GPU it says so in one line and
 # exits 0, before building or unpacking anything.
 #
 #   make gpu-check                              a GPU machine with network: builds tide (also for

@@ -4,7 +4,7 @@
 # .venv or build/) plus out/gpu-bundle.tar.gz, then `GPU_BUNDLE=... GPU_CHECK_STANDIN=1 make
 # gpu-check` there with .venv's python first on PATH as the machine's `python3`. The report is
 # copied back to out/gpu-check/. GPU_CHECK_PYTEST_ARGS and GPU_CHECK_TIME_SCALE pass through
-# (README, "Testing").
+# (docs/contributing/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

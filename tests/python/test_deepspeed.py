@@ -1,4 +1,4 @@
-"""tide.torch.AdamW as DeepSpeed's client optimizer (README "DeepSpeed ZeRO"): ZeRO 1, 2 and 3, with
+"""tide.torch.AdamW as DeepSpeed's client optimizer (docs/guide/deepspeed.md): ZeRO 1, 2 and 3, with
 and without `offload_optimizer: {device: cpu}`, on the CPU (DS_ACCELERATOR=cpu, gloo), in one
 process and in two, against torch.optim.AdamW as the client optimizer under the same config (two
 param groups, gradient clipping, DeepSpeed's WarmupLR scheduler, exp_avg halved through

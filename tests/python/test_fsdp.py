@@ -322,7 +322,7 @@ def test_failure_on_one_rank_raises_there_and_hangs_nowhere(tmp_path):
 
 
 def test_example_under_torchrun(tmp_path):
-    """examples/train_gpt_fsdp.py as the README runs it (torchrun, 2 ranks): every rank's plan
+    """examples/train_gpt_fsdp.py as docs/guide/getting-started.md runs it (torchrun, 2 ranks): every rank's plan
     per step, rank 0's node summary, rank 0's memory timeline."""
     import re
     import subprocess

@@ -2,7 +2,7 @@
 between the rare days a GPU is lent: the C++ tests' manifest and its runner
 (scripts/ctest_manifest.py), the labels that say which C++ tests run on the real driver, the
 crash-resume pytest driver (scripts/pytest_resume.py), and gpu_check.sh's answers without a GPU.
-The whole flow is rehearsed by `GPU_CHECK_STANDIN=1` (README, "Testing"); that takes minutes.
+The whole flow is rehearsed by `GPU_CHECK_STANDIN=1` (docs/contributing/testing.md); that takes minutes.
 """
 
 from __future__ import annotations

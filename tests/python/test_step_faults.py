@@ -257,6 +257,6 @@ def completes_exactly_or_not_at_all(standin, placement, dtype, state_dtype, host
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     for (name, ours), theirs in zip(model.named_parameters(), reference):
         if name == "extra":
-            continue  # no gradient at step 2: tide's bias correction counts per bucket (README)
+            continue  # no gradient at step 2: tide's bias correction counts per bucket (docs/guide/optimizer.md)
         scale = theirs.abs().max().item() or 1.0
         assert (ours.detach().float() - theirs).abs().max().item() / scale < tolerance

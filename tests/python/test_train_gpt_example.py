@@ -106,7 +106,7 @@ def test_bad_placement_is_a_usage_error():
     (["--state-dtype", "q8"], "q8 moments, float32 master weights"),
 ])
 def test_state_formats_run(tmp_path, options, state):
-    """The formats the README's quality tables come from (bf16 master weights, stochastically
+    """The formats the documented quality runs come from (bf16 master weights, stochastically
     rounded bf16 moments, 8-bit moments) reach tide.torch, as the optimizer's state_format
     says, and train: finite losses on every line."""
     result = run_example(*TINY, "--steps", "2", *options, "--out", str(tmp_path))

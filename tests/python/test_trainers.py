@@ -3,7 +3,7 @@ given to it, or an optimizer of one's own), PyTorch Lightning, and an unmodified
 under `tide run --optimizer`; with gradient accumulation, clipping, a warmup schedule, and
 checkpoints that move between tide and PyTorch both ways.
 
-The code under test is README.md's "Using tide with ..." snippets, read from the README. Each run
+The code under test is the snippets of docs/guide/trainers.md (README.md repeats some). Each run
 is compared with the same training where the snippet's `tide.torch.AdamW` is torch.optim.AdamW's
 for-loop implementation (torch_reference.py): every forward pass's loss, and the final weights,
 within what PyTorch's own implementations (fused; the reference from weights nudged by one
@@ -41,23 +41,43 @@ pytestmark = pytest.mark.numerics
 LOSS_FLOOR = 1e-5  # relative: a few roundings of the loss
 
 
-# ---- README's snippets -------------------------------------------------------------------------
+# ---- the documented snippets --------------------------------------------------------------------
+
+PAGE = "docs/guide/trainers.md"  # every tested snippet; README.md repeats some of them
+
+
+def marked(path: str, name: str, language: str) -> str | None:
+    text = (REPO / path).read_text()
+    match = re.search(rf"<!-- tested: {re.escape(name)} -->\n```{language}\n(.*?)```", text,
+                      re.DOTALL)
+    return match.group(1) if match else None
 
 
 def snippet(name: str, language: str = "python") -> str:
-    """The code block README.md marks `<!-- tested: NAME -->`."""
+    """The code block the trainers page marks `<!-- tested: NAME -->`; where README.md shows a
+    block with the same mark, it must be the same code."""
+    code = marked(PAGE, name, language)
+    assert code is not None, f"{PAGE} has no snippet marked <!-- tested: {name} -->"
+    in_readme = marked("README.md", name, language)
+    assert in_readme is None or in_readme == code, \
+        f"README.md's <!-- tested: {name} --> block differs from {PAGE}'s"
+    return code
+
+
+def test_readme_snippets_are_the_tested_ones():
+    """Every snippet README.md marks as tested is one of the trainers page's, unchanged."""
     readme = (REPO / "README.md").read_text()
-    match = re.search(rf"<!-- tested: {re.escape(name)} -->\n```{language}\n(.*?)```", readme,
-                      re.DOTALL)
-    assert match, f"README.md has no snippet marked <!-- tested: {name} -->"
-    return match.group(1)
+    names = re.findall(r"<!-- tested: ([\w-]+) -->\n```(\w+)", readme)
+    assert names, "README.md shows no tested snippet"
+    for name, language in names:
+        snippet(name, language)
 
 
 def load(name: str, torch_options: dict | None = None) -> dict:
     """The snippet's definitions; with `torch_options`, its tide.torch.AdamW is
     torch.optim.AdamW(**torch_options) instead (the reference)."""
-    namespace = {"__name__": f"readme_{name.replace('-', '_')}"}
-    exec(compile(snippet(name), f"README.md <!-- tested: {name} -->", "exec"), namespace)
+    namespace = {"__name__": f"docs_{name.replace('-', '_')}"}
+    exec(compile(snippet(name), f"{PAGE} <!-- tested: {name} -->", "exec"), namespace)
     if torch_options is not None:
         class AdamW(torch.optim.AdamW):  # a class: Trainer calls anything else a factory
             def __init__(self, params, *args, **kwargs):
@@ -108,7 +128,7 @@ def test_plain_pytorch():
 
 
 def run_trainer(function: str, output_dir, *, options=None, model=None, resume=None):
-    """README's `function` (from the trainer snippet), trained: its Trainer, losses, model."""
+    """The trainers page's `function` (from the trainer snippet), trained: its Trainer, losses, model."""
     model = model if model is not None else tiny_model()
     losses = record_losses(model)
     trainer = load("trainer", options)[function](model, training_args(output_dir), tiny_dataset())
@@ -184,7 +204,7 @@ def test_trainer_checkpoints_move_between_tide_and_torch(runs, reference, tide_r
 
 
 def test_an_unmodified_trainer_script_under_tide_run(build_dir, runs, reference):
-    """README's command, on a Trainer script with its default optimizer (PyTorch's fused AdamW):
+    """The documented command, on a Trainer script with its default optimizer (PyTorch's fused AdamW):
     straight through, and resuming the reference's checkpoint; then PyTorch resumes its
     checkpoint."""
     tide_exe = build_dir / "bin" / "tide"

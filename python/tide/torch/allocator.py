@@ -282,7 +282,7 @@ def _stat(current: int, peak: int = 0, allocated: int = 0, freed: int = 0) -> di
 def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
     """tide's allocator statistics for `device` as torch.cuda.memory_stats_as_nested_dict() gives
     PyTorch's: the same keys, plus tide's own under "tide". Keys without a meaning in tide read as
-    PyTorch's allocator reads them in its default configuration (README, "From PyTorch")."""
+    PyTorch's allocator reads them in its default configuration (docs/guide/allocator.md, "From PyTorch")."""
     s = _stats(device)
     out: dict[str, Any] = {
         name: {pool: _stat(*(getattr(getattr(s, name)[i], f) for f in _FIELDS))
