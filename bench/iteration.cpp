@@ -13,7 +13,7 @@
 // direction).
 //
 // The published case (20B parameters on 4×H100, per rank 5e9 parameters in 50 subgroups of 1e8,
-// DESIGN.md), scaled to this machine keeping its ratios: the CPU update runs on one thread with
+// docs/design/index.md), scaled to this machine keeping its ratios: the CPU update runs on one thread with
 // the scalar kernel (as bench_update_phase does, so that its rate is stable) at r params/s of
 // CPU time; with σ = r / 2.2e9 (the published CPU rate per rank), the links run at 25 GB/s·σ
 // and the GPU's Adam at 5e10·σ, so that every rate keeps its ratio to the CPU's. --params P
@@ -95,7 +95,7 @@ using namespace tide::runtime;
 using allocator::device::CachingAllocator;
 using Clock = std::chrono::steady_clock;
 
-// The published case, per rank (DESIGN.md).
+// The published case, per rank (docs/design/index.md).
 constexpr double kPubParams = 5e9;
 constexpr double kPubCpuRate = 2.2e9;
 constexpr double kPubLink = 25e9;

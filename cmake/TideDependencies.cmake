@@ -1,4 +1,4 @@
-# Third-party dependencies, found on the system (DESIGN.md names them), never vendored.
+# Third-party dependencies, found on the system (docs/design/index.md names them), never vendored.
 set(THREADS_PREFER_PTHREAD_FLAG ON)
 find_package(Threads REQUIRED)
 

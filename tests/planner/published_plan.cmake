@@ -1,4 +1,4 @@
-# `tide plan --json` in the published setting (DESIGN.md; the numbers are explained in
+# `tide plan --json` in the published setting (docs/design/index.md; the numbers are explained in
 # published_test.cpp): a third to a half of the parameters on the GPU, an update phase within 25%
 # of the measured 1.30 s, all-CPU within 5% of the measured 2.27 s.
 set(args plan --params 20e9 --ranks 4 --subgroup-params 1e8 --gpu-memory 80GB --free-memory 48GB

@@ -1,4 +1,4 @@
-// The published check (DESIGN.md, "The idea"): a 20B-parameter model on 4×H100 with ZeRO-3 and
+// The published check (docs/design/index.md, "The idea"): a 20B-parameter model on 4×H100 with ZeRO-3 and
 // CPU offload, subgroups of 1e8. Measured: update phase 2.27 s all-CPU, 1.30 s with one subgroup
 // in two on the GPU (K = 2 was best).
 //
@@ -12,7 +12,7 @@
 //   reserved after the backward pass (~16 GB) stay; activations are gone. Memory does not bind
 //   here: 16 GB gives the same plan, which the second test checks.
 // - Footprint: fp32 p, m, v (12 bytes/param each way); GPU subgroups keep their bf16 gradient on
-//   the GPU (DESIGN.md, data flow step 2), so it costs memory, not copies.
+//   the GPU (docs/design/index.md, data flow step 2), so it costs memory, not copies.
 #include <gtest/gtest.h>
 
 #include "planner/interleave.h"
