@@ -7,7 +7,6 @@
 #include <new>
 #include <stdexcept>
 
-#include "allocator/device/device_registry.h"
 #include "allocator/pinned/arena.h"
 #include "config/env.h"
 #include "driver/error.h"
@@ -91,7 +90,9 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
     : state_(state),
       options_(with_rates(options)),
       context_(options.device),
-      refiner_(*options_.rates, options_.refine_options) {
+      refiner_(*options_.rates, options_.refine_options),
+      buffers_(options_.device, options_.memory),
+      frozen_(state_) {
   if (state_.host_params() && options_.gradients_on_gpu) {
     throw std::invalid_argument(
         "tide: executor: host-resident parameters read their gradients where they are: "
@@ -103,9 +104,6 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
   adam_ = std::make_unique<kernels::AdamGpu>();
   for (auto* s : {&h2d_, &compute_, &d2h_, &params_, &upload_}) *s = &streams.next();
   stale_params_.assign(state_.size(), 1);
-  frozen_.resize(state_.size());
-  for (std::size_t i = 0; i < state_.size(); ++i)
-    frozen_[i].assign(state_.spec(i).slices.size(), 0);
   if (state_.host_params()) {
     host_grads_.resize(state_.size());
     for (std::size_t i = 0; i < state_.size(); ++i)
@@ -124,34 +122,21 @@ Executor::~Executor() {
     for (auto* s : {h2d_, compute_, d2h_, params_, upload_}) {
       s->synchronize();
     }
-    resident_.clear();
-    cached_.clear();
-    cached_counters_ = UpdateBuffer();
+    buffers_.clear_gradients();
+    buffers_.clear();
   } catch (...) {
-    for (auto* list : {&cached_, &resident_, &quarantined_}) {
-      for (UpdateBuffer& b : *list) b.leak();
-    }
-    cached_counters_.leak();
+    buffers_.leak();
     state_.abandon();
   }
 }
 
 void Executor::settle() {
-  if (!unconfirmed_) return;
+  if (!buffers_.unconfirmed()) return;
   offload_->stream().synchronize();
   for (auto* s : {h2d_, compute_, d2h_, params_, upload_}) {
     s->synchronize();
   }
-  unconfirmed_ = false;
-  quarantined_.clear();
-  for (const auto& [subgroup, slot] : quarantined_slots_) state_.give_spare(subgroup, slot);
-  quarantined_slots_.clear();
-  if (quarantined_counters_ != nullptr) {
-    state_.arena().deallocate(quarantined_counters_, quarantined_counter_bytes_);
-  }
-  quarantined_counters_ = nullptr;
-  for (const auto& [p, bytes] : quarantined_staging_) state_.arena().deallocate(p, bytes);
-  quarantined_staging_.clear();
+  buffers_.release_quarantine(state_);
 }
 
 void Executor::ready(const kernels::AdamHyper& hyper) {
@@ -162,7 +147,7 @@ void Executor::ready(const kernels::AdamHyper& hyper) {
   offload_->synchronize_all();
   for (std::size_t i = 0; i < host_grads_.size(); ++i) {
     for (std::size_t k = 0; k < host_grads_[i].size(); ++k) {
-      if (host_grads_[i][k] == nullptr && !frozen_[i][k]) {
+      if (host_grads_[i][k] == nullptr && !frozen_.frozen(i, k)) {
         throw std::invalid_argument("tide: executor: subgroup " + std::to_string(i) + ", slice " +
                                     std::to_string(k) +
                                     ": no gradient given and not frozen (host-resident "
@@ -204,93 +189,7 @@ GradientStats Executor::gradient_stats() const {
 void Executor::release_buffers() {
   const driver::ContextScope scope(context_);
   settle();
-  cached_.clear();
-  cached_counters_ = UpdateBuffer();
-}
-
-void Executor::set_frozen(std::size_t subgroup, std::size_t slice, bool frozen) {
-  frozen_.at(subgroup).at(slice) = frozen ? 1 : 0;
-}
-
-bool Executor::frozen(std::size_t subgroup, std::size_t slice) const {
-  return frozen_.at(subgroup).at(slice) != 0;
-}
-
-void Executor::save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks) {
-  saved.clear();
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < state_.size(); ++i) {
-    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
-      if (frozen_[i][k]) total += state_.spec(i).slices[k].count;
-    }
-  }
-  if (total == 0) return;
-  // 8-bit moments: the master weights here, the moments' blocks in `blocks`.
-  const std::size_t parts = state_parts(0).size();
-  saved.resize((state_.quantized() ? 4 : state_.state_bytes()) * total);  // may throw
-  char* out = saved.data();
-  std::vector<ParamSlice> frozen;
-  for (std::size_t i = 0; i < state_.size(); ++i) {
-    frozen.clear();
-    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
-      if (frozen_[i][k]) frozen.push_back(state_.spec(i).slices[k]);
-    }
-    if (state_.quantized()) blocks.save(state_, i, frozen);  // may throw: nothing changed yet
-  }
-  for (std::size_t i = 0; i < state_.size(); ++i) {
-    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
-      if (!frozen_[i][k]) continue;
-      const ParamSlice& slice = state_.spec(i).slices[k];
-      const auto all = state_parts(i);
-      for (std::size_t p = 0; p < parts; ++p) {
-        const auto& [part, size] = all[p];
-        const char* from = part + slice.offset * size;
-        out = std::copy(from, from + slice.count * size, out);
-      }
-      // A frozen element has no gradient this step: zero, so that its update is finite (and
-      // undone below) and counts as nothing. Host-resident: no buffer (a GPU subgroup's
-      // copy-in zeroes it in the GPU buffer, and the CPU update skips frozen slices).
-      if (state_.host_params()) continue;
-      std::memset(static_cast<char*>(state_.grad(i)) + slice.offset * state_.grad_bytes(), 0,
-                  slice.count * state_.grad_bytes());
-    }
-  }
-}
-
-void Executor::restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks) {
-  if (saved.empty()) return;
-  const std::size_t parts = state_parts(0).size();
-  const char* in = saved.data();
-  for (std::size_t i = 0; i < state_.size(); ++i) {
-    for (std::size_t k = 0; k < frozen_[i].size(); ++k) {
-      if (!frozen_[i][k]) continue;
-      const ParamSlice& slice = state_.spec(i).slices[k];
-      const auto all = state_parts(i);
-      for (std::size_t p = 0; p < parts; ++p) {
-        const auto& [part, size] = all[p];
-        std::copy(in, in + slice.count * size, part + slice.offset * size);
-        in += slice.count * size;
-      }
-    }
-  }
-  blocks.restore(state_);
-}
-
-// Subgroup i's parts a frozen slice keeps, each with its element size: the master weights (fp32;
-// or bf16 weights, then their compensation; none when host-resident: those parameters are never
-// written for a frozen slice) and the moments (unless 8-bit: FrozenQ8Blocks keeps their blocks).
-std::vector<std::pair<char*, unsigned>> Executor::state_parts(std::size_t i) const {
-  std::vector<std::pair<char*, unsigned>> parts;
-  if (state_.bf16_master()) {
-    parts.emplace_back(reinterpret_cast<char*>(state_.master_bf16(i)), 2u);
-    parts.emplace_back(reinterpret_cast<char*>(state_.master_comp(i)), 2u);
-  } else if (!state_.host_params()) {
-    parts.emplace_back(reinterpret_cast<char*>(state_.param(i)), 4u);
-  }
-  if (state_.quantized()) return parts;
-  parts.emplace_back(static_cast<char*>(state_.exp_avg(i)), state_.moment_bytes());
-  parts.emplace_back(static_cast<char*>(state_.exp_avg_sq(i)), state_.moment_bytes());
-  return parts;
+  buffers_.clear();
 }
 
 void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
@@ -301,7 +200,7 @@ void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
   const unsigned size = state_.param_bytes();
   const std::vector<ParamSlice>& slices = state_.spec(s).slices;
   for (std::size_t k = 0; k < slices.size(); ++k) {
-    if (frozen_[s][k]) continue;
+    if (frozen_.frozen(s, k)) continue;
     driver::copy_to_device_async(slices[k].device_ptr, src + slices[k].offset * size,
                                  slices[k].count * size, stream);
   }
@@ -321,25 +220,11 @@ void Executor::write_params(std::size_t s) {
   const unsigned size = state_.param_bytes();
   const std::vector<ParamSlice>& slices = state_.spec(s).slices;
   for (std::size_t k = 0; k < slices.size(); ++k) {
-    if (frozen_[s][k]) continue;
+    if (frozen_.frozen(s, k)) continue;
     driver::copy_to_device(slices[k].device_ptr, src + slices[k].offset * size,
                            slices[k].count * size);
   }
   stale_params_[s] = 0;
-}
-
-allocator::DeviceMemoryResource& Executor::memory() {
-  if (options_.memory != nullptr) return *options_.memory;
-  if (headroom_memory_ == nullptr) {
-    // Looked up at every allocation until found: PyTorch creates tide's allocator of a device
-    // at its first allocation there, which may come after the optimizer.
-    if (allocator::device::CachingAllocator* a =
-            allocator::device::find_device_allocator(options_.device)) {
-      headroom_memory_ = std::make_unique<allocator::device::HeadroomResource>(*a);
-    }
-  }
-  if (headroom_memory_ != nullptr) return *headroom_memory_;
-  return driver_memory_;
 }
 
 planner::Footprint Executor::footprint(bool gradients_on_gpu) const {
@@ -418,25 +303,22 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
 const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {
   const driver::ContextScope scope(context_);
   offload_->synchronize_all();  // no copy may be in flight to a buffer being re-routed
-  resident_.clear();
+  buffers_.clear_gradients();
   offload_->route({});
   prepared_ = plan_with(policy, headroom_bytes, options_.gradients_on_gpu);
   if (options_.gradients_on_gpu && !prepared_->gpu_order.empty()) {
     std::vector<CUdeviceptr> route(state_.size(), 0);
     try {
       for (std::size_t s : prepared_->gpu_order) {
-        resident_.emplace_back(memory(), state_.params(s) * state_.grad_bytes(), compute_->get());
-        route[s] = resident_.back().get();
+        route[s] = buffers_.add_gradient(state_.params(s) * state_.grad_bytes(), compute_->get());
       }
       offload_->route(std::move(route));
     } catch (...) {
       if (!out_of_memory(std::current_exception())) throw;
       // No room for the gradients on the GPU: they go to host memory, the plan is made again
       // without them, and later plans get less headroom.
-      std::uint64_t got = 0;
-      for (const auto& b : resident_) got += b.size();
-      resident_.clear();
-      headroom_cap_ = std::max<std::uint64_t>(got, 1);
+      headroom_cap_ = std::max<std::uint64_t>(buffers_.gradient_bytes(), 1);
+      buffers_.clear_gradients();
       prepared_ = plan_with(policy, headroom_bytes, false);
     }
   }

@@ -68,7 +68,6 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/device/headroom_resource.h"
 #include "allocator/memory_resource.h"
 #include "driver/context.h"
 #include "kernels/adam_math.h"
@@ -76,7 +75,8 @@
 #include "planner/plan.h"
 #include "planner/planner.h"
 #include "planner/refine.h"
-#include "runtime/frozen_blocks.h"
+#include "runtime/buffer_pool.h"
+#include "runtime/frozen_slices.h"
 #include "runtime/gradient_offload.h"
 #include "runtime/gradient_stats.h"
 #include "runtime/optimizer_state.h"
@@ -193,8 +193,12 @@ class Executor {
   // parameters untouched): the phase leaves their elements exactly as they were, state and
   // model parameters. `slice` is the slice's position in spec(subgroup).slices. Kept until
   // changed.
-  void set_frozen(std::size_t subgroup, std::size_t slice, bool frozen);
-  bool frozen(std::size_t subgroup, std::size_t slice) const;
+  void set_frozen(std::size_t subgroup, std::size_t slice, bool frozen) {
+    frozen_.set(subgroup, slice, frozen);
+  }
+  bool frozen(std::size_t subgroup, std::size_t slice) const {
+    return frozen_.frozen(subgroup, slice);
+  }
 
   // Host-resident parameters: the gradient of `slice` (its position in spec(subgroup).slices)
   // for the coming step, `count` elements of the state's gradient dtype at host address
@@ -234,16 +238,10 @@ class Executor {
   // device still cannot be waited for.
   void settle();
   void upload_weights(std::size_t s, const driver::Stream& stream);
-  void save_frozen(std::vector<char>& saved, FrozenQ8Blocks& blocks);
   bool needs_staging(bool gradients_on_gpu) const;
-  void restore_frozen(const std::vector<char>& saved, const FrozenQ8Blocks& blocks);
-  // The parts of subgroup i's slot a frozen slice keeps: master weights (fp32, or bf16 weights
-  // and their compensation; none when host-resident) and moments, each with its element size.
-  std::vector<std::pair<char*, unsigned>> state_parts(std::size_t i) const;
   std::uint64_t capped(std::uint64_t headroom) const;
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes,
                           bool gradients_on_gpu) const;
-  allocator::DeviceMemoryResource& memory();
 
   OptimizerState& state_;
   ExecutorOptions options_;
@@ -256,15 +254,10 @@ class Executor {
                        *upload_ = nullptr;
   planner::RateRefiner refiner_;
   std::optional<planner::Plan> prepared_;
-  // Before the buffers: they go back to these when they go.
-  allocator::DriverResource driver_memory_;
-  std::unique_ptr<allocator::device::HeadroomResource> headroom_memory_;
-  std::vector<UpdateBuffer> resident_;  // prepared GPU subgroups' gradients
-  std::vector<UpdateBuffer> cached_;    // GPU buffers kept from the last phase
-  UpdateBuffer cached_counters_;
+  BufferPool buffers_;
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
-  std::vector<std::vector<char>> frozen_;             // per subgroup, per slice
+  FrozenSlices frozen_;
   std::vector<std::vector<const void*>> host_grads_;  // host-resident: per subgroup, per slice
   // bf16 master weights: per subgroup, whether the model's parameters may not hold the state's
   // weights (never written yet, or their last write failed). A GPU subgroup whose parameters do
@@ -272,13 +265,6 @@ class Executor {
   std::vector<char> stale_params_;
   bool ready_ = false;                // ready() ran, with no offload since
   std::uint64_t ready_offloads_ = 0;  // the offload count it saw
-  // Left by a phase whose streams could not be waited for: what its queued work may still write.
-  bool unconfirmed_ = false;
-  std::vector<UpdateBuffer> quarantined_;
-  std::vector<std::pair<std::size_t, float*>> quarantined_slots_;  // (subgroup, spare)
-  void* quarantined_counters_ = nullptr;                           // pinned
-  std::size_t quarantined_counter_bytes_ = 0;
-  std::vector<std::pair<void*, std::size_t>> quarantined_staging_;  // pinned (host-resident)
 };
 
 }  // namespace tide::runtime

@@ -187,7 +187,7 @@ std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
     const unsigned mb = state.moment_bytes();
     const std::vector<ParamSlice>& slices = state.spec(s).slices;
     for (std::size_t k = 0; k < slices.size(); ++k) {
-      if (x.frozen_[s][k]) continue;
+      if (x.frozen_.frozen(s, k)) continue;
       const ParamSlice& slice = slices[k];
       kernels::AdamSubgroup sub;
       sub.grad = x.host_grads_[s][k];
@@ -269,7 +269,7 @@ void Executor::Phase::settle_copy_in(const GpuTask& t) {
       // feeds a GPU result that is never committed.)
       float* fresh = state.take_spare(s);
       std::memcpy(fresh, state.slot(s), state.slot_bytes(s));
-      x.quarantined_slots_.emplace_back(s, state.commit(s, fresh));
+      x.buffers_.quarantine_slot(s, state.commit(s, fresh));
     } catch (...) {
       // No memory for it: updated where it is (only the stand-in still runs queued work).
     }
@@ -317,23 +317,13 @@ void Executor::Phase::set_up_gpu() {
   }
   buffers_cap = std::max<std::size_t>(report.planned.buffers, 1);
 
-  // Buffers kept from earlier phases are reused when large enough: allocating and freeing
-  // device memory every phase costs driver calls without tide's allocator (and cuMemFree
-  // synchronises on a real GPU). Those this phase does not use stay kept (see release()).
-  for (auto it = x.cached_.begin(); it != x.cached_.end() && buffer.size() < buffers_cap;) {
-    if (it->size() >= buffer_bytes) {
-      buffer.push_back(std::move(*it));
-      it = x.cached_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  if (x.cached_counters_.size() >= 8 * order.size()) counters = std::move(x.cached_counters_);
-  x.cached_counters_ = UpdateBuffer();
+  // Buffers kept from earlier phases are reused when large enough (runtime/buffer_pool.h).
+  buffer = x.buffers_.take(buffer_bytes, buffers_cap);
+  counters = x.buffers_.take_counters(8 * order.size());
   try {
     while (lanes.size() < buffer.size()) lanes.emplace_back();
     if (counters.get() == 0) {
-      counters = UpdateBuffer(x.memory(), 8 * order.size(), x.compute_->get());
+      counters = UpdateBuffer(x.buffers_.memory(), 8 * order.size(), x.compute_->get());
     }
     host_counters = static_cast<std::uint64_t*>(state.arena().allocate(8 * order.size(), 8));
     host_counter_count = order.size();
@@ -428,7 +418,7 @@ void Executor::Phase::copy_grad_in(const GpuTask& t) {
     const std::vector<ParamSlice>& slices = state.spec(t.subgroup).slices;
     for (std::size_t k = 0; k < slices.size(); ++k) {
       const void* g = x.host_grads_[t.subgroup][k];
-      if (x.frozen_[t.subgroup][k] || g == nullptr) {
+      if (x.frozen_.frozen(t.subgroup, k) || g == nullptr) {
         driver::fill_zero_async(t.grad + slices[k].offset * gs, slices[k].count * gs, *x.h2d_);
       } else {
         driver::copy_to_device_async(t.grad + slices[k].offset * gs, g, slices[k].count * gs,
@@ -569,7 +559,7 @@ bool Executor::Phase::start_next() {
   if (!in_flight.empty() && !any_waiting()) behind = in_flight.front().buffer;
   if (!free && buffer.size() < buffers_cap) {
     try {
-      buffer.emplace_back(x.memory(), buffer_bytes, x.compute_->get());
+      buffer.emplace_back(x.buffers_.memory(), buffer_bytes, x.compute_->get());
       lanes.emplace_back();
       free = buffer.size() - 1;
     } catch (...) {
@@ -651,7 +641,7 @@ void Executor::Phase::commit(const GpuTask& t) {
   if (host) {
     // Into the parameters, on the host: nothing here can fail.
     for (std::size_t k = 0; k < slices.size(); ++k) {
-      if (x.frozen_[s][k]) continue;
+      if (x.frozen_.frozen(s, k)) continue;
       std::memcpy(reinterpret_cast<void*>(slices[k].device_ptr), t.staging + slices[k].offset,
                   slices[k].count * 4);
     }
@@ -660,7 +650,7 @@ void Executor::Phase::commit(const GpuTask& t) {
     try {
       // ps bytes per parameter: the weight copy's, or the state's own weights (fp32 or bf16).
       for (std::size_t k = 0; k < slices.size(); ++k) {
-        if (x.frozen_[s][k]) continue;
+        if (x.frozen_.frozen(s, k)) continue;
         driver::copy_on_device_async(slices[k].device_ptr, t.weights + slices[k].offset * ps,
                                      slices[k].count * ps, *x.params_);
       }
@@ -787,26 +777,17 @@ void Executor::Phase::join() {
 void Executor::Phase::release(bool confirmed) {
   // The GPU memory the phase held: what later plans are capped at if an allocation failed. The
   // gradients kept on the GPU count: they are part of what a plan places in the headroom.
-  allocated_bytes = counters.size() + buffer.size() * buffer_bytes;
-  for (const UpdateBuffer& b : x.resident_) allocated_bytes += b.size();
+  allocated_bytes = counters.size() + buffer.size() * buffer_bytes + x.buffers_.gradient_bytes();
   if (!confirmed) {
-    x.unconfirmed_ = true;
     for (const GpuTask& t : failed) {
-      if (t.slot != nullptr) x.quarantined_slots_.emplace_back(t.subgroup, t.slot);
+      if (t.slot != nullptr) x.buffers_.quarantine_slot(t.subgroup, t.slot);
       if (t.staging != nullptr) {
-        x.quarantined_staging_.emplace_back(t.staging, 4 * state.params(t.subgroup));
+        x.buffers_.quarantine_pinned(t.staging, 4 * state.params(t.subgroup));
       }
     }
-    for (auto* list : {&buffer, &x.cached_, &x.resident_}) {
-      for (UpdateBuffer& b : *list) x.quarantined_.push_back(std::move(b));
-      list->clear();
-    }
-    x.quarantined_.push_back(std::move(counters));
-    if (host_counters != nullptr) {
-      // Another phase's counters may be quarantined already (never: settle() ran before).
-      x.quarantined_counters_ = host_counters;
-      x.quarantined_counter_bytes_ = 8 * host_counter_count;
-    }
+    if (host_counters != nullptr)
+      x.buffers_.quarantine_pinned(host_counters, 8 * host_counter_count);
+    x.buffers_.quarantine(std::move(buffer), std::move(counters));
     try {
       x.offload_->route({});
     } catch (...) {
@@ -817,29 +798,15 @@ void Executor::Phase::release(bool confirmed) {
     if (t.slot != nullptr) state.give_spare(t.subgroup, t.slot);
     free_staging(t);
   }
-  for (const auto& [subgroup, slot] : x.quarantined_slots_) state.give_spare(subgroup, slot);
-  x.quarantined_slots_.clear();
+  x.buffers_.release_quarantine(state);
   if (host_counters != nullptr) state.arena().deallocate(host_counters, 8 * host_counter_count);
   if (allocation_failed || !report.fault.empty()) {
     buffer.clear();  // memory is short, or the device failed: give everything back
-    x.cached_.clear();
+    x.buffers_.clear();
   } else {
-    // Kept for the next phase: this phase's buffers, then earlier ones it did not use, as far
-    // as they fit in this phase's headroom together (so that a plan that alternates between
-    // fewer and more buffers does not allocate them again each time, and one that shrank with
-    // the headroom holds no more than it).
-    std::vector<UpdateBuffer> keep = std::move(buffer);
-    std::uint64_t bytes = 0;
-    for (const UpdateBuffer& b : keep) bytes += b.size();
-    for (UpdateBuffer& b : x.cached_) {
-      if (bytes + b.size() > report.planned.headroom_bytes) continue;  // freed below
-      bytes += b.size();
-      keep.push_back(std::move(b));
-    }
-    x.cached_ = std::move(keep);
-    if (counters.get() != 0) x.cached_counters_ = std::move(counters);
+    x.buffers_.keep(std::move(buffer), std::move(counters), report.planned.headroom_bytes);
   }
-  x.resident_.clear();
+  x.buffers_.clear_gradients();
   x.offload_->route({});
 }
 
@@ -864,12 +831,10 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   report.timings.assign(state_.size(), planner::SubgroupTiming{});
   report.devices.assign(state_.size(), planner::Device::cpu);
   report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
-  std::vector<char> frozen_state;
-  FrozenQ8Blocks frozen_blocks;
-  save_frozen(frozen_state, frozen_blocks);
+  const FrozenSlices::Saved frozen = frozen_.save(state_);
   ready_ = false;
   prepared_.reset();
-  const bool gradients_on_gpu = prepared && !resident_.empty();
+  const bool gradients_on_gpu = prepared && buffers_.has_gradients();
   const planner::Footprint fp = footprint(gradients_on_gpu);
 
   // From here on the step completes (see executor.h): nothing below throws.
@@ -877,7 +842,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   Phase phase(*this, hyper, report, gradients_on_gpu);
   phase.run(no_context);
   report.seconds = seconds_since(start);
-  restore_frozen(frozen_state, frozen_blocks);
+  frozen_.restore(state_, frozen);
   // Host-resident gradients are the caller's memory: none is read after this step.
   for (auto& slices : host_grads_) std::fill(slices.begin(), slices.end(), nullptr);
   for (std::size_t s : phase.written) stale_params_[s] = 0;

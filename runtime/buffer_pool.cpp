@@ -1,0 +1,97 @@
+#include "runtime/buffer_pool.h"
+
+#include "allocator/device/device_registry.h"
+#include "allocator/pinned/arena.h"
+
+namespace tide::runtime {
+
+BufferPool::BufferPool(int device, allocator::DeviceMemoryResource* memory)
+    : given_(memory), device_(device) {}
+
+allocator::DeviceMemoryResource& BufferPool::memory() {
+  if (given_ != nullptr) return *given_;
+  if (headroom_memory_ == nullptr) {
+    if (allocator::device::CachingAllocator* a =
+            allocator::device::find_device_allocator(device_)) {
+      headroom_memory_ = std::make_unique<allocator::device::HeadroomResource>(*a);
+    }
+  }
+  if (headroom_memory_ != nullptr) return *headroom_memory_;
+  return driver_memory_;
+}
+
+std::vector<UpdateBuffer> BufferPool::take(std::uint64_t bytes, std::size_t count) {
+  std::vector<UpdateBuffer> taken;
+  for (auto it = kept_.begin(); it != kept_.end() && taken.size() < count;) {
+    if (it->size() >= bytes) {
+      taken.push_back(std::move(*it));
+      it = kept_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return taken;
+}
+
+UpdateBuffer BufferPool::take_counters(std::uint64_t bytes) {
+  UpdateBuffer counters = std::move(counters_);
+  counters_ = UpdateBuffer();
+  if (counters.size() < bytes) counters = UpdateBuffer();
+  return counters;
+}
+
+void BufferPool::keep(std::vector<UpdateBuffer> used, UpdateBuffer counters,
+                      std::uint64_t headroom) {
+  std::uint64_t bytes = 0;
+  for (const UpdateBuffer& b : used) bytes += b.size();
+  for (UpdateBuffer& b : kept_) {
+    if (bytes + b.size() > headroom) continue;  // freed below
+    bytes += b.size();
+    used.push_back(std::move(b));
+  }
+  kept_ = std::move(used);
+  if (counters.get() != 0) counters_ = std::move(counters);
+}
+
+void BufferPool::clear() {
+  kept_.clear();
+  counters_ = UpdateBuffer();
+}
+
+CUdeviceptr BufferPool::add_gradient(std::uint64_t bytes, CUstream stream) {
+  gradients_.emplace_back(memory(), bytes, stream);
+  return gradients_.back().get();
+}
+
+std::uint64_t BufferPool::gradient_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const UpdateBuffer& b : gradients_) bytes += b.size();
+  return bytes;
+}
+
+void BufferPool::quarantine(std::vector<UpdateBuffer> buffers, UpdateBuffer counters) {
+  unconfirmed_ = true;
+  for (auto* list : {&buffers, &kept_, &gradients_}) {
+    for (UpdateBuffer& b : *list) quarantined_.push_back(std::move(b));
+    list->clear();
+  }
+  quarantined_.push_back(std::move(counters));
+}
+
+void BufferPool::release_quarantine(OptimizerState& state) {
+  unconfirmed_ = false;
+  quarantined_.clear();
+  for (const auto& [subgroup, slot] : slots_) state.give_spare(subgroup, slot);
+  slots_.clear();
+  for (const auto& [p, bytes] : pinned_) state.arena().deallocate(p, bytes);
+  pinned_.clear();
+}
+
+void BufferPool::leak() noexcept {
+  for (auto* list : {&kept_, &gradients_, &quarantined_}) {
+    for (UpdateBuffer& b : *list) b.leak();
+  }
+  counters_.leak();
+}
+
+}  // namespace tide::runtime
