@@ -18,6 +18,8 @@
 #include "planner/interleave.h"
 #include "planner/node_rates.h"
 #include "planner/rate_sources.h"
+#include "runtime/device_params.h"
+#include "runtime/host_params.h"
 #include "runtime/memory_pressure.h"
 
 namespace tide::runtime {
@@ -105,9 +107,9 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
   for (auto* s : {&h2d_, &compute_, &d2h_, &params_, &upload_}) *s = &streams.next();
   stale_params_.assign(state_.size(), 1);
   if (state_.host_params()) {
-    host_grads_.resize(state_.size());
-    for (std::size_t i = 0; i < state_.size(); ++i)
-      host_grads_[i].assign(state_.spec(i).slices.size(), nullptr);
+    model_params_ = std::make_unique<HostParams>(state_, frozen_);
+  } else {
+    model_params_ = std::make_unique<DeviceParams>(state_, frozen_, context_, options_.cpu_threads);
   }
 }
 
@@ -145,46 +147,21 @@ void Executor::ready(const kernels::AdamHyper& hyper) {
   const driver::ContextScope scope(context_);
   settle();
   offload_->synchronize_all();
-  for (std::size_t i = 0; i < host_grads_.size(); ++i) {
-    for (std::size_t k = 0; k < host_grads_[i].size(); ++k) {
-      if (host_grads_[i][k] == nullptr && !frozen_.frozen(i, k)) {
-        throw std::invalid_argument("tide: executor: subgroup " + std::to_string(i) + ", slice " +
-                                    std::to_string(k) +
-                                    ": no gradient given and not frozen (host-resident "
-                                    "parameters read their gradients where they are)");
-      }
-    }
-  }
+  model_params_->check_gradients();
   ready_offloads_ = offload_->offloads();
   ready_ = true;
 }
 
 void Executor::set_host_gradient(std::size_t subgroup, std::size_t slice, const void* grad) {
-  if (!state_.host_params()) {
-    throw std::logic_error("tide: executor: host gradients need host-resident parameters");
-  }
-  host_grads_.at(subgroup).at(slice) = grad;
+  model_params_->set_gradient(subgroup, slice, grad);
   ready_ = false;  // ready() checks them again
 }
 
 const void* Executor::host_gradient(std::size_t subgroup, std::size_t slice) const {
-  return state_.host_params() ? host_grads_.at(subgroup).at(slice) : nullptr;
+  return model_params_->gradient(subgroup, slice);
 }
 
-GradientStats Executor::gradient_stats() const {
-  if (!state_.host_params()) {
-    const driver::ContextScope scope(context_);  // waits for the offloads
-    return runtime::gradient_stats(state_, *offload_);
-  }
-  std::vector<GradientPiece> pieces;
-  for (std::size_t i = 0; i < state_.size(); ++i) {
-    const std::vector<ParamSlice>& slices = state_.spec(i).slices;
-    for (std::size_t k = 0; k < slices.size(); ++k) {
-      if (host_grads_[i][k] != nullptr) pieces.push_back({host_grads_[i][k], slices[k].count});
-    }
-  }
-  return runtime::gradient_stats(pieces, state_.options().grad_dtype);
-}
+GradientStats Executor::gradient_stats() const { return model_params_->gradient_stats(*offload_); }
 
 void Executor::release_buffers() {
   const driver::ContextScope scope(context_);
@@ -192,38 +169,10 @@ void Executor::release_buffers() {
   buffers_.clear();
 }
 
-void Executor::upload_weights(std::size_t s, const driver::Stream& stream) {
-  if (state_.host_params()) return;  // updated in place
-  // fp32 parameters and bf16 master weights are the state itself.
-  const char* src = state_.separate_weights() ? static_cast<const char*>(state_.weight_copy(s))
-                                              : reinterpret_cast<const char*>(state_.param(s));
-  const unsigned size = state_.param_bytes();
-  const std::vector<ParamSlice>& slices = state_.spec(s).slices;
-  for (std::size_t k = 0; k < slices.size(); ++k) {
-    if (frozen_.frozen(s, k)) continue;
-    driver::copy_to_device_async(slices[k].device_ptr, src + slices[k].offset * size,
-                                 slices[k].count * size, stream);
-  }
-}
-
 void Executor::write_params(std::size_t s) {
   const driver::ContextScope scope(context_);
-  settle();                          // no queued write of an earlier phase may land after this one
-  if (state_.host_params()) return;  // the parameters are the master weights
-  const char* src = reinterpret_cast<const char*>(state_.param(s));
-  if (state_.separate_weights()) {
-    // The cast the update would have written (round to nearest even, as every kernel does).
-    kernels::cpu_cast(state_.param(s), state_.weight_copy(s), state_.options().param_dtype,
-                      state_.params(s), kernels::CpuAdamOptions{.threads = options_.cpu_threads});
-    src = static_cast<const char*>(state_.weight_copy(s));
-  }
-  const unsigned size = state_.param_bytes();
-  const std::vector<ParamSlice>& slices = state_.spec(s).slices;
-  for (std::size_t k = 0; k < slices.size(); ++k) {
-    if (frozen_.frozen(s, k)) continue;
-    driver::copy_to_device(slices[k].device_ptr, src + slices[k].offset * size,
-                           slices[k].count * size);
-  }
+  settle();  // no queued write of an earlier phase may land after this one
+  model_params_->write(s);
   stale_params_[s] = 0;
 }
 
@@ -233,7 +182,7 @@ planner::Footprint Executor::footprint(bool gradients_on_gpu) const {
   f.quantized_moments = state_.quantized();
   f.gradient_bytes_per_param = state_.grad_bytes();
   // What a CPU subgroup uploads (nothing when the parameters are updated where they are).
-  f.weight_bytes_per_param = state_.host_params() ? 0 : state_.param_bytes();
+  f.weight_bytes_per_param = model_params_->updated_in_place() ? 0 : state_.param_bytes();
   if (state_.bf16_master()) {
     f.weights_in_state = true;
     f.state_bytes_on_gpu = state_.param_bytes();  // GPU subgroups take them from the model

@@ -43,15 +43,9 @@
 // CPU instead, the report says so, and the headroom the next plans may use is capped at what
 // could be allocated (the cap grows back by a quarter per phase without failure).
 //
-// Host-resident parameters (OptimizerState::host_params, FSDP2's CPUOffloadPolicy): the fp32
-// parameters in host memory are the master weights and the gradients are read where they are
-// (set_host_gradient, per step; no offload copy). A CPU subgroup is updated in place there. A
-// GPU subgroup copies its parameters and gradients in from that memory, slice by slice, with its
-// moments; its copy-out writes the moments into a spare slot and the new weights into a pinned
-// staging area, and the commit (host memcpy, which cannot fail) makes the spare the state and
-// copies the staged weights into the parameters. So the parameters change only at a commit or in
-// a CPU update, which cannot fail, and the guarantees above hold unchanged (no subgroup is ever
-// `unwritten`).
+// Where the model's parameters are (on the device, or host-resident for FSDP2's
+// CPUOffloadPolicy) is a part of its own, runtime/model_params.h: how a subgroup's gradient and
+// weights are read and how its new weights reach the model; the guarantees above hold for both.
 //
 // Measured times of every subgroup feed a RateRefiner, whose rates plan the next phase (not after
 // a phase with a fault: its times are not the plan's).
@@ -79,6 +73,7 @@
 #include "runtime/frozen_slices.h"
 #include "runtime/gradient_offload.h"
 #include "runtime/gradient_stats.h"
+#include "runtime/model_params.h"
 #include "runtime/optimizer_state.h"
 #include "runtime/update_buffer.h"
 
@@ -237,7 +232,6 @@ class Executor {
   // Waits for work an earlier phase left unconfirmed, then frees what it held. Throws if the
   // device still cannot be waited for.
   void settle();
-  void upload_weights(std::size_t s, const driver::Stream& stream);
   bool needs_staging(bool gradients_on_gpu) const;
   std::uint64_t capped(std::uint64_t headroom) const;
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes,
@@ -258,7 +252,7 @@ class Executor {
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
   FrozenSlices frozen_;
-  std::vector<std::vector<const void*>> host_grads_;  // host-resident: per subgroup, per slice
+  std::unique_ptr<ModelParams> model_params_;  // where the model's parameters are
   // bf16 master weights: per subgroup, whether the model's parameters may not hold the state's
   // weights (never written yet, or their last write failed). A GPU subgroup whose parameters do
   // hold them copies them on the device instead of from host memory.

@@ -67,7 +67,7 @@ struct Executor::GpuTask {
   std::size_t buffer = 0;    // its lane
   std::size_t events = 0;    // its first timing event
   float* slot = nullptr;     // the spare its copy-out writes (taken when the copy-out is enqueued)
-  float* staging = nullptr;  // host-resident: pinned, where the copy-out writes the new weights
+  void* staging = nullptr;   // pinned, where the copy-out writes the new weights (if any)
   CUdeviceptr grad = 0;      // where its gradient is on the GPU
   CUdeviceptr weights = 0;   // where the kernel leaves the new weights for the model
   bool grad_copied = false;  // its gradient is copied in (not kept on the GPU)
@@ -134,7 +134,8 @@ struct Executor::Phase {
   const bool bf16_master = state.bf16_master();
   const unsigned gs = state.grad_bytes();
   const unsigned ps = state.param_bytes();
-  const bool host = state.host_params();
+  ModelParams& model = *x.model_params_;
+  const unsigned wb = model.weight_bytes_in_buffer();  // the weights, after the state slot
 
   std::shared_ptr<Wakeup> wakeup = std::make_shared<Wakeup>();
   std::unique_ptr<CpuWorker> worker;
@@ -152,10 +153,9 @@ struct Executor::Phase {
   // largest GPU subgroup: a lane's next subgroup copies its state in while the last one's new
   // weights still wait in the gradient's (or staging) area, whatever their sizes.
   std::uint64_t largest = 0;
-  // Host-resident: the buffer holds the moments, then the fp32 parameters, then the gradient.
+  // The buffer holds the state slot, then any weights (wb), then the gradient.
   std::uint64_t params_at() const { return state.slot_bytes_for(largest); }
-  std::uint64_t grad_at() const { return params_at() + (host ? 4 * largest : 0); }
-  void copy_params_in(const GpuTask& t);
+  std::uint64_t grad_at() const { return params_at() + wb * largest; }
   void free_staging(const GpuTask& t);
   std::vector<UpdateBuffer> buffer;
   std::deque<Lane> lanes;  // one per buffer (a deque: they never move)
@@ -180,52 +180,7 @@ std::uint64_t Executor::Phase::update_on_cpu(std::size_t s) const {
   }
   kernels::AdamHyper h = hyper;
   h.rounding_seed = state.rounding_seed();
-  if (host) {
-    // In place, slice by slice: the parameters and their gradients where they are; frozen
-    // slices are not touched at all.
-    std::uint64_t nonfinite = 0;
-    const unsigned mb = state.moment_bytes();
-    const std::vector<ParamSlice>& slices = state.spec(s).slices;
-    for (std::size_t k = 0; k < slices.size(); ++k) {
-      if (x.frozen_.frozen(s, k)) continue;
-      const ParamSlice& slice = slices[k];
-      kernels::AdamSubgroup sub;
-      sub.grad = x.host_grads_[s][k];
-      sub.param = reinterpret_cast<float*>(slice.device_ptr);
-      sub.exp_avg = static_cast<char*>(state.exp_avg(s)) + slice.offset * mb;
-      sub.exp_avg_sq = static_cast<char*>(state.exp_avg_sq(s)) + slice.offset * mb;
-      sub.count = slice.count;
-      sub.grad_dtype = state.options().grad_dtype;
-      sub.state_dtype = state.options().state_dtype;
-      // Stochastic rounding hashes each element's index in the flat state: the slice's own.
-      sub.moment_rounding = state.moment_rounding();
-      sub.rounding_index = state.first_index(s) + slice.offset;
-      nonfinite += kernels::cpu_adam_step(sub, h, options).nonfinite;
-    }
-    return nonfinite;
-  }
-  kernels::AdamSubgroup sub;
-  sub.grad = state.grad(s);
-  if (bf16_master) {
-    sub.master_dtype = kernels::Dtype::kBFloat16;
-    sub.param_bf16 = state.master_bf16(s);
-    sub.param_comp = state.master_comp(s);
-  } else {
-    sub.param = state.param(s);
-  }
-  sub.exp_avg = state.exp_avg(s);
-  sub.exp_avg_sq = state.exp_avg_sq(s);
-  sub.param_copy = state.weight_copy(s);
-  sub.count = state.params(s);
-  sub.grad_dtype = state.options().grad_dtype;
-  sub.state_dtype = state.options().state_dtype;
-  sub.state_format = state.options().state_format;
-  sub.exp_avg_scale = state.exp_avg_scale(s);
-  sub.exp_avg_sq_scale = state.exp_avg_sq_scale(s);
-  sub.copy_dtype = low ? state.options().param_dtype : kernels::Dtype::kBFloat16;
-  sub.moment_rounding = state.moment_rounding();
-  sub.rounding_index = state.first_index(s);
-  return kernels::cpu_adam_step(sub, h, options).nonfinite;
+  return model.cpu_update(s, h, options);
 }
 
 void Executor::Phase::fault(const std::exception_ptr& error) {
@@ -265,7 +220,7 @@ void Executor::Phase::settle_copy_in(const GpuTask& t) {
   if (!settled) {
     const std::size_t s = t.subgroup;
     try {
-      // (Host-resident parameters stay where they are: a queued copy that still reads them
+      // (Weights outside the slot stay where they are: a queued copy that still reads them
       // feeds a GPU result that is never committed.)
       float* fresh = state.take_spare(s);
       std::memcpy(fresh, state.slot(s), state.slot_bytes(s));
@@ -306,7 +261,7 @@ void Executor::Phase::set_up_gpu() {
   staging = x.needs_staging(gradients_on_gpu);
   auto bytes_of = [&](std::size_t s) {
     const std::uint64_t n = state.params(s);
-    std::uint64_t b = state.slot_bytes(s) + (host ? 4 * n : 0);
+    std::uint64_t b = state.slot_bytes(s) + wb * n;
     if (!gradients_on_gpu) b += n * gs;
     if (staging) b += n * ps;
     return b;
@@ -353,7 +308,7 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   }
   const std::uint64_t slot = state.slot_bytes_for(largest);
   t.grad = t.grad_copied ? base + grad_at() : kept;
-  if (host) {
+  if (wb != 0) {
     t.weights = base + params_at();  // staged to the host by the copy-out
   } else if (!low) {
     t.weights = base;  // the updated master weights themselves (fp32, or bf16 master)
@@ -392,18 +347,8 @@ void Executor::Phase::copy_state_in(const GpuTask& t) {
   } else {
     driver::copy_to_device_async(base, state.slot(s), state.slot_bytes(s), *x.h2d_);
   }
-  if (host) copy_params_in(t);
+  model.copy_weights_in(s, base + params_at(), *x.h2d_);
   ev[kStateIn].record(*x.h2d_);
-}
-
-// Host-resident: the master weights are the parameters, copied in slice by slice.
-void Executor::Phase::copy_params_in(const GpuTask& t) {
-  const CUdeviceptr to = buffer[t.buffer].get() + params_at();
-  for (const ParamSlice& slice : state.spec(t.subgroup).slices) {
-    driver::copy_to_device_async(to + slice.offset * 4,
-                                 reinterpret_cast<const void*>(slice.device_ptr), slice.count * 4,
-                                 *x.h2d_);
-  }
 }
 
 // The gradient's copy-in, right after the state's on the same stream: over the last subgroup's
@@ -413,22 +358,7 @@ void Executor::Phase::copy_grad_in(const GpuTask& t) {
   driver::Event* ev = &events[t.events];
   if (low && !staging && lane.written_recorded) x.h2d_->wait(lane.written);
   ev[kGradStart].record(*x.h2d_);
-  if (host) {
-    // Where they are, slice by slice; a frozen slice has none: zeros (its update is undone).
-    const std::vector<ParamSlice>& slices = state.spec(t.subgroup).slices;
-    for (std::size_t k = 0; k < slices.size(); ++k) {
-      const void* g = x.host_grads_[t.subgroup][k];
-      if (x.frozen_.frozen(t.subgroup, k) || g == nullptr) {
-        driver::fill_zero_async(t.grad + slices[k].offset * gs, slices[k].count * gs, *x.h2d_);
-      } else {
-        driver::copy_to_device_async(t.grad + slices[k].offset * gs, g, slices[k].count * gs,
-                                     *x.h2d_);
-      }
-    }
-  } else if (t.grad_copied) {
-    driver::copy_to_device_async(t.grad, state.grad(t.subgroup), state.params(t.subgroup) * gs,
-                                 *x.h2d_);
-  }
+  if (t.grad_copied) model.copy_gradient_in(t.subgroup, t.grad, *x.h2d_);
   ev[kH2dEnd].record(*x.h2d_);
 }
 
@@ -441,17 +371,13 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   const CUdeviceptr base = buffer[t.buffer].get();
   Lane& lane = lanes[t.buffer];
   driver::Event* ev = &events[t.events];
-  if (host) {
-    t.staging = static_cast<float*>(state.arena().allocate(4 * n));
-    try {
-      t.slot = state.take_spare(s);
-    } catch (...) {
-      free_staging(t);
-      t.staging = nullptr;
-      throw;
-    }
-  } else {
+  t.staging = model.take_staging(s);
+  try {
     t.slot = state.take_spare(s);
+  } catch (...) {
+    free_staging(t);
+    t.staging = nullptr;
+    throw;
   }
 
   x.compute_->wait(ev[kH2dEnd]);
@@ -463,7 +389,7 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
     sub.param_bf16 = base;
     sub.param_comp = base + 2 * n;
   } else {
-    sub.param = host ? base + params_at() : base;
+    sub.param = wb != 0 ? base + params_at() : base;
   }
   // The host slot's layout (runtime/optimizer_state.h).
   sub.exp_avg = base + state.moment_offset(n, 0);
@@ -490,7 +416,9 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   x.d2h_->wait(ev[kUpdateEnd]);
   ev[kD2hStart].record(*x.d2h_);
   driver::copy_to_host_async(t.slot, base, state.slot_bytes(s), *x.d2h_);
-  if (host) driver::copy_to_host_async(t.staging, base + params_at(), 4 * n, *x.d2h_);
+  if (t.staging != nullptr) {
+    driver::copy_to_host_async(t.staging, base + params_at(), model.staging_bytes(s), *x.d2h_);
+  }
   driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
                              *x.d2h_);
   ev[kD2hEnd].record(*x.d2h_);
@@ -498,9 +426,7 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   x.d2h_->host_callback([w = wakeup] { w->notify(); });
 }
 
-void Executor::Phase::free_staging(const GpuTask& t) {
-  if (t.staging != nullptr) state.arena().deallocate(t.staging, 4 * state.params(t.subgroup));
-}
+void Executor::Phase::free_staging(const GpuTask& t) { model.give_staging(t.subgroup, t.staging); }
 
 // Enqueues the rest of a subgroup whose state is being copied in, on a lane now free.
 void Executor::Phase::finish(GpuTask t) {
@@ -637,32 +563,19 @@ void Executor::Phase::commit(const GpuTask& t) {
   report.devices[s] = planner::Device::gpu;
   committed.push_back(t);
   // The weights reach the model from the committed state only.
-  const std::vector<ParamSlice>& slices = state.spec(s).slices;
-  if (host) {
-    // Into the parameters, on the host: nothing here can fail.
-    for (std::size_t k = 0; k < slices.size(); ++k) {
-      if (x.frozen_.frozen(s, k)) continue;
-      std::memcpy(reinterpret_cast<void*>(slices[k].device_ptr), t.staging + slices[k].offset,
-                  slices[k].count * 4);
-    }
-    free_staging(t);
-  } else {
-    try {
-      // ps bytes per parameter: the weight copy's, or the state's own weights (fp32 or bf16).
-      for (std::size_t k = 0; k < slices.size(); ++k) {
-        if (x.frozen_.frozen(s, k)) continue;
-        driver::copy_on_device_async(slices[k].device_ptr, t.weights + slices[k].offset * ps,
-                                     slices[k].count * ps, *x.params_);
-      }
+  try {
+    if (model.write_committed(s, t.weights, t.staging, *x.params_)) {
       lane.written.record(*x.params_);
       lane.written_recorded = true;
       written.push_back(s);
-    } catch (...) {
-      fault(std::current_exception());
-      unwritten.push_back(s);  // retried at the join
-      return;                  // the lane's next subgroup is dropped: the GPU side is stopping
     }
+  } catch (...) {
+    fault(std::current_exception());
+    unwritten.push_back(s);  // retried at the join
+    free_staging(t);
+    return;  // the lane's next subgroup is dropped: the GPU side is stopping
   }
+  free_staging(t);
   if (lane.next && !gpu_stopped) {
     const GpuTask waiting = *lane.next;
     lane.next.reset();
@@ -682,13 +595,13 @@ void Executor::Phase::take_cpu_results() {
     report.cpu_spans[s] = {d.start, d.end};
     report.cpu_seconds += d.seconds;
     report.nonfinite += d.nonfinite;
-    if (host) continue;  // updated where the parameters are
+    if (model.updated_in_place()) continue;
     if (!device_usable) {
       unwritten.push_back(s);
       continue;
     }
     try {
-      x.upload_weights(s, *x.upload_);
+      model.upload(s, *x.upload_);
       written.push_back(s);
     } catch (...) {
       fault(std::current_exception());
@@ -782,7 +695,7 @@ void Executor::Phase::release(bool confirmed) {
     for (const GpuTask& t : failed) {
       if (t.slot != nullptr) x.buffers_.quarantine_slot(t.subgroup, t.slot);
       if (t.staging != nullptr) {
-        x.buffers_.quarantine_pinned(t.staging, 4 * state.params(t.subgroup));
+        x.buffers_.quarantine_pinned(t.staging, model.staging_bytes(t.subgroup));
       }
     }
     if (host_counters != nullptr)
@@ -844,7 +757,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   report.seconds = seconds_since(start);
   frozen_.restore(state_, frozen);
   // Host-resident gradients are the caller's memory: none is read after this step.
-  for (auto& slices : host_grads_) std::fill(slices.begin(), slices.end(), nullptr);
+  model_params_->forget_gradients();
   for (std::size_t s : phase.written) stale_params_[s] = 0;
   for (std::size_t s : report.unwritten) stale_params_[s] = 1;
 
