@@ -15,6 +15,7 @@
 #include <iterator>
 #include <utility>
 
+#include "config/bytes.h"
 #include "config/env.h"
 #include "interpose/allocator_telemetry.h"
 #include "interpose/bindings.h"
@@ -70,23 +71,7 @@ constexpr std::string_view kReportHead = "{\"tide_report\": 1,";
 constexpr std::size_t kRecognisedBytes = 256;
 bool is_report(std::string_view head) { return head.starts_with(kReportHead); }
 
-// A byte count for people: "1.50 GiB".
-std::string format_bytes(std::uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  if (unit == 0) {
-    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
-  } else {
-    std::snprintf(text, sizeof text, "%.2f %s", value, kUnits[unit]);
-  }
-  return text;
-}
+using config::format_bytes;
 
 // ---- The report on a fatal signal -------------------------------------------------------------
 //

@@ -7,6 +7,7 @@
 
 #include "allocator/pinned/node_limit.h"
 
+#include "config/bytes.h"
 #include "config/env.h"
 #include "config/knobs.h"
 #include "config/node.h"
@@ -25,12 +26,6 @@ std::string cpu_list(const std::vector<int>& cpus) {
     if (j > i) out += "-" + std::to_string(cpus[j]);
     i = j + 1;
   }
-  return out;
-}
-
-std::string mib(std::uint64_t bytes) {
-  char out[48];
-  std::snprintf(out, sizeof out, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
   return out;
 }
 
@@ -53,8 +48,8 @@ bool print_node() {
         share.shared ? ", shared with other ranks: more ranks than cores" : "",
         pinned.node_limit_bytes == 0
             ? "no cap (TIDE_NODE_PINNED_LIMIT unset)"
-            : (mib(pinned.rank_limit_bytes) + " for this rank of the node's " +
-               mib(pinned.node_limit_bytes))
+            : (config::format_bytes(pinned.rank_limit_bytes) + " for this rank of the node's " +
+               config::format_bytes(pinned.node_limit_bytes))
                   .c_str());
     return true;
   } catch (const config::EnvError& e) {

@@ -2,9 +2,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
+#include "config/bytes.h"
 #include "config/env.h"
 #include "config/knobs.h"
 #include "config/node.h"
@@ -31,12 +31,6 @@ const Limit& limit() {
   return l;
 }
 
-std::string gib(std::uint64_t bytes) {
-  char out[32];
-  std::snprintf(out, sizeof out, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
-  return out;
-}
-
 }  // namespace
 
 NodePinned node_pinned() {
@@ -58,10 +52,11 @@ void reserve_pinned(std::uint64_t bytes) {
   for (;;) {
     if (n.rank_limit_bytes != 0 &&
         (bytes > n.rank_limit_bytes || now > n.rank_limit_bytes - bytes)) {
-      throw PinnedLimitError("tide: pinned memory: growing by " + gib(bytes) + " would pin " +
-                             gib(now + bytes) + " in this process, over local rank " +
-                             std::to_string(n.local_rank) + "'s share " + gib(n.rank_limit_bytes) +
-                             " of TIDE_NODE_PINNED_LIMIT=" + gib(n.node_limit_bytes) +
+      const auto b =
+          config::format_bytes_apart({bytes, now + bytes, n.rank_limit_bytes, n.node_limit_bytes});
+      throw PinnedLimitError("tide: pinned memory: growing by " + b[0] + " would pin " + b[1] +
+                             " in this process, over local rank " + std::to_string(n.local_rank) +
+                             "'s share " + b[2] + " of TIDE_NODE_PINNED_LIMIT=" + b[3] +
                              " (LOCAL_WORLD_SIZE=" + std::to_string(n.local_ranks) +
                              "): raise the limit, or keep less optimizer state on this node");
     }

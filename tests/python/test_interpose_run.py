@@ -116,7 +116,7 @@ def test_the_report_is_json(tide, build_dir, tmp_path):
     result = run([tide, "run", "--stacks", "--report", "out.json", "--", child, "alloc"],
                  env=clean_env(LD_LIBRARY_PATH=str(fake)), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "tide: device memory peak 20.00 MiB on device 0" in result.stderr
+    assert "tide: device memory peak 20.0 MiB on device 0" in result.stderr
     report = json.loads((tmp_path / "out.json").read_text())
     trace = json.loads((tmp_path / "out.trace.json").read_text())
     assert report["telemetry"]["phases"]["peak_bytes"]["backward"] == 20 << 20
@@ -206,7 +206,7 @@ def test_a_run_over_the_stand_in_says_so(tide, standin_child, tmp_path):
     result = run([tide, "run", "--report", "r.json", "--", *child], cwd=tmp_path,
                  env=clean_env(**env))
     assert result.returncode == 0, result.stderr
-    assert ("tide: device memory peak 20.00 MiB on stand-in device 0 (tide's host stand-in "
+    assert ("tide: device memory peak 20.0 MiB on stand-in device 0 (tide's host stand-in "
             "driver: host memory, no GPU)") in result.stderr
 
 
@@ -219,7 +219,7 @@ def test_no_report_directory_is_said_and_the_run_goes_on(tide, standin_child, tm
     assert result.returncode == 0, result.stderr
     assert f"tide run: no report file ({blocker}/tide/reports: " in result.stderr
     assert "--report PATH writes one" in result.stderr
-    assert "tide: device memory peak 20.00 MiB" in result.stderr and "; report:" not in result.stderr
+    assert "tide: device memory peak 20.0 MiB" in result.stderr and "; report:" not in result.stderr
     env = {k: v for k, v in clean_env(**env).items() if k not in ("HOME", "XDG_STATE_HOME")}
     result = run([tide, "run", "--", *child], cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr

@@ -3,6 +3,7 @@ torchrun starts them) each get half of the node's cap. Within it an arena grows;
 growth fails with an out-of-memory error naming the knob, and the process carries on."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -77,9 +78,29 @@ def test_tide_env_says_where_this_rank_stands(build_dir):
     node = [l for l in result.stdout.splitlines() if l.startswith("node: ")]
     assert len(node) == 1, result.stdout
     assert node[0].startswith("node: local rank 1 of 2"), node[0]
-    assert "32.00 MiB for this rank of the node's 64.00 MiB" in node[0], node[0]
+    assert "32.0 MiB for this rank of the node's 64.0 MiB" in node[0], node[0]
     env["LOCAL_RANK"] = "2"
     result = subprocess.run([str(tide), "env"], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 1
     assert 'LOCAL_RANK="2" is not valid' in result.stderr, result.stderr
+
+
+def test_a_small_limit_says_its_sizes_in_units_that_fit():
+    """With TIDE_NODE_PINNED_LIMIT=1MiB every size in the refusal read 0.00 GiB (issue 27): each
+    is now in the unit that fits, and sizes that differ read differently."""
+    code = ("from tide import _lib, pinned\n"
+            "try:\n    pinned.PinnedArena().alloc(4 << 20)\n"
+            "except _lib.TideError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    result = subprocess.run([sys.executable, "-c", code], env={**env, "TIDE_NODE_PINNED_LIMIT":
+                                                               "1MiB"},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    message = result.stdout
+    sizes = re.findall(r"(\d+(?:\.\d+)?) (B|KiB|MiB|GiB|TiB)\b", message)
+    assert len(sizes) == 4, message
+    assert all(float(number) >= 1 for number, _ in sizes), message
+    assert "share 1.00 MiB of TIDE_NODE_PINNED_LIMIT=1.00 MiB" in message, message
+    growth = sizes[0]
+    assert growth[1] == "MiB" and float(growth[0]) > 1, message  # past the 1 MiB share
