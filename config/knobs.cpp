@@ -209,6 +209,12 @@ std::span<const Knob> knobs() {
        "ranks may pin an equal share, over all its arenas; growing past it is an out-of-memory "
        "error naming this knob (default: none)",
        &limit},
+      {"TIDE_HOST_MEMORY_LIMIT", kLimitAccepts,
+       "host memory an optimizer's state may take in this process, at most: state larger than "
+       "what this, the cgroup's memory limit (less its use) and MemAvailable leave is refused "
+       "when the optimizer is made, saying how much is needed and how much there is (default: "
+       "the cgroup's limit and MemAvailable only)",
+       &limit},
       {"TIDE_MEMORY_LIMIT", kLimitAccepts,
        "interposer (tide run --limit): device memory limit per device for the process: "
        "cuMemGetInfo and cuDeviceTotalMem report it, allocations beyond it fail with "

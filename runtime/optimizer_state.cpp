@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "allocator/pinned/arena.h"
+#include "allocator/pinned/host_budget.h"
 
 namespace tide::runtime {
 namespace {
@@ -73,6 +74,16 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
     first_index_.push_back(index);
     index += s.params;
   }
+  // Refused now, with what is needed and what there is, rather than by the OOM killer later.
+  std::uint64_t host_bytes = 0;
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    host_bytes += slot_bytes(i);
+    if (!host_params()) host_bytes += specs_[i].params * grad_bytes();
+    if (separate_weights()) host_bytes += specs_[i].params * param_bytes();
+  }
+  allocator::pinned::check_host_budget(host_bytes,
+                                       "the optimizer state (" + std::to_string(specs_.size()) +
+                                           (specs_.size() == 1 ? " subgroup)" : " subgroups)"));
   arena_ = std::make_unique<allocator::pinned::PinnedArena>();
   buffers_.resize(specs_.size());
   try {

@@ -215,3 +215,21 @@ def test_host_params_it_cannot_honour_are_refused(dtype, kwargs, message):
     with pytest.raises(ValueError, match=message):
         tt.AdamW(params, **kwargs)
     tt.AdamW(params, state_dtype=kwargs.get("state_dtype"))  # automatic: fine
+
+
+def test_state_larger_than_the_host_can_give_is_refused_when_the_optimizer_is_made(repo):
+    """Host memory is a budget (issue 27): optimizer state beyond what TIDE_HOST_MEMORY_LIMIT, the
+    cgroup's limit and MemAvailable leave is refused at construction, saying how much is needed
+    and how much there is, instead of the OOM killer ending the job later. Within it, it works."""
+    code = ("import torch, tide.torch as tt\n"
+            "p = torch.nn.Parameter(torch.zeros(1 << 20))\n"  # 12 MiB of fp32 state at least
+            "try:\n    tt.AdamW([p])\n    print('made')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    refused = run_python(repo, code, TIDE_HOST_MEMORY_LIMIT="8MiB")
+    assert refused.returncode == 0, refused.stderr
+    out = refused.stdout
+    assert "made" not in out, out
+    assert "of host memory, and this process can take 8.00 MiB" in out, out
+    assert "TIDE_HOST_MEMORY_LIMIT=8.00 MiB" in out and "needs 1" in out, out
+    made = run_python(repo, code, TIDE_HOST_MEMORY_LIMIT="1GiB")
+    assert made.stdout.strip().endswith("made"), made.stdout + made.stderr
