@@ -66,7 +66,8 @@ std::string machine(bool pinned) {
 }
 
 struct TideResult {
-  tide_pinned_stats peak;  // at the end: its peak_* fields cover the whole workload
+  tide_pinned_stats peak =
+      tide_pinned_stats_default();  // at the end: its peak_* fields cover the whole workload
   double seconds;
 };
 
@@ -171,11 +172,10 @@ int main(int argc, char** argv) {
   };
   for (const auto& w : workloads) waste(w);
 
-  tide_pinned_options options;
-  check(tide_pinned_options_default(&options), "tide_pinned_options_default");
+  const tide_pinned_options options = tide_pinned_options_default();
   tide_pinned_arena* arena = nullptr;
   check(tide_pinned_arena_create(&options, &arena), "tide_pinned_arena_create");
-  tide_pinned_stats stats;
+  tide_pinned_stats stats = tide_pinned_stats_default();
   check(tide_pinned_arena_stats(arena, &stats), "tide_pinned_arena_stats");
   for (std::size_t bytes : {64ul, 4096ul, 65536ul, 524288ul, 4ul << 20, 64ul << 20}) {
     latency(arena, bytes, options.direct_bytes, stats.pinned != 0);

@@ -10,6 +10,7 @@
 
 #include "allocator/device/device_registry.h"
 #include "capi/status.h"
+#include "capi/versioned.h"
 #include "tide/tide.h"
 
 namespace {
@@ -98,6 +99,7 @@ void copy_newest(const std::vector<T>& items, C* out, size_t capacity, size_t* c
 extern "C" {
 
 TIDE_API void* tide_alloc(size_t size, int device, void* stream) {
+  tide::capi::count_call();
   try {
     return allocate_or_describe(size, device, stream);
   } catch (...) {
@@ -114,6 +116,7 @@ TIDE_API void* tide_alloc(size_t size, int device, void* stream) {
 // this message. The "CUDA out of memory." prefix is PyTorch's own, which code that retries with
 // smaller batches looks for.
 TIDE_API void* tide_alloc_throwing(size_t size, int device, void* stream) {
+  tide::capi::count_call();
   void* ptr = nullptr;
   try {
     ptr = allocate_or_describe(size, device, stream);
@@ -129,7 +132,10 @@ TIDE_API void* tide_alloc_throwing(size_t size, int device, void* stream) {
 }
 
 TIDE_API void tide_free(void* ptr, size_t size, int device, void* stream) {
-  if (ptr == nullptr) return;
+  if (ptr == nullptr) {
+    tide::capi::count_call();
+    return;
+  }
   hook("tide_free", [&] { device_allocator(device).deallocate(ptr, size, as_stream(stream)); });
 }
 
@@ -188,7 +194,7 @@ TIDE_API tide_status tide_alloc_get_stats(int device, tide_alloc_stats* stats) {
     out.thread_cached_bytes = s.thread_cached_bytes;
     out.largest_free_block = s.largest_free_block;
     out.growable = s.growable;
-    *stats = out;
+    tide::capi::write_versioned(stats, out, "tide_alloc_stats");
   });
 }
 
@@ -256,9 +262,12 @@ TIDE_API tide_status tide_alloc_headroom(int device, tide_alloc_forecast* foreca
   return tide::capi::guard([&] {
     require(forecast != nullptr, "tide_alloc_headroom: null output");
     const telemetry::HeadroomForecast f = device_allocator(device).headroom();
-    *forecast =
-        tide_alloc_forecast{f.headroom,   f.update_peak,      f.limit,         f.margin,
-                            f.iterations, f.detected ? 1 : 0, f.held_headroom, f.iteration_peak};
+    tide::capi::write_versioned(
+        forecast,
+        tide_alloc_forecast{sizeof(tide_alloc_forecast), f.headroom, f.update_peak, f.limit,
+                            f.margin, f.iterations, f.detected ? 1 : 0, f.held_headroom,
+                            f.iteration_peak},
+        "tide_alloc_forecast");
   });
 }
 
@@ -266,14 +275,24 @@ TIDE_API tide_status tide_alloc_last_oom(int device, tide_alloc_oom* oom, int* f
   return tide::capi::guard([&] {
     require(oom != nullptr && found != nullptr, "tide_alloc_last_oom: null output");
     const auto ooms = device_allocator(device).ooms();
+    tide::capi::check_struct_size<tide_alloc_oom>(oom->struct_size, "tide_alloc_oom");
     *found = ooms.empty() ? 0 : 1;
-    *oom = tide_alloc_oom{};
-    if (ooms.empty()) return;
-    const telemetry::OomRecord& r = ooms.back();
-    *oom = tide_alloc_oom{
-        r.t_ns,  r.requested,   r.rounded,      r.allocated,          r.reserved,
-        r.limit, r.device_free, r.device_total, r.largest_free_block, r.limit_reached ? 1u : 0u,
-        0u};
+    tide_alloc_oom out{};
+    if (!ooms.empty()) {
+      const telemetry::OomRecord& r = ooms.back();
+      out = tide_alloc_oom{sizeof(tide_alloc_oom),
+                           r.t_ns,
+                           r.requested,
+                           r.rounded,
+                           r.allocated,
+                           r.reserved,
+                           r.limit,
+                           r.device_free,
+                           r.device_total,
+                           r.largest_free_block,
+                           r.limit_reached ? 1u : 0u};
+    }
+    tide::capi::write_versioned(oom, out, "tide_alloc_oom");
   });
 }
 

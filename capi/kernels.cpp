@@ -4,6 +4,7 @@
 
 #include "capi/kernels.h"
 #include "capi/status.h"
+#include "capi/versioned.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/thread_pool.h"
 #include "tide/tide.h"
@@ -14,9 +15,11 @@ using namespace tide::kernels;
 
 namespace {
 
-CpuAdamOptions options_of(const tide_cpu_options* o) {
+CpuAdamOptions options_of(const tide_cpu_options* given) {
   CpuAdamOptions options;
-  if (o == nullptr) return options;
+  if (given == nullptr) return options;
+  const tide_cpu_options c = read_versioned(*given, tide_cpu_options_default(), "tide_cpu_options");
+  const tide_cpu_options* o = &c;
   require(o->threads >= 0, "tide: tide_cpu_options.threads must be >= 0");
   options.threads = static_cast<unsigned>(o->threads);
   switch (o->isa) {
@@ -87,80 +90,64 @@ namespace capi = tide::capi;
 extern "C" {
 
 TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
+                                        const tide_state_format* format,
                                         const tide_adam_hyper* hyper,
                                         const tide_cpu_options* options, tide_adam_result* result) {
   return guard([&] {
     capi::require(subgroup != nullptr && hyper != nullptr, "tide_cpu_adam_step: null argument");
-    capi::require(subgroup->state_dtype != TIDE_STATE_BLOCK_Q8,
-                  "tide_cpu_adam_step: 8-bit moments need their scales: tide_cpu_adam_step_q8");
-    const k::AdamResult r = k::cpu_adam_step(capi::subgroup_from_c(*subgroup),
-                                             capi::hyper_from_c(*hyper), capi::options_of(options));
-    if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
-  });
-}
-
-TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, float* exp_avg_scale,
-                                           float* exp_avg_sq_scale, const tide_adam_hyper* hyper,
-                                           const tide_cpu_options* options,
-                                           tide_adam_result* result) {
-  return guard([&] {
-    capi::require(subgroup != nullptr && hyper != nullptr, "tide_cpu_adam_step_q8: null argument");
-    capi::require(subgroup->state_dtype == TIDE_STATE_BLOCK_Q8,
-                  "tide_cpu_adam_step_q8: state_dtype must be TIDE_STATE_BLOCK_Q8 (8-bit moments)");
+    const tide_state_format f =
+        format == nullptr
+            ? tide_state_format_default()
+            : capi::read_versioned(*format, tide_state_format_default(), "tide_state_format");
+    if (result != nullptr) {
+      capi::check_struct_size<tide_adam_result>(result->struct_size, "tide_adam_result");
+    }
     k::AdamSubgroup s = capi::subgroup_from_c(*subgroup);
-    s.exp_avg_scale = exp_avg_scale;
-    s.exp_avg_sq_scale = exp_avg_sq_scale;
-    const k::AdamResult r =
-        k::cpu_adam_step(s, capi::hyper_from_c(*hyper), capi::options_of(options));
-    if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
-  });
-}
-
-TIDE_API tide_status tide_cpu_adam_step_bf16_master(const tide_adam_subgroup* subgroup,
-                                                    uint16_t* param_bf16, uint16_t* param_comp,
-                                                    const tide_adam_hyper* hyper,
-                                                    const tide_cpu_options* options,
-                                                    tide_adam_result* result) {
-  return guard([&] {
-    capi::require(subgroup != nullptr && hyper != nullptr,
-                  "tide_cpu_adam_step_bf16_master: null argument");
-    capi::require(subgroup->param == nullptr,
-                  "tide_cpu_adam_step_bf16_master: subgroup->param must be NULL (the weights are "
-                  "param_bf16 and param_comp)");
-    capi::require(subgroup->state_dtype != TIDE_STATE_BLOCK_Q8,
-                  "tide_cpu_adam_step_bf16_master: bf16 master weights with 8-bit moments are not "
-                  "supported (use fp32 or bf16 moments)");
-    k::AdamSubgroup s = capi::subgroup_from_c(*subgroup);
-    s.master_dtype = k::Dtype::kBFloat16;
-    s.param_bf16 = param_bf16;
-    s.param_comp = param_comp;
-    const k::AdamResult r =
-        k::cpu_adam_step(s, capi::hyper_from_c(*hyper), capi::options_of(options));
-    if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
-  });
-}
-
-TIDE_API tide_status tide_cpu_adam_step_sr(const tide_adam_subgroup* subgroup, int32_t rounding,
-                                           uint64_t seed, uint64_t first_index,
-                                           const tide_adam_hyper* hyper,
-                                           const tide_cpu_options* options,
-                                           tide_adam_result* result) {
-  return guard([&] {
-    capi::require(subgroup != nullptr && hyper != nullptr, "tide_cpu_adam_step_sr: null argument");
-    capi::require(
-        rounding == TIDE_STATE_ROUNDING_NEAREST || rounding == TIDE_STATE_ROUNDING_STOCHASTIC,
-        "tide_cpu_adam_step_sr: rounding must be TIDE_STATE_ROUNDING_NEAREST (0) or "
-        "TIDE_STATE_ROUNDING_STOCHASTIC (1)");
-    capi::require(subgroup->state_dtype == TIDE_BFLOAT16,
-                  "tide_cpu_adam_step_sr: the moments must be bf16 (state_dtype TIDE_BFLOAT16)");
-    k::AdamSubgroup s = capi::subgroup_from_c(*subgroup);
-    s.moment_rounding = rounding == TIDE_STATE_ROUNDING_STOCHASTIC ? k::MomentRounding::kStochastic
-                                                                   : k::MomentRounding::kNearest;
-    s.rounding_index = first_index;
     k::AdamHyper h = capi::hyper_from_c(*hyper);
-    h.rounding_seed = seed;
+    if (subgroup->state_dtype == TIDE_STATE_BLOCK_Q8) {
+      capi::require(f.exp_avg_scale != nullptr && f.exp_avg_sq_scale != nullptr,
+                    "tide_cpu_adam_step: 8-bit moments (state_dtype TIDE_STATE_BLOCK_Q8) need "
+                    "their block scales: format->exp_avg_scale and exp_avg_sq_scale");
+      s.exp_avg_scale = f.exp_avg_scale;
+      s.exp_avg_sq_scale = f.exp_avg_sq_scale;
+    }
+    switch (f.master_dtype) {
+      case TIDE_FLOAT32:
+        break;
+      case TIDE_BFLOAT16:
+        capi::require(subgroup->param == nullptr,
+                      "tide_cpu_adam_step: bf16 master weights: subgroup->param must be NULL (the "
+                      "weights are format->param_bf16 and param_comp)");
+        capi::require(subgroup->state_dtype != TIDE_STATE_BLOCK_Q8,
+                      "tide_cpu_adam_step: bf16 master weights with 8-bit moments are not "
+                      "supported (use fp32 or bf16 moments)");
+        s.master_dtype = k::Dtype::kBFloat16;
+        s.param_bf16 = f.param_bf16;
+        s.param_comp = f.param_comp;
+        break;
+      default:
+        throw std::invalid_argument(
+            "tide_cpu_adam_step: format->master_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16, not " +
+            std::to_string(f.master_dtype));
+    }
+    capi::require(
+        f.rounding == TIDE_STATE_ROUNDING_NEAREST || f.rounding == TIDE_STATE_ROUNDING_STOCHASTIC,
+        "tide_cpu_adam_step: format->rounding must be TIDE_STATE_ROUNDING_NEAREST (0) or "
+        "TIDE_STATE_ROUNDING_STOCHASTIC (1)");
+    if (f.rounding == TIDE_STATE_ROUNDING_STOCHASTIC) {
+      capi::require(subgroup->state_dtype == TIDE_BFLOAT16,
+                    "tide_cpu_adam_step: stochastic rounding needs bf16 moments (state_dtype "
+                    "TIDE_BFLOAT16)");
+      s.moment_rounding = k::MomentRounding::kStochastic;
+      s.rounding_index = f.first_index;
+      h.rounding_seed = f.seed;
+    }
     const k::AdamResult r = k::cpu_adam_step(s, h, capi::options_of(options));
-    if (result != nullptr) *result = tide_adam_result{r.nonfinite, r.applied ? 1 : 0, 0};
+    if (result != nullptr) {
+      capi::write_versioned(
+          result, tide_adam_result{sizeof(tide_adam_result), r.nonfinite, r.applied ? 1 : 0},
+          "tide_adam_result");
+    }
   });
 }
 
@@ -187,12 +174,13 @@ TIDE_API tide_status tide_cpu_kernels_info(tide_cpu_info* info) {
   return guard([&] {
     capi::require(info != nullptr, "tide_cpu_kernels_info: null output pointer");
     tide_cpu_info out{};
+    out.struct_size = sizeof(tide_cpu_info);
     out.best_isa = capi::abi_isa(k::default_cpu_isa());
     for (k::CpuIsa isa : k::kCpuIsas) {
       if (k::cpu_supports(isa)) out.supported_isas |= 1 << capi::abi_isa(isa);
     }
     out.threads = static_cast<std::int32_t>(k::cpu_pool().size());
-    *info = out;
+    capi::write_versioned(info, out, "tide_cpu_info");
   });
 }
 

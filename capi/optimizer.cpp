@@ -1,6 +1,7 @@
 // The executor's part of the C ABI (include/tide/tide.h, "executor"): the offloading optimizer's
 // state, gradient offload and update phase, for the Python layer.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -11,9 +12,12 @@
 #include <utility>
 #include <vector>
 
+#include "allocator/device/device_registry.h"
 #include "capi/kernels.h"
+#include "capi/optimizer.h"
 #include "capi/planner.h"
 #include "capi/status.h"
+#include "capi/versioned.h"
 #include "planner/rate_sources.h"
 #include "runtime/executor.h"
 #include "runtime/gradient_stats.h"
@@ -28,10 +32,52 @@ struct tide_optimizer {
   std::unique_ptr<tide::runtime::Executor> executor;
   // Each create-time slice: its subgroup and its position among that subgroup's slices.
   std::vector<std::pair<std::size_t, std::size_t>> slices;
+  int device = 0;
+  // tide_step_result.reason of the last step.
+  std::string reason;
 };
+
+namespace tide::capi {
+
+runtime::Policy placement_from_c(const tide_placement_policy& policy) {
+  using runtime::Policy;
+  switch (policy.kind) {
+    case TIDE_PLACEMENT_AUTO:
+      return Policy::automatic_policy();
+    case TIDE_PLACEMENT_CPU:
+      return Policy::all_cpu();
+    case TIDE_PLACEMENT_GPU:
+      return Policy::all_gpu();
+    case TIDE_PLACEMENT_INTERLEAVE:
+      require(policy.k >= 1, "tide_optimizer: TIDE_PLACEMENT_INTERLEAVE needs k >= 1");
+      return Policy::every(static_cast<std::size_t>(policy.k));
+    default:
+      throw std::invalid_argument("tide_optimizer: unknown placement policy kind " +
+                                  std::to_string(policy.kind));
+  }
+}
+
+tide_placement_policy placement_to_c(const runtime::Policy& policy) {
+  using Kind = runtime::Policy::Kind;
+  switch (policy.kind) {
+    case Kind::cpu:
+      return {TIDE_PLACEMENT_CPU, 0};
+    case Kind::gpu:
+      return {TIDE_PLACEMENT_GPU, 0};
+    case Kind::interleave:
+      return {TIDE_PLACEMENT_INTERLEAVE, static_cast<int32_t>(policy.k)};
+    case Kind::automatic:
+    case Kind::first:  // not a policy of the C ABI
+      break;
+  }
+  return {TIDE_PLACEMENT_AUTO, 0};
+}
+
+}  // namespace tide::capi
 
 namespace {
 
+using tide::allocator::device::device_allocator;
 using tide::capi::rates_from_c;
 using tide::capi::require;
 
@@ -45,20 +91,7 @@ Dtype dtype_of(int32_t d, const char* what) {
 
 Policy policy_of(const tide_placement_policy* policy) {
   if (policy == nullptr) return policy_from_env(Policy::automatic_policy());
-  switch (policy->kind) {
-    case TIDE_PLACEMENT_AUTO:
-      return Policy::automatic_policy();
-    case TIDE_PLACEMENT_CPU:
-      return Policy::all_cpu();
-    case TIDE_PLACEMENT_GPU:
-      return Policy::all_gpu();
-    case TIDE_PLACEMENT_INTERLEAVE:
-      require(policy->k >= 1, "tide_optimizer: TIDE_PLACEMENT_INTERLEAVE needs k >= 1");
-      return Policy::every(static_cast<std::size_t>(policy->k));
-    default:
-      throw std::invalid_argument("tide_optimizer: unknown placement policy kind " +
-                                  std::to_string(policy->kind));
-  }
+  return tide::capi::placement_from_c(*policy);
 }
 
 tide_optimizer& checked(tide_optimizer* optimizer) {
@@ -70,21 +103,10 @@ const tide_optimizer& checked(const tide_optimizer* optimizer) {
   return *optimizer;
 }
 
-// tide_cpu_update_factors in its first version: the smallest a caller may pass.
-constexpr std::size_t kFirstFactorsSize = sizeof(tide_cpu_update_factors);
-
 // The factors a caller gave, checked field by field.
 CpuUpdateFactors factors_from_c(const tide_cpu_update_factors& given_by_caller) {
-  require(given_by_caller.struct_size >= kFirstFactorsSize &&
-              given_by_caller.struct_size <= sizeof(tide_cpu_update_factors),
-          "tide_optimizer_create_ex: factors->struct_size " +
-              std::to_string(given_by_caller.struct_size) + " is not from " +
-              std::to_string(kFirstFactorsSize) + " to " +
-              std::to_string(sizeof(tide_cpu_update_factors)) +
-              " (fill it with tide_cpu_update_factors_default(); a larger one is from a newer "
-              "tide.h)");
-  tide_cpu_update_factors c = tide_cpu_update_factors_default();
-  std::memcpy(&c, &given_by_caller, given_by_caller.struct_size);
+  const tide_cpu_update_factors c = tide::capi::read_versioned(
+      given_by_caller, tide_cpu_update_factors_default(), "tide_cpu_update_factors");
   struct Field {
     UpdateFormat format;
     const char* name;
@@ -107,7 +129,7 @@ CpuUpdateFactors factors_from_c(const tide_cpu_update_factors& given_by_caller) 
   CpuUpdateFactors out;
   auto check = [](const char* name, double factor) {
     require(factor == 0 || plausible_cpu_update_factor(factor),
-            std::string("tide_optimizer_create_ex: factors->") + name + " is " +
+            std::string("tide_optimizer_create: factors->") + name + " is " +
                 std::to_string(factor) +
                 ": must be 0 (not measured: the model's) or a number from 0.01 to 100 (the "
                 "format's CPU update rate over fp32 state's)");
@@ -121,51 +143,134 @@ CpuUpdateFactors factors_from_c(const tide_cpu_update_factors& given_by_caller) 
   return out;
 }
 
+tide_optimizer_options default_options() {
+  tide_optimizer_options o{};
+  o.struct_size = sizeof(tide_optimizer_options);
+  o.grad_dtype = TIDE_BFLOAT16;
+  o.param_dtype = TIDE_BFLOAT16;
+  o.refine = 1;
+  return o;
+}
+
+// The options' dtypes as the runtime's; the rules between them are the runtime's
+// (check_state_options), checked when the state is made.
+StateOptions state_options_from_c(const tide_optimizer_options& o) {
+  StateOptions so;
+  so.grad_dtype = dtype_of(o.grad_dtype, "grad_dtype");
+  so.param_dtype = dtype_of(o.param_dtype, "param_dtype");
+  if (o.state_dtype == TIDE_STATE_BLOCK_Q8) {
+    so.state_format = tide::kernels::StateFormat::kBlockQ8;
+  } else {
+    require(o.state_dtype == TIDE_FLOAT32 || o.state_dtype == TIDE_BFLOAT16,
+            "tide_optimizer_create: state_dtype must be TIDE_FLOAT32, TIDE_BFLOAT16 or "
+            "TIDE_STATE_BLOCK_Q8 (the moments' format)");
+    so.state_dtype = dtype_of(o.state_dtype, "state_dtype");
+  }
+  require(o.master_dtype == TIDE_FLOAT32 || o.master_dtype == TIDE_BFLOAT16,
+          "tide_optimizer_create: master_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16 (the "
+          "master weights' format)");
+  so.master_dtype = dtype_of(o.master_dtype, "master_dtype");
+  so.host_params = o.host_params != 0;
+  return so;
+}
+
+tide_subgroup_buffers buffers_of(const tide_optimizer& o, std::size_t subgroup) {
+  // No fp32 master with bf16 master weights: tide_optimizer_master_bf16 has them.
+  float* param = o.state->bf16_master() ? nullptr : o.state->param(subgroup);
+  return tide_subgroup_buffers{param, o.state->exp_avg(subgroup), o.state->exp_avg_sq(subgroup),
+                               o.state->grad(subgroup), o.state->params(subgroup)};
+}
+
+void set_frozen(tide_optimizer& o, const uint8_t* frozen, std::size_t slice_count) {
+  require(slice_count == o.slices.size(),
+          "tide_optimizer_set_frozen: slice_count is " + std::to_string(slice_count) +
+              ", the optimizer was created with " + std::to_string(o.slices.size()));
+  require(slice_count == 0 || frozen != nullptr, "tide_optimizer_set_frozen: null array");
+  for (std::size_t i = 0; i < slice_count; ++i) {
+    o.executor->set_frozen(o.slices[i].first, o.slices[i].second, frozen[i] != 0);
+  }
+}
+
+// How the phase ended, its numbers, and the caller's per-subgroup arrays.
+void fill_result(tide_optimizer& o, const PhaseReport& r, tide_step_result& out) {
+  out.seconds = r.seconds;
+  out.predicted_seconds = r.ran.predicted.phase_s;
+  out.all_cpu_seconds = r.ran.predicted.all_cpu_s;
+  out.cpu_busy_seconds = r.cpu_seconds;
+  out.gpu_subgroups = r.ran.gpu_order.size();
+  out.cpu_subgroups = r.ran.cpu_order.size();
+  out.fallback_subgroups = r.fallback_subgroups;
+  out.gpu_params = r.ran.gpu_params;
+  out.buffers_in_flight = r.ran.buffers;
+  out.gpu_bytes = r.ran.gpu_bytes();
+  out.nonfinite = r.nonfinite;
+  out.headroom_cap = r.headroom_cap;
+  out.rolled_forward = r.rolled_forward;
+  out.unwritten = r.unwritten.size();
+  out.not_updated = r.not_updated.size();
+  if (!r.not_updated.empty()) {
+    out.outcome = TIDE_STEP_INCOMPLETE;
+    o.reason = std::to_string(r.not_updated.size()) +
+               " subgroups could not be updated (their gradients were kept on the GPU, which "
+               "failed: " +
+               r.fault + "); the others were";
+  } else if (!r.unwritten.empty()) {
+    out.outcome = TIDE_STEP_COMPLETED_AFTER_FAULT;
+    o.reason = "the step completed, but the model's parameters of " +
+               std::to_string(r.unwritten.size()) +
+               " subgroups could not be written from the new master weights: " + r.fault;
+  } else if (!r.fault.empty()) {
+    out.outcome = TIDE_STEP_COMPLETED_AFTER_FAULT;
+    o.reason = "completed after a fault (" + std::to_string(r.rolled_forward) +
+               " subgroups redone on the CPU): " + r.fault;
+  }
+  const std::size_t n = o.state->size();
+  if (out.subgroup_outcome != nullptr) {
+    std::fill(out.subgroup_outcome, out.subgroup_outcome + n, TIDE_SUBGROUP_UPDATED);
+    for (std::size_t s : r.unwritten) out.subgroup_outcome[s] = TIDE_SUBGROUP_UNWRITTEN;
+    for (std::size_t s : r.not_updated) out.subgroup_outcome[s] = TIDE_SUBGROUP_NOT_UPDATED;
+  }
+  if (out.plan_device != nullptr) {
+    for (std::size_t i = 0; i < r.ran.subgroups.size() && i < n; ++i) {
+      out.plan_device[i] = r.ran.subgroups[i].device == Device::gpu ? 1 : 0;
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
-TIDE_API tide_cpu_update_factors tide_cpu_update_factors_default(void) {
-  tide_cpu_update_factors out{};
-  out.struct_size = sizeof(tide_cpu_update_factors);
-  return out;
+TIDE_API tide_status tide_optimizer_options_init(tide_optimizer_options* options) {
+  return tide::capi::guard([&] {
+    require(options != nullptr, "tide_optimizer_options_init: null pointer");
+    tide::capi::write_versioned(options, default_options(), "tide_optimizer_options");
+  });
 }
 
-TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options) {
+TIDE_API tide_status tide_optimizer_options_check(const tide_optimizer_options* options) {
   return tide::capi::guard([&] {
-    require(options != nullptr, "tide_optimizer_options_default: null pointer");
-    *options = tide_optimizer_options{};
-    options->grad_dtype = TIDE_BFLOAT16;
-    options->param_dtype = TIDE_BFLOAT16;
-    options->refine = 1;
+    require(options != nullptr, "tide_optimizer_options_check: null pointer");
+    check_state_options(state_options_from_c(
+        tide::capi::read_versioned(*options, default_options(), "tide_optimizer_options")));
   });
 }
 
 TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size_t count,
                                            const tide_param_slice* slices, size_t slice_count,
                                            const tide_optimizer_options* options,
+                                           const tide_cpu_update_factors* factors,
                                            tide_optimizer** optimizer) {
-  return tide_optimizer_create_ex(subgroup_params, count, slices, slice_count, options, nullptr,
-                                  optimizer);
-}
-
-TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, size_t count,
-                                              const tide_param_slice* slices, size_t slice_count,
-                                              const tide_optimizer_options* options,
-                                              const tide_cpu_update_factors* factors,
-                                              tide_optimizer** optimizer) {
   return tide::capi::guard([&] {
     require(optimizer != nullptr, "tide_optimizer_create: null output pointer");
     std::optional<CpuUpdateFactors> given_factors;
     if (factors != nullptr) given_factors = factors_from_c(*factors);
     require(count > 0 && subgroup_params != nullptr, "tide_optimizer_create: no subgroups");
     require(slice_count == 0 || slices != nullptr, "tide_optimizer_create: null slices");
-    tide_optimizer_options o;
-    if (options != nullptr) {
-      o = *options;
-    } else {
-      tide_optimizer_options_default(&o);
-    }
+    const tide_optimizer_options o =
+        options != nullptr
+            ? tide::capi::read_versioned(*options, default_options(), "tide_optimizer_options")
+            : default_options();
     std::vector<SubgroupSpec> specs(count);
     for (size_t i = 0; i < count; ++i) specs[i].params = subgroup_params[i];
     for (size_t i = 0; i < slice_count; ++i) {
@@ -175,32 +280,7 @@ TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, s
                                       std::to_string(count));
       specs[s.subgroup].slices.push_back(ParamSlice{s.offset, s.count, s.device_ptr});
     }
-    StateOptions so;
-    so.grad_dtype = dtype_of(o.grad_dtype, "grad_dtype");
-    so.param_dtype = dtype_of(o.param_dtype, "param_dtype");
-    if (o.state_dtype == TIDE_STATE_BLOCK_Q8) {
-      so.state_format = tide::kernels::StateFormat::kBlockQ8;
-    } else {
-      require(o.state_dtype == TIDE_FLOAT32 || o.state_dtype == TIDE_BFLOAT16,
-              "tide_optimizer_create: state_dtype must be TIDE_FLOAT32, TIDE_BFLOAT16 or "
-              "TIDE_STATE_BLOCK_Q8 (the moments' format)");
-      so.state_dtype = dtype_of(o.state_dtype, "state_dtype");
-    }
-    require(o.host_params == 0 || o.master_dtype != TIDE_BFLOAT16,
-            "tide_optimizer_create: host_params and master_dtype TIDE_BFLOAT16 do not go together "
-            "(host-resident parameters are fp32 and their own master weights; bf16 master "
-            "weights need bf16 parameters)");
-    require(o.master_dtype == TIDE_FLOAT32 || o.master_dtype == TIDE_BFLOAT16,
-            "tide_optimizer_create: master_dtype must be TIDE_FLOAT32 or TIDE_BFLOAT16 (the "
-            "master weights' format)");
-    require(
-        o.master_dtype == TIDE_FLOAT32 ||
-            (o.param_dtype == TIDE_BFLOAT16 && o.state_dtype != TIDE_STATE_BLOCK_Q8),
-        "tide_optimizer_create: master_dtype TIDE_BFLOAT16 needs param_dtype TIDE_BFLOAT16 (the "
-        "model's parameters are the master weights) and state_dtype TIDE_FLOAT32 or "
-        "TIDE_BFLOAT16 (no 8-bit moments)");
-    so.master_dtype = dtype_of(o.master_dtype, "master_dtype");
-    so.host_params = o.host_params != 0;
+    const StateOptions so = state_options_from_c(o);
     ExecutorOptions eo;
     eo.device = o.device;
     if (o.use_rates) eo.rates = rates_from_c(o.rates);
@@ -212,6 +292,7 @@ TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, s
     eo.cpu_threads = static_cast<unsigned>(o.cpu_threads);
     eo.cpu_update_factors = given_factors;
     auto result = std::make_unique<tide_optimizer>();
+    result->device = o.device;
     result->context = std::make_unique<tide::driver::PrimaryContext>(o.device);
     result->state = std::make_unique<OptimizerState>(std::move(specs), so);
     result->executor = std::make_unique<Executor>(*result->state, eo);
@@ -242,11 +323,7 @@ TIDE_API tide_status tide_optimizer_buffers(tide_optimizer* optimizer, size_t su
     require(subgroup < o.state->size(), "tide_optimizer_buffers: subgroup " +
                                             std::to_string(subgroup) + " of " +
                                             std::to_string(o.state->size()));
-    // No fp32 master with bf16 master weights: tide_optimizer_master_bf16 has them.
-    float* param = o.state->bf16_master() ? nullptr : o.state->param(subgroup);
-    *buffers =
-        tide_subgroup_buffers{param, o.state->exp_avg(subgroup), o.state->exp_avg_sq(subgroup),
-                              o.state->grad(subgroup), o.state->params(subgroup)};
+    *buffers = buffers_of(o, subgroup);
   });
 }
 
@@ -365,69 +442,86 @@ TIDE_API tide_status tide_optimizer_ready(tide_optimizer* optimizer, const tide_
   });
 }
 
-TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_adam_hyper* hyper,
-                                         const tide_placement_policy* policy,
-                                         uint64_t headroom_bytes, tide_phase_report* report) {
+TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer,
+                                         const tide_step_request* request,
+                                         tide_step_result* result) {
   // Errors thrown here come before the step changed anything; what happened after is in the
-  // report, and decides the status below.
-  tide_status after = TIDE_OK;
-  std::string message;
+  // result's outcome.
+  bool happened = false;
   const tide_status status = tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
-    require(hyper != nullptr, "tide_optimizer_step: null hyperparameters");
-    const PhaseReport& r =
-        o.executor->run(tide::capi::hyper_from_c(*hyper), policy_of(policy), headroom_bytes);
-    if (!r.not_updated.empty()) {
-      after = TIDE_ERROR_STEP_INCOMPLETE;
-      message = "tide_optimizer_step: " + std::to_string(r.not_updated.size()) +
-                " subgroups could not be updated (their gradients were kept on the GPU, which "
-                "failed: " +
-                r.fault + "); the others were";
-    } else if (!r.unwritten.empty()) {
-      after = TIDE_ERROR_PARAMS_NOT_WRITTEN;
-      message = "tide_optimizer_step: the step completed, but the model's parameters of " +
-                std::to_string(r.unwritten.size()) +
-                " subgroups could not be written from the new master weights: " + r.fault;
-    } else if (!r.fault.empty()) {
-      message = "tide_optimizer_step: completed after a fault (" +
-                std::to_string(r.rolled_forward) + " subgroups redone on the CPU): " + r.fault;
+    require(request != nullptr && result != nullptr, "tide_optimizer_step: null argument");
+    tide::capi::check_struct_size<tide_step_result>(result->struct_size, "tide_step_result");
+    const tide_step_request q =
+        tide::capi::read_versioned(*request, tide_step_request_default(), "tide_step_request");
+    require((q.flags & ~(TIDE_STEP_HEADROOM_FORECAST | TIDE_STEP_MARK_PHASES |
+                         TIDE_STEP_RELEASE_BUFFERS)) == 0,
+            "tide_optimizer_step: unknown bits in request->flags");
+    tide_step_result out = tide_step_result_default();
+    out.subgroup_outcome = result->subgroup_outcome;
+    out.plan_device = result->plan_device;
+    out.buffers = result->buffers;
+    o.reason.clear();
+    out.reason = o.reason.c_str();
+    tide::capi::write_versioned(result, out, "tide_step_result");  // what holds if it fails
+    if (q.frozen != nullptr) set_frozen(o, q.frozen, q.frozen_count);
+    const Policy policy = policy_of(q.policy);
+    const int device = o.device;
+    if ((q.flags & TIDE_STEP_MARK_PHASES) != 0) {
+      device_allocator(device).mark(tide::allocator::telemetry::Mark::kUpdate);
     }
-    if (report == nullptr) return;
-    tide_phase_report out{};
-    out.seconds = r.seconds;
-    out.predicted_seconds = r.ran.predicted.phase_s;
-    out.all_cpu_seconds = r.ran.predicted.all_cpu_s;
-    out.cpu_busy_seconds = r.cpu_seconds;
-    out.gpu_subgroups = r.ran.gpu_order.size();
-    out.cpu_subgroups = r.ran.cpu_order.size();
-    out.fallback_subgroups = r.fallback_subgroups;
-    out.gpu_params = r.ran.gpu_params;
-    out.buffers = r.ran.buffers;
-    out.nonfinite = r.nonfinite;
-    out.headroom_cap = r.headroom_cap;
-    out.rolled_forward = r.rolled_forward;
-    out.unwritten = r.unwritten.size();
-    out.not_updated = r.not_updated.size();
-    *report = out;
+    const std::uint64_t headroom = (q.flags & TIDE_STEP_HEADROOM_FORECAST) != 0
+                                       ? device_allocator(device).headroom().headroom
+                                       : q.headroom_bytes;
+    const PhaseReport& r = o.executor->run(tide::capi::hyper_from_c(q.hyper), policy, headroom);
+    // From here the step happened: what follows only says how, and throws nothing.
+    happened = true;
+    fill_result(o, r, out);
+    out.placement = tide::capi::placement_to_c(policy);
+    out.headroom_bytes = headroom;
+    tide::capi::write_versioned(result, out, "tide_step_result");
+    // Tidying up after the step must not make it look undone: a failure is said in the reason.
+    auto tidy = [&](const char* what, auto&& body) {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        o.reason +=
+            std::string(o.reason.empty() ? "" : "; ") + "after the step, " + what + ": " + e.what();
+      }
+    };
+    if ((q.flags & TIDE_STEP_RELEASE_BUFFERS) != 0) {
+      tidy("releasing the GPU buffers", [&] { o.executor->release_buffers(); });
+    }
+    if ((q.flags & TIDE_STEP_MARK_PHASES) != 0) {
+      tidy("marking the iteration's end",
+           [&] { device_allocator(device).mark(tide::allocator::telemetry::Mark::kIterationEnd); });
+    }
+    if (out.buffers != nullptr) {
+      for (std::size_t i = 0; i < o.state->size(); ++i) out.buffers[i] = buffers_of(o, i);
+    }
+    out.reason = o.reason.c_str();
+    tide::capi::write_versioned(result, out, "tide_step_result");
   });
-  if (status != TIDE_OK) return status;
-  if (!message.empty()) tide::capi::set_last_error(message);
-  return after;
-}
-
-TIDE_API tide_status tide_optimizer_last_outcome(const tide_optimizer* optimizer, uint8_t* outcome,
-                                                 size_t count) {
-  return tide::capi::guard([&] {
-    const tide_optimizer& o = checked(optimizer);
-    require(outcome != nullptr, "tide_optimizer_last_outcome: null array");
-    require(count == o.state->size(), "tide_optimizer_last_outcome: count is " +
-                                          std::to_string(count) + ", there are " +
-                                          std::to_string(o.state->size()) + " subgroups");
-    const PhaseReport& r = o.executor->last_report();
-    std::fill(outcome, outcome + count, TIDE_SUBGROUP_UPDATED);
-    for (std::size_t s : r.unwritten) outcome[s] = TIDE_SUBGROUP_UNWRITTEN;
-    for (std::size_t s : r.not_updated) outcome[s] = TIDE_SUBGROUP_NOT_UPDATED;
-  });
+  if (status != TIDE_OK && !happened && result != nullptr &&
+      result->struct_size >= offsetof(tide_step_result, reason) + sizeof(const char*) &&
+      result->struct_size <= sizeof(tide_step_result)) {
+    // Not happened: the error's message is the reason (the optimizer's copy outlives the
+    // thread's next call).
+    tide_step_result out = tide_step_result_default();
+    out.subgroup_outcome = result->subgroup_outcome;
+    out.plan_device = result->plan_device;
+    out.buffers = result->buffers;
+    out.outcome = TIDE_STEP_NOT_HAPPENED;
+    out.status = status;
+    out.reason = tide::capi::last_error_text();
+    if (optimizer != nullptr) {
+      optimizer->reason = out.reason;
+      out.reason = optimizer->reason.c_str();
+    }
+    out.struct_size = result->struct_size;
+    std::memcpy(static_cast<void*>(result), &out, result->struct_size);
+  }
+  return status;
 }
 
 TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer) {
@@ -439,16 +533,7 @@ TIDE_API tide_status tide_optimizer_write_params(tide_optimizer* optimizer) {
 
 TIDE_API tide_status tide_optimizer_set_frozen(tide_optimizer* optimizer, const uint8_t* frozen,
                                                size_t slice_count) {
-  return tide::capi::guard([&] {
-    tide_optimizer& o = checked(optimizer);
-    require(slice_count == o.slices.size(),
-            "tide_optimizer_set_frozen: slice_count is " + std::to_string(slice_count) +
-                ", the optimizer was created with " + std::to_string(o.slices.size()));
-    require(slice_count == 0 || frozen != nullptr, "tide_optimizer_set_frozen: null array");
-    for (std::size_t i = 0; i < slice_count; ++i) {
-      o.executor->set_frozen(o.slices[i].first, o.slices[i].second, frozen[i] != 0);
-    }
-  });
+  return tide::capi::guard([&] { set_frozen(checked(optimizer), frozen, slice_count); });
 }
 
 TIDE_API tide_status tide_optimizer_last_plan(const tide_optimizer* optimizer, uint8_t* device,
@@ -463,14 +548,7 @@ TIDE_API tide_status tide_optimizer_last_plan(const tide_optimizer* optimizer, u
       order[i] = static_cast<uint32_t>(p.subgroups[i].position);
     }
     if (summary) {
-      *summary = tide_plan_summary{p.predicted.phase_s,
-                                   p.predicted.cpu_side_s,
-                                   p.predicted.gpu_side_s,
-                                   p.predicted.all_cpu_s,
-                                   p.buffers,
-                                   p.buffer_bytes,
-                                   p.gpu_bytes(),
-                                   p.optimal ? 1 : 0};
+      tide::capi::write_versioned(summary, tide::capi::summary_to_c(p), "tide_plan_summary");
     }
   });
 }

@@ -1,10 +1,12 @@
 // The C ABI of pinned host arenas (include/tide/tide.h, "pinned host arenas").
+#include <cstddef>
 #include <memory>
 #include <stdexcept>
 
 #include "allocator/pinned/arena.h"
 #include "allocator/pinned/node_limit.h"
 #include "capi/status.h"
+#include "capi/versioned.h"
 #include "tide/tide.h"
 
 struct tide_pinned_arena {
@@ -29,16 +31,27 @@ tide::allocator::pinned::PinnedOptions from_c(const tide_pinned_options& o) {
   return options;
 }
 
+// The defaults: the TIDE_PINNED_* variables over the built-in values.
+tide_pinned_options environment_defaults() {
+  const auto o = tide::allocator::pinned::PinnedOptions::from_environment();
+  return tide_pinned_options{sizeof(tide_pinned_options),
+                             o.chunk_bytes,
+                             o.direct_bytes,
+                             o.retain_bytes,
+                             o.numa_node,
+                             o.device,
+                             o.huge_pages ? 1 : 0,
+                             o.touch_threads};
+}
+
 }  // namespace
 
 extern "C" {
 
-TIDE_API tide_status tide_pinned_options_default(tide_pinned_options* options) {
+TIDE_API tide_status tide_pinned_options_init(tide_pinned_options* options) {
   return tide::capi::guard([&] {
-    require(options != nullptr, "tide_pinned_options_default: null options");
-    const auto o = tide::allocator::pinned::PinnedOptions::from_environment();
-    *options = tide_pinned_options{o.chunk_bytes, o.direct_bytes,       o.retain_bytes, o.numa_node,
-                                   o.device,      o.huge_pages ? 1 : 0, o.touch_threads};
+    require(options != nullptr, "tide_pinned_options_init: null options");
+    tide::capi::write_versioned(options, environment_defaults(), "tide_pinned_options");
   });
 }
 
@@ -47,8 +60,12 @@ TIDE_API tide_status tide_pinned_arena_create(const tide_pinned_options* options
   return tide::capi::guard([&] {
     require(arena != nullptr, "tide_pinned_arena_create: null output pointer");
     *arena = nullptr;
-    const auto o = options != nullptr ? from_c(*options)
-                                      : tide::allocator::pinned::PinnedOptions::from_environment();
+    // The environment only fills what an older caller's struct lacks.
+    const auto o = options == nullptr ? tide::allocator::pinned::PinnedOptions::from_environment()
+                   : options->struct_size == sizeof(tide_pinned_options)
+                       ? from_c(*options)
+                       : from_c(tide::capi::read_versioned(*options, environment_defaults(),
+                                                           "tide_pinned_options"));
     *arena = new tide_pinned_arena(o);
   });
 }
@@ -85,26 +102,30 @@ TIDE_API tide_status tide_pinned_arena_stats(const tide_pinned_arena* arena,
   return tide::capi::guard([&] {
     require(arena != nullptr && stats != nullptr, "tide_pinned_arena_stats: null argument");
     const tide::allocator::pinned::PinnedStats s = arena->arena.stats();
-    static_assert(sizeof(tide_pinned_stats) == sizeof(tide::allocator::pinned::PinnedStats));
-    *stats = tide_pinned_stats{s.requested_bytes,
-                               s.peak_requested_bytes,
-                               s.allocated_bytes,
-                               s.jemalloc_allocated_bytes,
-                               s.jemalloc_extent_bytes,
-                               s.direct_bytes,
-                               s.pinned_bytes,
-                               s.peak_pinned_bytes,
-                               s.free_chunk_bytes,
-                               s.chunks,
-                               s.chunks_mapped,
-                               s.chunks_released,
-                               s.unregister_failures,
-                               s.allocations,
-                               s.frees,
-                               s.register_ns,
-                               s.unregister_ns,
-                               s.touch_ns,
-                               s.pinned};
+    static_assert(sizeof(tide_pinned_stats) ==
+                  sizeof(std::size_t) + sizeof(tide::allocator::pinned::PinnedStats));
+    tide::capi::check_struct_size<tide_pinned_stats>(stats->struct_size, "tide_pinned_stats");
+    const tide_pinned_stats out{sizeof(tide_pinned_stats),
+                                s.requested_bytes,
+                                s.peak_requested_bytes,
+                                s.allocated_bytes,
+                                s.jemalloc_allocated_bytes,
+                                s.jemalloc_extent_bytes,
+                                s.direct_bytes,
+                                s.pinned_bytes,
+                                s.peak_pinned_bytes,
+                                s.free_chunk_bytes,
+                                s.chunks,
+                                s.chunks_mapped,
+                                s.chunks_released,
+                                s.unregister_failures,
+                                s.allocations,
+                                s.frees,
+                                s.register_ns,
+                                s.unregister_ns,
+                                s.touch_ns,
+                                s.pinned};
+    tide::capi::write_versioned(stats, out, "tide_pinned_stats");
   });
 }
 
@@ -112,8 +133,11 @@ TIDE_API tide_status tide_node_pinned_stats(tide_node_pinned* stats) {
   return tide::capi::guard([&] {
     require(stats != nullptr, "tide_node_pinned_stats: null argument");
     const tide::allocator::pinned::NodePinned n = tide::allocator::pinned::node_pinned();
-    *stats = tide_node_pinned{n.node_limit_bytes,  n.rank_limit_bytes, n.pinned_bytes,
-                              n.peak_pinned_bytes, n.local_rank,       n.local_ranks};
+    tide::capi::write_versioned(
+        stats,
+        tide_node_pinned{sizeof(tide_node_pinned), n.node_limit_bytes, n.rank_limit_bytes,
+                         n.pinned_bytes, n.peak_pinned_bytes, n.local_rank, n.local_ranks},
+        "tide_node_pinned");
   });
 }
 

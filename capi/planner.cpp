@@ -8,6 +8,7 @@
 
 #include "capi/planner.h"
 #include "capi/status.h"
+#include "capi/versioned.h"
 #include "planner/planner.h"
 #include "planner/rate_sources.h"
 #include "tide/tide.h"
@@ -19,6 +20,18 @@ using planner::Rates;
 Rates rates_from_c(const tide_rates& r) {
   return Rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
                r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
+}
+
+tide_plan_summary summary_to_c(const planner::Plan& p) {
+  return tide_plan_summary{sizeof(tide_plan_summary),
+                           p.predicted.phase_s,
+                           p.predicted.cpu_side_s,
+                           p.predicted.gpu_side_s,
+                           p.predicted.all_cpu_s,
+                           p.buffers,
+                           p.buffer_bytes,
+                           p.gpu_bytes(),
+                           p.optimal ? 1 : 0};
 }
 
 tide_rates rates_to_c(const Rates& r) {
@@ -33,13 +46,20 @@ namespace {
 using tide::capi::rates_from_c;
 using tide::capi::rates_to_c;
 using tide::capi::require;
+using tide::capi::summary_to_c;
 
 using namespace tide::planner;
 
-// tide_plan_footprint_ex's size in its first version (through cpu_update_factor): the smallest a
-// caller may pass.
-constexpr std::size_t kFirstFootprintExSize =
-    offsetof(tide_plan_footprint_ex, cpu_update_factor) + sizeof(double);
+tide_plan_footprint default_footprint() {
+  const Footprint f;
+  tide_plan_footprint out{};
+  out.struct_size = sizeof(tide_plan_footprint);
+  out.state_bytes_per_param = f.state_bytes_per_param;
+  out.gradient_bytes_per_param = f.gradient_bytes_per_param;
+  out.gradients_on_gpu = f.gradients_on_gpu ? 1 : 0;
+  out.weight_bytes_per_param = f.weight_bytes_per_param;
+  return out;
+}
 
 }  // namespace
 
@@ -54,54 +74,38 @@ TIDE_API tide_status tide_rates_resolve(const char* calibration_path, tide_rates
   });
 }
 
-TIDE_API tide_plan_footprint tide_plan_footprint_default(void) {
-  const Footprint f;
-  return tide_plan_footprint{f.state_bytes_per_param, f.gradient_bytes_per_param,
-                             f.gradients_on_gpu ? 1 : 0};
+TIDE_API tide_status tide_plan_footprint_init(tide_plan_footprint* footprint) {
+  return tide::capi::guard([&] {
+    require(footprint != nullptr, "tide_plan_footprint_init: null footprint");
+    tide::capi::write_versioned(footprint, default_footprint(), "tide_plan_footprint");
+  });
 }
 
-TIDE_API tide_plan_footprint_ex tide_plan_footprint_ex_default(void) {
-  const Footprint f;
-  tide_plan_footprint_ex out{};
-  out.struct_size = sizeof(tide_plan_footprint_ex);
-  out.state_bytes_per_param = f.state_bytes_per_param;
-  out.gradient_bytes_per_param = f.gradient_bytes_per_param;
-  out.gradients_on_gpu = f.gradients_on_gpu ? 1 : 0;
-  out.weight_bytes_per_param = f.weight_bytes_per_param;
-  return out;
-}
-
-TIDE_API tide_status tide_plan_ex(const uint64_t* subgroup_params, size_t count,
-                                  uint64_t headroom_bytes, const tide_plan_footprint_ex* footprint,
-                                  const tide_rates* rates, uint8_t* device, uint32_t* order,
-                                  tide_plan_summary* summary) {
+TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
+                               uint64_t headroom_bytes, const tide_plan_footprint* footprint,
+                               const tide_rates* rates, uint8_t* device, uint32_t* order,
+                               tide_plan_summary* summary) {
   return tide::capi::guard([&] {
     require(count == 0 || (subgroup_params != nullptr && device != nullptr && order != nullptr),
             "tide_plan: null array");
     require(summary != nullptr, "tide_plan: null summary pointer");
     require(count <= std::numeric_limits<uint32_t>::max(), "tide_plan: too many subgroups");
-    tide_plan_footprint_ex given = tide_plan_footprint_ex_default();
-    if (footprint != nullptr) {
-      require(footprint->struct_size >= kFirstFootprintExSize &&
-                  footprint->struct_size <= sizeof(tide_plan_footprint_ex),
-              "tide_plan_ex: footprint->struct_size " + std::to_string(footprint->struct_size) +
-                  " is not from " + std::to_string(kFirstFootprintExSize) + " to " +
-                  std::to_string(sizeof(tide_plan_footprint_ex)) +
-                  " (fill it with tide_plan_footprint_ex_default(); a larger one is from a newer "
-                  "tide.h)");
-      std::memcpy(&given, footprint, footprint->struct_size);
-    }
+    const tide_plan_footprint given =
+        footprint == nullptr
+            ? default_footprint()
+            : tide::capi::read_versioned(*footprint, default_footprint(), "tide_plan_footprint");
+    tide::capi::check_struct_size<tide_plan_summary>(summary->struct_size, "tide_plan_summary");
     require(given.quantized_moments == 0 || given.quantized_moments == 1,
-            "tide_plan_ex: quantized_moments must be 0 or 1");
+            "tide_plan: quantized_moments must be 0 or 1");
     require(given.bf16_master == 0 || given.bf16_master == 1,
-            "tide_plan_ex: bf16_master must be 0 or 1");
+            "tide_plan: bf16_master must be 0 or 1");
     require(!(given.quantized_moments && given.bf16_master),
-            "tide_plan_ex: bf16 master weights with 8-bit moments are not supported");
+            "tide_plan: bf16 master weights with 8-bit moments are not supported");
     require(given.cpu_update_factor == 0 || plausible_cpu_update_factor(given.cpu_update_factor),
-            "tide_plan_ex: cpu_update_factor must be 0 (not measured) or from 0.01 to 100");
+            "tide_plan: cpu_update_factor must be 0 (not measured) or from 0.01 to 100");
     require(given.cpu_update_contended_factor == 0 ||
                 plausible_cpu_update_factor(given.cpu_update_contended_factor),
-            "tide_plan_ex: cpu_update_contended_factor must be 0 (not measured) or from 0.01 to "
+            "tide_plan: cpu_update_contended_factor must be 0 (not measured) or from 0.01 to "
             "100");
     Workload workload;
     workload.subgroup_params.assign(subgroup_params, subgroup_params + count);
@@ -137,23 +141,8 @@ TIDE_API tide_status tide_plan_ex(const uint64_t* subgroup_params, size_t count,
       device[i] = p.subgroups[i].device == Device::gpu ? 1 : 0;
       order[i] = static_cast<uint32_t>(p.subgroups[i].position);
     }
-    *summary = tide_plan_summary{
-        p.predicted.phase_s, p.predicted.cpu_side_s, p.predicted.gpu_side_s, p.predicted.all_cpu_s,
-        p.buffers,           p.buffer_bytes,         p.gpu_bytes(),          p.optimal ? 1 : 0};
+    tide::capi::write_versioned(summary, summary_to_c(p), "tide_plan_summary");
   });
-}
-
-TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
-                               uint64_t headroom_bytes, const tide_plan_footprint* footprint,
-                               const tide_rates* rates, uint8_t* device, uint32_t* order,
-                               tide_plan_summary* summary) {
-  tide_plan_footprint_ex ex = tide_plan_footprint_ex_default();
-  if (footprint != nullptr) {
-    ex.state_bytes_per_param = footprint->state_bytes_per_param;
-    ex.gradient_bytes_per_param = footprint->gradient_bytes_per_param;
-    ex.gradients_on_gpu = footprint->gradients_on_gpu;
-  }
-  return tide_plan_ex(subgroup_params, count, headroom_bytes, &ex, rates, device, order, summary);
 }
 
 }  // extern "C"

@@ -2,6 +2,7 @@
 // capi/planner.cpp and the other C ABI functions that take them (capi/optimizer.cpp).
 #pragma once
 
+#include "planner/plan.h"
 #include "planner/rates.h"
 #include "tide/tide.h"
 
@@ -9,5 +10,7 @@ namespace tide::capi {
 
 planner::Rates rates_from_c(const tide_rates& rates);
 tide_rates rates_to_c(const planner::Rates& rates);
+// The plan's prediction and buffers, struct_size set to this library's.
+tide_plan_summary summary_to_c(const planner::Plan& plan);
 
 }  // namespace tide::capi

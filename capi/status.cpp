@@ -1,5 +1,6 @@
 #include "capi/status.h"
 
+#include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -11,8 +12,13 @@ namespace tide::capi {
 namespace {
 
 thread_local std::string last_error;
+thread_local std::uint64_t abi_calls = 0;
 
 }  // namespace
+
+void count_call() noexcept { ++abi_calls; }
+
+std::uint64_t calls() noexcept { return abi_calls; }
 
 void set_last_error(std::string message) { last_error = std::move(message); }
 
@@ -47,3 +53,5 @@ tide_status status_of_current_exception() noexcept {
 }
 
 }  // namespace tide::capi
+
+extern "C" TIDE_API uint64_t tide_abi_calls(void) { return tide::capi::calls(); }

@@ -3,8 +3,12 @@
 #include <sys/stat.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "config/env.h"
 
@@ -92,23 +96,41 @@ void placement(std::string_view name, std::string_view value) {
   }
 }
 
-// As tide.torch reads it (python/tide/torch/_arguments.py).
-void state_dtype(std::string_view name, std::string_view value) {
-  parse_choice(name, value, {"float32", "bfloat16", "q8"});
+// The choice knobs tide.torch reads (through tide_knob): their choices and the registry's words.
+constexpr std::string_view kStateDtypeAccepts = "float32, bfloat16 or q8";
+constexpr std::string_view kMasterDtypeAccepts = "float32 or bfloat16";
+constexpr std::string_view kStateRoundingAccepts = "nearest or stochastic";
+
+std::size_t choice(std::string_view name, std::string_view value,
+                   std::initializer_list<std::string_view> choices, std::string_view accepts) {
+  std::size_t index = 0;
+  for (std::string_view c : choices) {
+    if (value == c) return index;
+    ++index;
+  }
+  throw EnvError(name, value, accepts);
 }
 
-// As tide.torch reads it (python/tide/torch/_arguments.py).
+std::size_t state_dtype_choice(std::string_view name, std::string_view value) {
+  return choice(name, value, {"float32", "bfloat16", "q8"}, kStateDtypeAccepts);
+}
+std::size_t master_dtype_choice(std::string_view name, std::string_view value) {
+  return choice(name, value, {"float32", "bfloat16"}, kMasterDtypeAccepts);
+}
+std::size_t state_rounding_choice(std::string_view name, std::string_view value) {
+  return choice(name, value, {"nearest", "stochastic"}, kStateRoundingAccepts);
+}
+
+void state_dtype(std::string_view name, std::string_view value) { state_dtype_choice(name, value); }
 void master_dtype(std::string_view name, std::string_view value) {
-  parse_choice(name, value, {"float32", "bfloat16"});
+  master_dtype_choice(name, value);
 }
-
-// As tide.torch reads it (python/tide/torch/_arguments.py).
 void state_rounding(std::string_view name, std::string_view value) {
-  parse_choice(name, value, {"nearest", "stochastic"});
+  state_rounding_choice(name, value);
 }
 
-// As tide.torch reads it: an integer >= 1 with an optional K, M or G suffix (x1024^n).
-void subgroup_size(std::string_view name, std::string_view value) {
+// An integer >= 1 with an optional K, M or G suffix (x1024^n).
+std::int64_t subgroup_size_value(std::string_view name, std::string_view value) {
   static constexpr std::string_view kAccepts =
       "an integer >= 1, optionally with a K, M or G suffix (x1024^n), e.g. 16M";
   std::string_view digits = value;
@@ -128,10 +150,14 @@ void subgroup_size(std::string_view name, std::string_view value) {
     if (c < '0' || c > '9') throw EnvError(name, value, kAccepts);
   }
   try {
-    parse_int(name, digits, 1, kIntMax / scale);
+    return parse_int(name, digits, 1, kIntMax / scale) * scale;
   } catch (const EnvError&) {
     throw EnvError(name, value, kAccepts);
   }
+}
+
+void subgroup_size(std::string_view name, std::string_view value) {
+  subgroup_size_value(name, value);
 }
 
 }  // namespace
@@ -301,19 +327,19 @@ std::span<const Knob> knobs() {
        "tide.torch.AdamW/Adam: elements per optimizer subgroup when the subgroup_size argument "
        "is not given (default 16M)",
        &subgroup_size},
-      {"TIDE_STATE_DTYPE", "float32, bfloat16 or q8",
+      {"TIDE_STATE_DTYPE", kStateDtypeAccepts,
        "tide.torch.AdamW/Adam: dtype of the moments (exp_avg, exp_avg_sq) in pinned memory when "
        "the state_dtype argument is not given: bfloat16 halves their bytes (rounded to nearest "
        "even at every update), q8 keeps them as 8-bit block-wise codes (1 byte each and an fp32 "
        "scale per 256 elements); the master weights stay fp32 (default float32)",
        &state_dtype},
-      {"TIDE_MASTER_DTYPE", "float32 or bfloat16",
+      {"TIDE_MASTER_DTYPE", kMasterDtypeAccepts,
        "tide.torch.AdamW/Adam: the master weights when the master_dtype argument is not given: "
        "float32 keeps an fp32 copy in pinned memory; bfloat16 makes the model's bf16 parameters "
        "the master weights with a bf16 compensation each (Kahan-style, no fp32 master; bf16 "
        "parameters and float32 or bfloat16 moments only) (default float32)",
        &master_dtype},
-      {"TIDE_STATE_ROUNDING", "nearest or stochastic",
+      {"TIDE_STATE_ROUNDING", kStateRoundingAccepts,
        "tide.torch.AdamW/Adam: how bf16 moments are rounded at every update when the "
        "state_rounding argument is not given: nearest (even), or stochastic (unbiased: rounded "
        "up with the probability of the ulp's fraction lost; random bits hashed from a seed, the "
@@ -329,6 +355,31 @@ const Knob* find_knob(std::string_view name) {
     if (knob.name == name) return &knob;
   }
   return nullptr;
+}
+
+KnobValue read_knob(std::string_view name, std::optional<std::string_view> value) {
+  std::optional<std::string> from_env;
+  if (!value) {
+    from_env = env_text(std::string(name).c_str());
+    if (from_env) value = *from_env;
+  }
+  KnobValue out;
+  if (!value || value->empty()) return out;
+  out.set = true;
+  if (name == "TIDE_SUBGROUP_SIZE") {
+    out.integer = subgroup_size_value(name, *value);
+  } else if (name == "TIDE_STATE_DTYPE") {
+    out.choice = state_dtype_choice(name, *value);
+  } else if (name == "TIDE_MASTER_DTYPE") {
+    out.choice = master_dtype_choice(name, *value);
+  } else if (name == "TIDE_STATE_ROUNDING") {
+    out.choice = state_rounding_choice(name, *value);
+  } else {
+    throw std::invalid_argument("tide: read_knob: " + std::string(name) +
+                                " is not one of the knobs it parses (TIDE_SUBGROUP_SIZE, "
+                                "TIDE_STATE_DTYPE, TIDE_MASTER_DTYPE, TIDE_STATE_ROUNDING)");
+  }
+  return out;
 }
 
 void check_environment() {

@@ -4,6 +4,9 @@
 // here and documented in the README, so a knob cannot be added silently.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -30,5 +33,17 @@ std::span<const Knob> knobs();
 const Knob* find_knob(std::string_view name);
 // Checks every registered variable that is set; throws the first one's EnvError.
 void check_environment();
+
+// A knob's parsed value, for the knobs tide.torch reads (TIDE_SUBGROUP_SIZE: `integer`;
+// TIDE_STATE_DTYPE, TIDE_MASTER_DTYPE, TIDE_STATE_ROUNDING: `choice`, the index of the choice in
+// the order the registry's `accepts` names them). TIDE_PLACEMENT's reader is runtime::parse_policy.
+struct KnobValue {
+  bool set = false;  // given: not unset, not empty
+  std::size_t choice = 0;
+  std::int64_t integer = 0;
+};
+// `value` parsed as knob `name` (nullopt: the environment's); EnvError for a bad value,
+// std::invalid_argument for a knob it does not parse.
+KnobValue read_knob(std::string_view name, std::optional<std::string_view> value);
 
 }  // namespace tide::config

@@ -24,31 +24,37 @@ bool known(kernels::Dtype d) {
 
 }  // namespace
 
-OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateOptions& options)
-    : specs_(std::move(subgroups)), options_(options) {
-  require(!specs_.empty(), "no subgroups");
-  require(known(options_.grad_dtype), "unknown gradient dtype");
-  require(known(options_.param_dtype), "unknown parameter dtype");
-  require(quantized() || options_.state_dtype == kernels::Dtype::kFloat32 ||
-              options_.state_dtype == kernels::Dtype::kBFloat16,
+void check_state_options(const StateOptions& options) {
+  const bool quantized = options.state_format == kernels::StateFormat::kBlockQ8;
+  const bool bf16_master = options.master_dtype == kernels::Dtype::kBFloat16;
+  require(known(options.grad_dtype), "unknown gradient dtype");
+  require(known(options.param_dtype), "unknown parameter dtype");
+  require(quantized || options.state_dtype == kernels::Dtype::kFloat32 ||
+              options.state_dtype == kernels::Dtype::kBFloat16,
           "the moments' dtype must be float32 or bfloat16");
-  require(quantized() || options_.state_format == kernels::StateFormat::kDtype,
+  require(quantized || options.state_format == kernels::StateFormat::kDtype,
           "unknown state format");
-  require(options_.master_dtype == kernels::Dtype::kFloat32 || bf16_master(),
+  require(options.master_dtype == kernels::Dtype::kFloat32 || bf16_master,
           "the master weights' dtype must be float32 or bfloat16");
   // Checked before the dtypes each needs, so that asking for both says why they cannot go
   // together rather than which parameter dtype one of them wanted.
-  require(!(host_params() && bf16_master()),
+  require(!(options.host_params && bf16_master),
           "host-resident parameters are their own fp32 master weights; bf16 master weights need "
           "bf16 parameters: choose one");
-  require(!bf16_master() || options_.param_dtype == kernels::Dtype::kBFloat16,
+  require(!bf16_master || options.param_dtype == kernels::Dtype::kBFloat16,
           "bf16 master weights are the model's parameters: they must be bfloat16");
-  require(!bf16_master() || !quantized(),
+  require(!bf16_master || !quantized,
           "bf16 master weights with 8-bit moments are not supported (use float32 or bfloat16 "
           "moments)");
-  require(!host_params() || (options_.param_dtype == kernels::Dtype::kFloat32 && !quantized()),
+  require(!options.host_params || (options.param_dtype == kernels::Dtype::kFloat32 && !quantized),
           "host-resident parameters must be float32 (their own master weights) with moments of "
           "float32 or bfloat16");
+}
+
+OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateOptions& options)
+    : specs_(std::move(subgroups)), options_(options) {
+  require(!specs_.empty(), "no subgroups");
+  check_state_options(options_);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     SubgroupSpec& s = specs_[i];
     const std::string which = "subgroup " + std::to_string(i);

@@ -90,6 +90,11 @@ struct StateOptions {
   bool host_params = false;
 };
 
+// The rules between the options' fields (the one place they are checked: OptimizerState's
+// constructor calls it, and the C ABI's tide_optimizer_options_check for callers that check
+// their arguments before they have parameters). Throws std::invalid_argument naming the rule.
+void check_state_options(const StateOptions& options);
+
 class OptimizerState {
  public:
   // Validates the specs (sizes, slices that tile each subgroup, aligned device pointers) and

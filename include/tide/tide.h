@@ -1,8 +1,31 @@
 /* tide: the public C ABI of libtide.so.
  *
- * Every function returns a tide_status; on failure, tide_last_error() gives a message that says
- * what failed and why (for a CUDA call: the call's name, the error's name and its text). The
+ * Status. Every function returns a tide_status, except those that return a value that cannot
+ * fail (tide_version, tide_last_error, tide_abi_calls, the static inline *_default() initializers)
+ * and the device allocator's pluggable-allocator entry points, whose signatures PyTorch fixes:
+ * tide_alloc returns a pointer (NULL on failure, with tide_last_error() set), tide_free and the
+ * tide_alloc_hook_* functions return nothing (their errors go to tide_last_error() and stderr),
+ * and tide_alloc_throwing throws a C++ exception. On a status other than TIDE_OK,
+ * tide_last_error() gives a message that says what failed and why (for a CUDA call: the call's
+ * name, the error's name and its text), and the call changed nothing it was asked to change
+ * (tide_optimizer_step says how a step that ran ended in its tide_step_result instead). The
  * message is per thread and stays valid until the thread's next tide call.
+ *
+ * Versioned structs. Every options, stats, report and descriptor struct starts with
+ * `size_t struct_size`: the size of the struct as the caller's tide.h declared it. Initialize
+ * each one with its tide_<name>_default() (static inline here: it sets struct_size to the
+ * caller's sizeof and the library's defaults); never with zeros or memset. The library serves a
+ * smaller struct_size (a caller built against an older tide.h): on input, the fields beyond it
+ * keep their defaults; on output, nothing is written beyond it. It refuses a larger one (a newer
+ * tide.h than the library) and one that does not cover struct_size itself with
+ * TIDE_ERROR_INVALID_ARGUMENT, the message naming the struct and both sizes. New fields go at the
+ * end. Plain records are not versioned: the elements of arrays (tide_param_slice,
+ * tide_alloc_sample, tide_alloc_iteration, tide_subgroup_timing, tide_alloc_stat,
+ * tide_subgroup_buffers) and the value types passed inside calls or other structs
+ * (tide_adam_hyper, tide_adam_subgroup, tide_rates, tide_placement_policy); changing one of those
+ * changes the ABI's version.
+ *
+ * No function has an _ex twin before 1.0: a function grows through its versioned structs.
  */
 #ifndef TIDE_TIDE_H_
 #define TIDE_TIDE_H_
@@ -16,19 +39,20 @@ extern "C" {
 
 #define TIDE_API __attribute__((visibility("default")))
 
+/* All zeros, as the *_default() initializers start their structs. */
+#ifdef __cplusplus
+#define TIDE_ZERO_INIT {}
+#else
+#define TIDE_ZERO_INIT {0}
+#endif
+
 typedef enum tide_status {
   TIDE_OK = 0,
   TIDE_ERROR_INVALID_ARGUMENT = 1, /* a bad argument or TIDE_* variable */
   TIDE_ERROR_NO_DRIVER = 2,        /* no CUDA driver could be loaded */
   TIDE_ERROR_CUDA = 3,             /* a CUDA driver call failed */
   TIDE_ERROR_OUT_OF_MEMORY = 4,
-  TIDE_ERROR_INTERNAL = 5,
-  /* tide_optimizer_step: the step completed in the optimizer state, but the model's parameters
-   * of some subgroups could not be written (the device failed): see tide_optimizer_last_outcome */
-  TIDE_ERROR_PARAMS_NOT_WRITTEN = 6,
-  /* tide_optimizer_step: some subgroups could not be updated (their gradients were kept on a
-   * device that was lost); the others were: see tide_optimizer_last_outcome */
-  TIDE_ERROR_STEP_INCOMPLETE = 7
+  TIDE_ERROR_INTERNAL = 5
 } tide_status;
 
 /* The library's version, "MAJOR.MINOR.PATCH". */
@@ -37,12 +61,40 @@ TIDE_API const char* tide_version(void);
 /* The message of this thread's last failed call, or "" if none failed. */
 TIDE_API const char* tide_last_error(void);
 
+/* How many times this thread has entered the C ABI (every exported tide_* function but this
+ * one): the boundary crossings a caller makes, e.g. per optimizer step. */
+TIDE_API uint64_t tide_abi_calls(void);
+
 /* Loads the CUDA driver (libcuda.so.1, or the library named by TIDE_CUDA_DRIVER) if not yet
  * loaded, and reports the number of devices and the driver's CUDA version (e.g. 13000). */
 TIDE_API tide_status tide_driver_info(int* device_count, int* driver_version);
 
 /* Free and total device memory of `device`, as the driver reports them. */
 TIDE_API tide_status tide_device_memory(int device, size_t* free_bytes, size_t* total_bytes);
+
+/* A TIDE_* variable as tide reads it (config/: the one parser of every knob), for callers that
+ * must know a knob's value (tide.torch: TIDE_SUBGROUP_SIZE, TIDE_STATE_DTYPE, TIDE_MASTER_DTYPE,
+ * TIDE_STATE_ROUNDING, TIDE_PLACEMENT). Versioned (see the top). */
+typedef struct tide_knob_value {
+  size_t struct_size;
+  int32_t set;         /* 1: the value was given (the variable set and not empty) */
+  int32_t choice;      /* a knob of named choices: the choice's index in `accepts` (TIDE_PLACEMENT:
+                          a tide_placement) */
+  int64_t integer;     /* TIDE_SUBGROUP_SIZE: elements; TIDE_PLACEMENT: K of
+                          TIDE_PLACEMENT_INTERLEAVE, else 0 */
+  const char* accepts; /* what the knob accepts, as the registry (`tide env`) says: static */
+} tide_knob_value;
+
+static inline tide_knob_value tide_knob_value_default(void) {
+  tide_knob_value value = TIDE_ZERO_INIT;
+  value.struct_size = sizeof(tide_knob_value);
+  return value;
+}
+
+/* Parses `value` (NULL: the environment's) as knob `name` reads it. A bad value is
+ * TIDE_ERROR_INVALID_ARGUMENT with the knob's message (`accepts` is filled then too); a knob
+ * this call does not parse is TIDE_ERROR_INVALID_ARGUMENT naming the ones it does. */
+TIDE_API tide_status tide_knob(const char* name, const char* value, tide_knob_value* out);
 
 /* ---- pinned host arenas ---- */
 
@@ -53,9 +105,9 @@ TIDE_API tide_status tide_device_memory(int device, size_t* free_bytes, size_t* 
  * says so once on stderr. Allocating and freeing are thread-safe. */
 typedef struct tide_pinned_arena tide_pinned_arena;
 
-/* Fill with tide_pinned_options_default() (which reads the TIDE_PINNED_* variables), then change
- * what you need. New fields go at the end. */
+/* Versioned (see the top): tide_pinned_options_default() reads the TIDE_PINNED_* variables. */
 typedef struct tide_pinned_options {
+  size_t struct_size;
   /* Regular chunks grow up to this (TIDE_PINNED_CHUNK, 256 MiB). */
   size_t chunk_bytes;
   /* Requests from this size up skip jemalloc's size classes (TIDE_PINNED_DIRECT, 1 MiB). */
@@ -72,8 +124,9 @@ typedef struct tide_pinned_options {
   int touch_threads;
 } tide_pinned_options;
 
-/* Statistics of one arena: bytes, counts, nanoseconds. New fields go at the end. */
+/* Statistics of one arena: bytes, counts, nanoseconds. Versioned (see the top). */
 typedef struct tide_pinned_stats {
+  size_t struct_size;
   /* Live allocations: what callers asked for, and its peak. */
   uint64_t requested_bytes;
   uint64_t peak_requested_bytes;
@@ -105,7 +158,19 @@ typedef struct tide_pinned_stats {
   uint64_t pinned;
 } tide_pinned_stats;
 
-TIDE_API tide_status tide_pinned_options_default(tide_pinned_options* options);
+/* Writes the defaults into `options`' first options->struct_size bytes. */
+TIDE_API tide_status tide_pinned_options_init(tide_pinned_options* options);
+static inline tide_pinned_options tide_pinned_options_default(void) {
+  tide_pinned_options options = TIDE_ZERO_INIT;
+  options.struct_size = sizeof(tide_pinned_options);
+  tide_pinned_options_init(&options);
+  return options;
+}
+static inline tide_pinned_stats tide_pinned_stats_default(void) {
+  tide_pinned_stats stats = TIDE_ZERO_INIT;
+  stats.struct_size = sizeof(tide_pinned_stats);
+  return stats;
+}
 
 /* `options` NULL: the defaults. Registers a first small chunk (jemalloc's metadata). */
 TIDE_API tide_status tide_pinned_arena_create(const tide_pinned_options* options,
@@ -135,7 +200,8 @@ TIDE_API tide_status tide_pinned_arena_stats(const tide_pinned_arena* arena,
  * equally; a chunk that would pass the share is refused at the arena's growth
  * (TIDE_ERROR_OUT_OF_MEMORY, the message naming the knob). The node's total is at most local_ranks
  * x rank_limit_bytes. */
-typedef struct tide_node_pinned {
+typedef struct tide_node_pinned { /* versioned (see the top) */
+  size_t struct_size;
   uint64_t node_limit_bytes; /* TIDE_NODE_PINNED_LIMIT; 0: no limit */
   uint64_t rank_limit_bytes; /* node_limit_bytes / local_ranks; 0: no limit */
   uint64_t pinned_bytes;     /* pinned by this process now, every arena */
@@ -143,6 +209,12 @@ typedef struct tide_node_pinned {
   int32_t local_rank;
   int32_t local_ranks;
 } tide_node_pinned;
+
+static inline tide_node_pinned tide_node_pinned_default(void) {
+  tide_node_pinned stats = TIDE_ZERO_INIT;
+  stats.struct_size = sizeof(tide_node_pinned);
+  return stats;
+}
 
 TIDE_API tide_status tide_node_pinned_stats(tide_node_pinned* stats);
 
@@ -198,64 +270,54 @@ typedef struct tide_adam_subgroup {
   int32_t grad_dtype;
   int32_t state_dtype;
   int32_t copy_dtype;
-  int32_t reserved; /* 0 */
 } tide_adam_subgroup;
 
-/* How a CPU kernel runs; all zeros (or a NULL pointer) means the defaults. */
+/* How a CPU kernel runs (versioned, see the top); a NULL pointer means the defaults. */
 typedef struct tide_cpu_options {
+  size_t struct_size;
   int32_t threads; /* at most this many threads; 0: the pool's size (TIDE_CPU_THREADS) */
   int32_t isa;     /* a tide_cpu_isa; one the CPU lacks is TIDE_ERROR_INVALID_ARGUMENT */
   int32_t skip_subgroup_on_nonfinite; /* 1: check every gradient first and write nothing if
                                           one is not finite (one extra read of the gradients) */
-  int32_t reserved;                   /* 0 */
 } tide_cpu_options;
 
-typedef struct tide_adam_result {
+static inline tide_cpu_options tide_cpu_options_default(void) {
+  tide_cpu_options options = TIDE_ZERO_INIT;
+  options.struct_size = sizeof(tide_cpu_options);
+  return options;
+}
+
+typedef struct tide_adam_result { /* versioned (see the top) */
+  size_t struct_size;
   /* Elements left unchanged because their gradient (or their update) was not finite: their
    * weight, moments and copy keep their old values, so nothing non-finite is ever written.
    * With skip_subgroup_on_nonfinite and applied == 0: the number of non-finite gradients. */
   uint64_t nonfinite;
   int32_t applied; /* 0: skip_subgroup_on_nonfinite found a non-finite gradient, nothing written */
-  int32_t reserved;
 } tide_adam_result;
 
-/* What the CPU kernels will use. */
+static inline tide_adam_result tide_adam_result_default(void) {
+  tide_adam_result result = TIDE_ZERO_INIT;
+  result.struct_size = sizeof(tide_adam_result);
+  return result;
+}
+
+/* What the CPU kernels will use (versioned, see the top). */
 typedef struct tide_cpu_info {
+  size_t struct_size;
   int32_t best_isa;       /* the tide_cpu_isa TIDE_CPU_ISA_AUTO picks */
   int32_t supported_isas; /* bit (1 << isa) set for each tide_cpu_isa this CPU can run */
   int32_t threads;        /* the pool's size: TIDE_CPU_THREADS, else the CPUs this process may
                              run on */
-  int32_t reserved;
 } tide_cpu_info;
 
-/* One Adam/AdamW step over the subgroup. `options` NULL: defaults; `result` may be NULL. A
- * non-finite gradient is not an error: it is reported in `result`. */
-TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
-                                        const tide_adam_hyper* hyper,
-                                        const tide_cpu_options* options, tide_adam_result* result);
+static inline tide_cpu_info tide_cpu_info_default(void) {
+  tide_cpu_info info = TIDE_ZERO_INIT;
+  info.struct_size = sizeof(tide_cpu_info);
+  return info;
+}
 
-/* The same step with 8-bit moments (subgroup->state_dtype TIDE_STATE_BLOCK_Q8): exp_avg and
- * exp_avg_sq are `count` uint8 codes each, at a TIDE_QUANT_BLOCK-byte boundary, and these their
- * ceil(count / TIDE_QUANT_BLOCK) fp32 block scales (tide_optimizer_q8_scales says how to read
- * them). */
-TIDE_API tide_status tide_cpu_adam_step_q8(const tide_adam_subgroup* subgroup, float* exp_avg_scale,
-                                           float* exp_avg_sq_scale, const tide_adam_hyper* hyper,
-                                           const tide_cpu_options* options,
-                                           tide_adam_result* result);
-
-/* The same step with bf16 master weights with compensation (no fp32 master): subgroup->param and
- * param_copy NULL; param_bf16 are the bf16 weights (uint16_t bit patterns, the model's: there is
- * no separate copy) and param_comp their bf16 compensation, the part of the fp32 weight that
- * rounding to bf16 lost. Each element steps p = w + c, then w = bf16(p), c = bf16(p - w): updates
- * too small to move w accumulate in c (about 16 significant bits in all, against fp32's 24).
- * Moments fp32 or bf16, not TIDE_STATE_BLOCK_Q8. A rejected element keeps w, c and its moments. */
-TIDE_API tide_status tide_cpu_adam_step_bf16_master(const tide_adam_subgroup* subgroup,
-                                                    uint16_t* param_bf16, uint16_t* param_comp,
-                                                    const tide_adam_hyper* hyper,
-                                                    const tide_cpu_options* options,
-                                                    tide_adam_result* result);
-
-/* How bf16 moments are rounded after each update (tide_cpu_adam_step_sr,
+/* How bf16 moments are rounded after each update (tide_state_format.rounding,
  * tide_optimizer_set_state_rounding). Nearest (even) is the default; stochastic rounds up with
  * probability equal to the fraction of an ulp lost, so that moments that move by less than half
  * a bf16 ulp a step (exp_avg_sq with beta2 = 0.999) stay right on average. Its random bits are a
@@ -265,15 +327,48 @@ TIDE_API tide_status tide_cpu_adam_step_bf16_master(const tide_adam_subgroup* su
 #define TIDE_STATE_ROUNDING_NEAREST 0
 #define TIDE_STATE_ROUNDING_STOCHASTIC 1
 
-/* The step of tide_cpu_adam_step with bf16 moments (state_dtype TIDE_BFLOAT16) rounded as
- * `rounding` says; with TIDE_STATE_ROUNDING_STOCHASTIC, keyed by `seed`, hyper->step and
- * first_index + i for element i (first_index: the subgroup's element 0 in the caller's flat
- * state, so that a subgroup split does not change the bits). */
-TIDE_API tide_status tide_cpu_adam_step_sr(const tide_adam_subgroup* subgroup, int32_t rounding,
-                                           uint64_t seed, uint64_t first_index,
-                                           const tide_adam_hyper* hyper,
-                                           const tide_cpu_options* options,
-                                           tide_adam_result* result);
+/* The state format of a CPU step beyond the moments' dtype (subgroup->state_dtype); versioned
+ * (see the top), NULL or tide_state_format_default(): fp32 master weights, moments rounded to
+ * nearest. */
+typedef struct tide_state_format {
+  size_t struct_size;
+  /* TIDE_FLOAT32: subgroup->param holds the fp32 master weights. TIDE_BFLOAT16: bf16 master
+   * weights with compensation (no fp32 master): subgroup->param and param_copy NULL; param_bf16
+   * are the bf16 weights (uint16_t bit patterns, the model's: there is no separate copy) and
+   * param_comp their bf16 compensation, the part of the fp32 weight that rounding to bf16 lost.
+   * Each element steps p = w + c, then w = bf16(p), c = bf16(p - w): updates too small to move w
+   * accumulate in c (about 16 significant bits in all, against fp32's 24). Moments fp32 or
+   * bf16, not TIDE_STATE_BLOCK_Q8. A rejected element keeps w, c and its moments. */
+  int32_t master_dtype;
+  /* bf16 moments (state_dtype TIDE_BFLOAT16): a TIDE_STATE_ROUNDING_*; with
+   * TIDE_STATE_ROUNDING_STOCHASTIC, keyed by `seed`, hyper->step and first_index + i for element
+   * i (first_index: the subgroup's element 0 in the caller's flat state, so that a subgroup
+   * split does not change the bits). Other moments: TIDE_STATE_ROUNDING_NEAREST. */
+  int32_t rounding;
+  uint64_t seed;
+  uint64_t first_index;
+  /* 8-bit moments (state_dtype TIDE_STATE_BLOCK_Q8): exp_avg and exp_avg_sq are `count` uint8
+   * codes each, at a TIDE_QUANT_BLOCK-byte boundary, and these their ceil(count /
+   * TIDE_QUANT_BLOCK) fp32 block scales (tide_optimizer_q8_scales says how to read them). */
+  float* exp_avg_scale;
+  float* exp_avg_sq_scale;
+  uint16_t* param_bf16; /* master_dtype TIDE_BFLOAT16: the weights and their compensation */
+  uint16_t* param_comp;
+} tide_state_format;
+
+static inline tide_state_format tide_state_format_default(void) {
+  tide_state_format format = TIDE_ZERO_INIT;
+  format.struct_size = sizeof(tide_state_format);
+  return format;
+}
+
+/* One Adam/AdamW step over the subgroup, in the state format that subgroup->state_dtype and
+ * `format` describe. `format` and `options` NULL: defaults; `result` may be NULL. A non-finite
+ * gradient is not an error: it is reported in `result`. */
+TIDE_API tide_status tide_cpu_adam_step(const tide_adam_subgroup* subgroup,
+                                        const tide_state_format* format,
+                                        const tide_adam_hyper* hyper,
+                                        const tide_cpu_options* options, tide_adam_result* result);
 
 /* The number of NaN and infinite values among `count` values of `dtype` (a loss scaler's
  * check, e.g. of each subgroup's gradients as they arrive). */
@@ -336,8 +431,9 @@ typedef struct tide_alloc_stat {
 } tide_alloc_stat;
 
 /* The allocator's statistics, as PyTorch's torch.cuda.memory_stats() names them. Arrays: [0] all
- * pools, [1] the small pool (blocks up to 1 MiB), [2] the large pool. New fields go at the end. */
+ * pools, [1] the small pool (blocks up to 1 MiB), [2] the large pool. Versioned (see the top). */
 typedef struct tide_alloc_stats {
+  size_t struct_size;
   tide_alloc_stat allocated_bytes[3]; /* blocks handed out (rounded to 512 B) */
   tide_alloc_stat requested_bytes[3]; /* what callers asked for */
   tide_alloc_stat reserved_bytes[3];  /* held from the driver */
@@ -357,6 +453,12 @@ typedef struct tide_alloc_stats {
   uint64_t largest_free_block;
   uint64_t growable; /* 1: the large pool grows one range through VMM */
 } tide_alloc_stats;
+
+static inline tide_alloc_stats tide_alloc_stats_default(void) {
+  tide_alloc_stats stats = TIDE_ZERO_INIT;
+  stats.struct_size = sizeof(tide_alloc_stats);
+  return stats;
+}
 
 TIDE_API tide_status tide_alloc_get_stats(int device, tide_alloc_stats* stats);
 TIDE_API tide_status tide_alloc_reset_peak_stats(int device);
@@ -403,7 +505,8 @@ typedef struct tide_alloc_iteration {
   uint32_t detected;   /* 1: boundaries or phases come from the curve, not from marks */
 } tide_alloc_iteration;
 
-typedef struct tide_alloc_forecast {
+typedef struct tide_alloc_forecast { /* versioned (see the top) */
+  size_t struct_size;
   uint64_t headroom_bytes;    /* what the coming update phase can use safely */
   uint64_t update_peak_bytes; /* forecast peak live bytes of the update phase */
   uint64_t limit_bytes;       /* what this process may hold on the device */
@@ -417,7 +520,14 @@ typedef struct tide_alloc_forecast {
   uint64_t iteration_peak_bytes; /* forecast peak live bytes of a whole iteration */
 } tide_alloc_forecast;
 
-typedef struct tide_alloc_oom {
+static inline tide_alloc_forecast tide_alloc_forecast_default(void) {
+  tide_alloc_forecast forecast = TIDE_ZERO_INIT;
+  forecast.struct_size = sizeof(tide_alloc_forecast);
+  return forecast;
+}
+
+typedef struct tide_alloc_oom { /* versioned (see the top) */
+  size_t struct_size;
   uint64_t t_ns;
   uint64_t requested_bytes;
   uint64_t block_bytes;
@@ -428,8 +538,13 @@ typedef struct tide_alloc_oom {
   uint64_t device_total_bytes;
   uint64_t largest_free_block;
   uint32_t limit_reached; /* 1: the configured limit refused, not the device */
-  uint32_t reserved_field;
 } tide_alloc_oom;
+
+static inline tide_alloc_oom tide_alloc_oom_default(void) {
+  tide_alloc_oom oom = TIDE_ZERO_INIT;
+  oom.struct_size = sizeof(tide_alloc_oom);
+  return oom;
+}
 
 /* The newest samples of the live/reserved timeline, oldest first: at most `capacity` into `out`,
  * the number written in *count. out NULL: *count = the number of samples kept. */
@@ -448,7 +563,7 @@ TIDE_API tide_status tide_alloc_export_timeline(int device, const char* path);
 TIDE_API tide_status tide_alloc_trace_start(int device, size_t max_events);
 TIDE_API tide_status tide_alloc_trace_stop(int device, const char* path);
 
-/* ---- scheduler ---- */
+/* ---- planner ---- */
 
 /* The performance model's rates, per rank: params/s for updates, bytes/s for copies. */
 typedef struct tide_rates {
@@ -465,19 +580,53 @@ typedef struct tide_rates {
  * default path when NULL, read if it exists), then the TIDE_RATE_* variables. */
 TIDE_API tide_status tide_rates_resolve(const char* calibration_path, tide_rates* rates);
 
-/* What a GPU subgroup moves and holds per parameter (tide_plan_footprint_default: 12 state bytes,
- * 2 gradient bytes, gradients kept on the GPU). */
+/* What a GPU subgroup moves and holds per parameter, and the CPU update rate of its state
+ * format. Versioned (see the top); tide_plan_footprint_default(): 12 state bytes (fp32 p, m, v),
+ * 2 gradient bytes, gradients kept on the GPU, 2 weight bytes uploaded, factors from the
+ * calibration file. */
 typedef struct tide_plan_footprint {
-  uint32_t state_bytes_per_param;    /* copied in and out: 12 for fp32 p, m, v; 8 with bf16
-                                        moments (the update rates, given for fp32 state, are
-                                        then scaled by the bytes an update moves) */
-  uint32_t gradient_bytes_per_param; /* e.g. 2 for bf16 */
-  int gradients_on_gpu;              /* 1: kept on the GPU (memory); 0: copied in from host */
+  size_t struct_size;
+  uint32_t state_bytes_per_param;     /* copied in and out: 12 for fp32 p, m, v; 8 with bf16
+                                         moments (the update rates, given for fp32 state, are
+                                         then scaled by the bytes an update moves); 6 with 8-bit
+                                         moments (fp32 weights, one byte per moment); 12 or 8 with
+                                         bf16 master weights (bf16 weights and compensation, fp32
+                                         or bf16 moments) */
+  uint32_t gradient_bytes_per_param;  /* e.g. 2 for bf16 */
+  int gradients_on_gpu;               /* 1: kept on the GPU (memory); 0: copied in from host */
+  int quantized_moments;              /* 1: 8-bit block-wise moments (state_bytes_per_param 6):
+                                         their fp32 block scales are copied with the state, and the
+                                         CPU update runs at 8-bit moments' rate (default 0) */
+  int bf16_master;                    /* 1: bf16 master weights: a GPU subgroup takes its 2 weight
+                                         bytes from the model's parameters on the GPU, and an
+                                         update writes no weight copy; not with quantized_moments
+                                         (default 0) */
+  uint32_t weight_bytes_per_param;    /* low-precision weights a CPU subgroup uploads to the GPU
+                                         (default 2, bf16; 0: none) */
+  double cpu_update_factor;           /* the CPU update rate in this format over fp32 state's
+                                         (`tide calibrate` measures it: the calibration file's
+                                         cpu_update_factors), 0.01 to 100; 0 (default): the
+                                         calibration file's for the format when `rates` is NULL,
+                                         else tide's model (the bytes an update moves; 8-bit
+                                         moments: 0.35) */
+  double cpu_update_contended_factor; /* the same for the CPU update while copies run (the
+                                        file's cpu_update_contended_factors), 0.01 to 100; 0
+                                        (default): the calibration file's when `rates` is NULL
+                                        and cpu_update_factor is 0, else cpu_update_factor's
+                                        factor (the free rate's) */
 } tide_plan_footprint;
 
-TIDE_API tide_plan_footprint tide_plan_footprint_default(void);
+/* Writes the defaults into `footprint`'s first footprint->struct_size bytes. */
+TIDE_API tide_status tide_plan_footprint_init(tide_plan_footprint* footprint);
+static inline tide_plan_footprint tide_plan_footprint_default(void) {
+  tide_plan_footprint footprint = TIDE_ZERO_INIT;
+  footprint.struct_size = sizeof(tide_plan_footprint);
+  tide_plan_footprint_init(&footprint);
+  return footprint;
+}
 
-typedef struct tide_plan_summary {
+typedef struct tide_plan_summary { /* versioned (see the top) */
+  size_t struct_size;
   double phase_seconds;    /* predicted update phase */
   double cpu_side_seconds; /* predicted CPU workers' time */
   double gpu_side_seconds; /* predicted GPU pipeline's time */
@@ -488,61 +637,21 @@ typedef struct tide_plan_summary {
   int optimal;             /* 1 when the search was exhaustive */
 } tide_plan_summary;
 
+static inline tide_plan_summary tide_plan_summary_default(void) {
+  tide_plan_summary summary = TIDE_ZERO_INIT;
+  summary.struct_size = sizeof(tide_plan_summary);
+  return summary;
+}
+
 /* Plans one update phase of `count` subgroups of `subgroup_params[i]` parameters with
  * `headroom_bytes` of GPU memory. Writes, per subgroup i: device[i] (0 CPU, 1 GPU) and order[i]
  * (its position in its device's order; GPU subgroup at position j uses buffer j % buffers).
  * `footprint` and `rates` may be NULL (defaults; rates as tide_rates_resolve(NULL), with the
- * calibration file's CPU update factor for the state format, as tide_plan_ex). */
+ * calibration file's CPU update factor for the state format). */
 TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
                                uint64_t headroom_bytes, const tide_plan_footprint* footprint,
                                const tide_rates* rates, uint8_t* device, uint32_t* order,
                                tide_plan_summary* summary);
-
-/* tide_plan_footprint and what it cannot say: 8-bit moments, bf16 master weights, the weights a
- * CPU subgroup uploads, and the CPU update rate of the format. tide_plan_footprint has no size
- * field and stays as it is (callers built against it keep working); this one starts with its
- * size: fill it with tide_plan_footprint_ex_default(), which sets struct_size, then change what
- * you need. New fields go at the end; the library reads the struct_size bytes its caller was
- * built with (fields beyond them keep their defaults) and refuses a struct_size larger than its
- * own, or smaller than this first version's. */
-typedef struct tide_plan_footprint_ex {
-  size_t struct_size;                /* sizeof(tide_plan_footprint_ex) as the caller built it */
-  uint32_t state_bytes_per_param;    /* as tide_plan_footprint; 6 with 8-bit moments (fp32
-                                        weights, one byte per moment), 12 or 8 with bf16 master
-                                        weights (bf16 weights and compensation, fp32 or bf16
-                                        moments) */
-  uint32_t gradient_bytes_per_param; /* as tide_plan_footprint (default 2) */
-  int gradients_on_gpu;              /* as tide_plan_footprint (default 1) */
-  int quantized_moments;             /* 1: 8-bit block-wise moments (state_bytes_per_param 6):
-                                        their fp32 block scales are copied with the state, and the
-                                        CPU update runs at 8-bit moments' rate (default 0) */
-  int bf16_master;                   /* 1: bf16 master weights: a GPU subgroup takes its 2 weight
-                                        bytes from the model's parameters on the GPU, and an
-                                        update writes no weight copy; not with quantized_moments
-                                        (default 0) */
-  uint32_t weight_bytes_per_param;   /* low-precision weights a CPU subgroup uploads to the GPU
-                                        (default 2, bf16; 0: none) */
-  double cpu_update_factor;          /* the CPU update rate in this format over fp32 state's
-                                        (`tide calibrate` measures it: the calibration file's
-                                        cpu_update_factors), 0.01 to 100; 0 (default): the
-                                        calibration file's for the format when `rates` is NULL,
-                                        else tide's model (the bytes an update moves; 8-bit
-                                        moments: 0.35) */
-  /* -- added after the first version -- */
-  double cpu_update_contended_factor; /* the same for the CPU update while copies run (the
-                                        file's cpu_update_contended_factors), 0.01 to 100; 0
-                                        (default): the calibration file's when `rates` is NULL
-                                        and cpu_update_factor is 0, else cpu_update_factor's
-                                        factor (the free rate's) */
-} tide_plan_footprint_ex;
-
-TIDE_API tide_plan_footprint_ex tide_plan_footprint_ex_default(void);
-
-/* tide_plan with a tide_plan_footprint_ex (NULL: the defaults). */
-TIDE_API tide_status tide_plan_ex(const uint64_t* subgroup_params, size_t count,
-                                  uint64_t headroom_bytes, const tide_plan_footprint_ex* footprint,
-                                  const tide_rates* rates, uint8_t* device, uint32_t* order,
-                                  tide_plan_summary* summary);
 
 /* ---- executor ---- */
 /* The offloading optimizer's core: the optimizer state of one rank in subgroups (fp32 master
@@ -570,11 +679,11 @@ TIDE_API tide_status tide_plan_ex(const uint64_t* subgroup_params, size_t count,
  * before it can change anything (tide_optimizer_ready); if that fails it returns the error and
  * nothing changed. After that, whatever fails (a copy, an allocation, a kernel, the device) the
  * step completes with the bits it would have had without the fault: a GPU subgroup that failed
- * is redone on the CPU from its untouched state. Two outcomes are reported as errors after the
- * state completed: TIDE_ERROR_PARAMS_NOT_WRITTEN (the device could not take the new weights:
- * write them from the master weights, or call tide_optimizer_write_params once it can) and,
- * only with gradients_on_gpu and a lost device, TIDE_ERROR_STEP_INCOMPLETE.
- * tide_optimizer_last_outcome says which subgroup is where. No work the call enqueued writes
+ * is redone on the CPU from its untouched state. The step's tide_step_result says how it ended
+ * and which subgroup is where: the model's parameters of some subgroups may not have been
+ * written (the device could not take the new weights: write them from the master weights, or
+ * call tide_optimizer_write_params once it can) and, only with gradients_on_gpu and a lost
+ * device, some subgroups may not have been updated. No work the call enqueued writes
  * anything after it returns but the same committed weights, and only where a lost device could
  * not be waited for. A step of several optimizers that must succeed or fail together calls
  * tide_optimizer_ready on every one of them first. */
@@ -591,7 +700,8 @@ typedef struct tide_param_slice {
   uint64_t device_ptr; /* a CUdeviceptr */
 } tide_param_slice;
 
-typedef struct tide_optimizer_options {
+typedef struct tide_optimizer_options { /* versioned (see the top) */
+  size_t struct_size;
   int32_t device;           /* CUDA device ordinal */
   int32_t grad_dtype;       /* tide_dtype of the gradients (default TIDE_BFLOAT16) */
   int32_t param_dtype;      /* tide_dtype of the model's parameters (default TIDE_BFLOAT16) */
@@ -624,23 +734,28 @@ typedef struct tide_optimizer_options {
                            tide_optimizer_set_gradients. */
 } tide_optimizer_options;
 
-TIDE_API tide_status tide_optimizer_options_default(tide_optimizer_options* options);
+/* Writes the defaults into `options`' first options->struct_size bytes. */
+TIDE_API tide_status tide_optimizer_options_init(tide_optimizer_options* options);
+static inline tide_optimizer_options tide_optimizer_options_default(void) {
+  tide_optimizer_options options = TIDE_ZERO_INIT;
+  options.struct_size = sizeof(tide_optimizer_options);
+  tide_optimizer_options_init(&options);
+  return options;
+}
 
-/* `count` subgroups of subgroup_params[i] parameters; `slices` (slice_count of them) place their
- * elements in the model. `options` NULL: the defaults. Allocates the pinned buffers (zeroed). */
-TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size_t count,
-                                           const tide_param_slice* slices, size_t slice_count,
-                                           const tide_optimizer_options* options,
-                                           tide_optimizer** optimizer);
+/* The rules between the options' fields (state, master and parameter dtypes, host_params) that
+ * tide_optimizer_create checks, without creating anything: TIDE_ERROR_INVALID_ARGUMENT with the
+ * rule's message when they do not go together. */
+TIDE_API tide_status tide_optimizer_options_check(const tide_optimizer_options* options);
+
 /* The CPU update rate of each state format over fp32 state's (what `tide calibrate` writes to the
  * calibration file's cpu_update_factors and cpu_update_contended_factors), for callers that pass
- * their own rates (tide_optimizer_options.use_rates) measured elsewhere. Fill it with
- * tide_cpu_update_factors_default(), which sets struct_size and every factor to 0, then set what
- * you measured. New fields go at the end (struct_size as in tide_plan_footprint_ex). Each factor
- * is 0 (not measured: tide's model for that format, the bytes an update moves, 8-bit moments
- * 0.35) or from 0.01 to 100; a contended factor of 0 takes the format's free one. */
+ * their own rates (tide_optimizer_options.use_rates) measured elsewhere. Versioned (see the top):
+ * tide_cpu_update_factors_default() sets every factor to 0. Each factor is 0 (not measured:
+ * tide's model for that format, the bytes an update moves, 8-bit moments 0.35) or from 0.01 to
+ * 100; a contended factor of 0 takes the format's free one. */
 typedef struct tide_cpu_update_factors {
-  size_t struct_size;              /* sizeof(tide_cpu_update_factors) as the caller built it */
+  size_t struct_size;
   double bf16_moments;             /* CPU update alone: bf16 moments, fp32 master */
   double q8_moments;               /* 8-bit block-wise moments, fp32 master */
   double bf16_master;              /* bf16 master weights, fp32 moments */
@@ -651,18 +766,24 @@ typedef struct tide_cpu_update_factors {
   double bf16_master_bf16_moments_contended;
 } tide_cpu_update_factors;
 
-TIDE_API tide_cpu_update_factors tide_cpu_update_factors_default(void);
+static inline tide_cpu_update_factors tide_cpu_update_factors_default(void) {
+  tide_cpu_update_factors factors = TIDE_ZERO_INIT;
+  factors.struct_size = sizeof(tide_cpu_update_factors);
+  return factors;
+}
 
-/* tide_optimizer_create with the CPU update factors the planner applies to the fp32 CPU update
- * rates for the optimizer's state format. `factors` NULL: as tide_optimizer_create (the
- * calibration file's when the rates are resolved, else the model's); given, they replace the
- * calibration file's. A struct_size out of range or a factor that is neither 0 nor within 0.01 to
- * 100 is TIDE_ERROR_INVALID_ARGUMENT naming the field, and nothing is created. */
-TIDE_API tide_status tide_optimizer_create_ex(const uint64_t* subgroup_params, size_t count,
-                                              const tide_param_slice* slices, size_t slice_count,
-                                              const tide_optimizer_options* options,
-                                              const tide_cpu_update_factors* factors,
-                                              tide_optimizer** optimizer);
+/* `count` subgroups of subgroup_params[i] parameters; `slices` (slice_count of them) place their
+ * elements in the model. `options` NULL: the defaults. `factors`: the CPU update factors the
+ * planner applies to the fp32 CPU update rates for the optimizer's state format; NULL: the
+ * calibration file's when the rates are resolved, else the model's; given, they replace the
+ * calibration file's (a factor that is neither 0 nor within 0.01 to 100 is
+ * TIDE_ERROR_INVALID_ARGUMENT naming the field). Allocates the pinned buffers (zeroed). On an
+ * error nothing is created. */
+TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size_t count,
+                                           const tide_param_slice* slices, size_t slice_count,
+                                           const tide_optimizer_options* options,
+                                           const tide_cpu_update_factors* factors,
+                                           tide_optimizer** optimizer);
 
 /* Waits for work in flight, then frees everything. NULL: no-op. */
 TIDE_API tide_status tide_optimizer_destroy(tide_optimizer* optimizer);
@@ -749,44 +870,109 @@ TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
                                             const tide_placement_policy* policy,
                                             uint64_t headroom_bytes);
 
-typedef struct tide_phase_report {
-  double seconds;              /* measured update phase */
-  double predicted_seconds;    /* the model's prediction for what ran */
-  double all_cpu_seconds;      /* the model's all-CPU prediction */
-  double cpu_busy_seconds;     /* the CPU updates' own time */
-  uint64_t gpu_subgroups;      /* updated on the GPU */
-  uint64_t cpu_subgroups;      /* updated on the CPU, fallbacks included */
-  uint64_t fallback_subgroups; /* planned on the GPU but updated on the CPU: no GPU memory */
-  uint64_t gpu_params;
-  uint64_t buffers;        /* GPU buffers in flight */
-  uint64_t nonfinite;      /* elements left unchanged: non-finite gradient or update */
-  uint64_t headroom_cap;   /* cap on the next plans' headroom after a fallback; 0: none */
-  uint64_t rolled_forward; /* GPU subgroups redone on the CPU after a fault (the first fault's
-                              message is in tide_last_error(), also after TIDE_OK) */
-  uint64_t unwritten;      /* subgroups whose model parameters could not be written */
-  uint64_t not_updated;    /* subgroups that could not be updated */
-} tide_phase_report;
-
 /* Everything a step needs before it can change anything: checks `hyper`, waits for the
  * gradients offloaded so far and for work an earlier failed step left queued. An error:
- * nothing changed. tide_optimizer_step calls it when needed. */
+ * nothing changed. tide_optimizer_step does it itself: call it first only to make a step of
+ * several optimizers succeed or fail together (tide_optimizer_ready on every one of them, then
+ * their steps). */
 TIDE_API tide_status tide_optimizer_ready(tide_optimizer* optimizer, const tide_adam_hyper* hyper);
 
-/* One update phase: plans (unless prepared) with `headroom_bytes` of GPU memory, runs the plan,
- * waits for its end (events only). `policy` NULL: TIDE_PLACEMENT, else auto. `report` may be
- * NULL. Elements whose gradient is not finite are never written (their count is in the report);
- * to skip the whole step instead, check tide_optimizer_grad_stats first. Errors: see "A step
- * happens exactly, or not at all" above; `report` is filled whenever the step ran. */
-TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer, const tide_adam_hyper* hyper,
-                                         const tide_placement_policy* policy,
-                                         uint64_t headroom_bytes, tide_phase_report* report);
+/* tide_step_request.flags: what the step call does around the update phase, so that a step is
+ * one call. */
+#define TIDE_STEP_HEADROOM_FORECAST                             \
+  1u /* headroom_bytes from tide's allocator's forecast for the \
+        optimizer's device (tide_alloc_headroom) */
+#define TIDE_STEP_MARK_PHASES                                   \
+  2u /* tide_alloc_mark_phase(device, TIDE_PHASE_UPDATE) first, \
+        TIDE_PHASE_ITERATION_END after a step that happened */
+#define TIDE_STEP_RELEASE_BUFFERS                        \
+  4u /* tide_optimizer_release_buffers after a step that \
+        happened */
 
-/* Per subgroup, how the last step ended for it: TIDE_SUBGROUP_UPDATED (state and model
- * parameters), TIDE_SUBGROUP_UNWRITTEN (state updated, model parameters not written),
- * TIDE_SUBGROUP_NOT_UPDATED. `count`: the number of subgroups. */
+/* What a step is asked to do. Versioned (see the top). */
+typedef struct tide_step_request {
+  size_t struct_size;
+  tide_adam_hyper hyper;
+  const tide_placement_policy* policy; /* NULL: TIDE_PLACEMENT, else auto */
+  uint64_t headroom_bytes;             /* GPU memory the update phase may use */
+  uint32_t flags;                      /* TIDE_STEP_* */
+  /* Frozen slices as tide_optimizer_set_frozen takes them (frozen_count: the slice count given
+   * at creation), set before the step; NULL: as set before. */
+  const uint8_t* frozen;
+  size_t frozen_count;
+} tide_step_request;
+
+static inline tide_step_request tide_step_request_default(void) {
+  tide_step_request request = TIDE_ZERO_INIT;
+  request.struct_size = sizeof(tide_step_request);
+  return request;
+}
+
+/* How a step ended (tide_step_result.outcome). */
+typedef enum tide_step_outcome {
+  TIDE_STEP_COMPLETED = 0,             /* every subgroup updated, the model's parameters written */
+  TIDE_STEP_COMPLETED_AFTER_FAULT = 1, /* the same bits as without the fault, which `reason` says:
+                                          failed GPU subgroups were redone on the CPU
+                                          (rolled_forward); the model's parameters of `unwritten`
+                                          subgroups could not be written (write them from the
+                                          master weights, or tide_optimizer_write_params once the
+                                          device can) */
+  TIDE_STEP_NOT_HAPPENED = 2,          /* nothing changed: `reason`; the call returned its error */
+  TIDE_STEP_INCOMPLETE = 3             /* only with gradients_on_gpu and a lost device: the
+                                          `not_updated` subgroups could not be updated (their
+                                          gradients were lost), the others were: `reason` */
+} tide_step_outcome;
+
+/* Per subgroup, how the step ended for it (tide_step_result.subgroup_outcome). */
 enum { TIDE_SUBGROUP_UPDATED = 0, TIDE_SUBGROUP_UNWRITTEN = 1, TIDE_SUBGROUP_NOT_UPDATED = 2 };
-TIDE_API tide_status tide_optimizer_last_outcome(const tide_optimizer* optimizer, uint8_t* outcome,
-                                                 size_t count);
+
+/* What a step did: the one result of tide_optimizer_step. Versioned (see the top). The arrays
+ * are the caller's (NULL: not wanted), one element per subgroup, filled when the step happened. */
+typedef struct tide_step_result {
+  size_t struct_size;
+  int32_t outcome;    /* a tide_step_outcome */
+  int32_t status;     /* TIDE_STEP_NOT_HAPPENED: the error (also the call's return); else TIDE_OK */
+  const char* reason; /* what went wrong ("" for TIDE_STEP_COMPLETED): valid until the
+                         optimizer's next call */
+  uint8_t* subgroup_outcome;       /* in: caller's array; out: TIDE_SUBGROUP_* per subgroup */
+  uint8_t* plan_device;            /* in: caller's array; out: 0 CPU, 1 GPU per subgroup */
+  tide_subgroup_buffers* buffers;  /* in: caller's array; out: each subgroup's buffers after the
+                                      step (tide_optimizer_buffers) */
+  tide_placement_policy placement; /* the policy the phase ran under */
+  uint64_t headroom_bytes;         /* the headroom it was planned with */
+  double seconds;                  /* measured update phase */
+  double predicted_seconds;        /* the model's prediction for what ran */
+  double all_cpu_seconds;          /* the model's all-CPU prediction */
+  double cpu_busy_seconds;         /* the CPU updates' own time */
+  uint64_t gpu_subgroups;          /* updated on the GPU */
+  uint64_t cpu_subgroups;          /* updated on the CPU, fallbacks included */
+  uint64_t fallback_subgroups;     /* planned on the GPU but updated on the CPU: no GPU memory */
+  uint64_t gpu_params;
+  uint64_t buffers_in_flight; /* GPU buffers in flight */
+  uint64_t gpu_bytes;         /* GPU memory the plan used: buffers and kept gradients */
+  uint64_t nonfinite;         /* elements left unchanged: non-finite gradient or update */
+  uint64_t headroom_cap;      /* cap on the next plans' headroom after a fallback; 0: none */
+  uint64_t rolled_forward;    /* GPU subgroups redone on the CPU after a fault */
+  uint64_t unwritten;         /* subgroups whose model parameters could not be written */
+  uint64_t not_updated;       /* subgroups that could not be updated */
+} tide_step_result;
+
+static inline tide_step_result tide_step_result_default(void) {
+  tide_step_result result = TIDE_ZERO_INIT;
+  result.struct_size = sizeof(tide_step_result);
+  return result;
+}
+
+/* One update phase: plans (unless prepared) with the request's headroom, runs the plan, waits
+ * for its end (events only), and says how it ended in `result` (required). Elements whose
+ * gradient is not finite are never written (their count is in the result); to skip the whole
+ * step instead, check tide_optimizer_grad_stats first. Returns TIDE_OK when the step happened
+ * (outcome completed, completed after a fault, or incomplete), else the error of what kept it
+ * from happening (outcome TIDE_STEP_NOT_HAPPENED; nothing changed): see "A step happens
+ * exactly, or not at all" above. */
+TIDE_API tide_status tide_optimizer_step(tide_optimizer* optimizer,
+                                         const tide_step_request* request,
+                                         tide_step_result* result);
 
 /* Writes the model's parameters of every subgroup from its master weights (cast to the
  * parameters' dtype, as a step does; bf16 master weights as they are), synchronously; frozen

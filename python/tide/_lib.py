@@ -18,6 +18,7 @@ _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 
 TIDE_OK = 0
+TIDE_ERROR_INVALID_ARGUMENT = 1
 
 
 class TideError(RuntimeError):
@@ -101,6 +102,10 @@ def _declare(cdll: ctypes.CDLL) -> ctypes.CDLL:
     cdll.tide_last_error.argtypes = []
     cdll.tide_driver_info.restype = ctypes.c_int
     cdll.tide_driver_info.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    cdll.tide_abi_calls.restype = ctypes.c_uint64
+    cdll.tide_abi_calls.argtypes = []
+    cdll.tide_knob.restype = ctypes.c_int
+    cdll.tide_knob.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(KnobValue)]
     cdll.tide_device_memory.restype = ctypes.c_int
     cdll.tide_device_memory.argtypes = [
         ctypes.c_int,
@@ -108,6 +113,37 @@ def _declare(cdll: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_size_t),
     ]
     return cdll
+
+
+class Versioned(ctypes.Structure):
+    """A versioned struct of tide.h (its first field: size_t struct_size, see the header's top):
+    made with struct_size set to this mirror's size, as its C _default() initializer does."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
+
+
+class KnobValue(Versioned):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("set", ctypes.c_int32),
+                ("choice", ctypes.c_int32), ("integer", ctypes.c_int64),
+                ("accepts", ctypes.c_char_p)]
+
+
+def knob(name: str, value: str | None = None) -> KnobValue:
+    """`value` (None: the environment's) parsed as tide reads knob `name` (tide_knob: config/ is
+    the one parser of every TIDE_* variable). A bad value is a ValueError with tide's message."""
+    out = KnobValue()
+    status = lib().tide_knob(name.encode(), None if value is None else value.encode(),
+                             ctypes.byref(out))
+    if status == TIDE_ERROR_INVALID_ARGUMENT:
+        raise ValueError(lib().tide_last_error().decode())
+    check(status)
+    return out
+
+
+def abi_calls() -> int:
+    """How many times this thread has entered libtide's C ABI (tide_abi_calls)."""
+    return lib().tide_abi_calls()
 
 
 def check(status: int) -> None:

@@ -56,33 +56,48 @@ class AdamSubgroup(ctypes.Structure):
         ("grad_dtype", ctypes.c_int32),
         ("state_dtype", ctypes.c_int32),
         ("copy_dtype", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
     ]
 
 
-class CpuOptions(ctypes.Structure):
+class CpuOptions(_lib.Versioned):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("threads", ctypes.c_int32),
         ("isa", ctypes.c_int32),
         ("skip_subgroup_on_nonfinite", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
     ]
 
 
-class AdamResult(ctypes.Structure):
+class AdamResult(_lib.Versioned):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("nonfinite", ctypes.c_uint64),
         ("applied", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
     ]
 
 
-class CpuInfo(ctypes.Structure):
+class CpuInfo(_lib.Versioned):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("best_isa", ctypes.c_int32),
         ("supported_isas", ctypes.c_int32),
         ("threads", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+    ]
+
+
+class StateFormat(_lib.Versioned):
+    """tide_state_format: the state format of a CPU step beyond the moments' dtype."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("master_dtype", ctypes.c_int32),
+        ("rounding", ctypes.c_int32),
+        ("seed", ctypes.c_uint64),
+        ("first_index", ctypes.c_uint64),
+        ("exp_avg_scale", ctypes.c_void_p),
+        ("exp_avg_sq_scale", ctypes.c_void_p),
+        ("param_bf16", ctypes.c_void_p),
+        ("param_comp", ctypes.c_void_p),
     ]
 
 
@@ -99,29 +114,7 @@ def _cdll() -> ctypes.CDLL:
             cdll.tide_cpu_adam_step.restype = status
             cdll.tide_cpu_adam_step.argtypes = [
                 ctypes.POINTER(AdamSubgroup),
-                ctypes.POINTER(AdamHyper),
-                ctypes.POINTER(CpuOptions),
-                ctypes.POINTER(AdamResult),
-            ]
-            # The steps that take two more buffers next to the subgroup: 8-bit moments' scales,
-            # bf16 master weights and their compensation.
-            for step_with_two_buffers in (cdll.tide_cpu_adam_step_q8,
-                                          cdll.tide_cpu_adam_step_bf16_master):
-                step_with_two_buffers.restype = status
-                step_with_two_buffers.argtypes = [
-                    ctypes.POINTER(AdamSubgroup),
-                    ctypes.c_void_p,
-                    ctypes.c_void_p,
-                    ctypes.POINTER(AdamHyper),
-                    ctypes.POINTER(CpuOptions),
-                    ctypes.POINTER(AdamResult),
-                ]
-            cdll.tide_cpu_adam_step_sr.restype = status
-            cdll.tide_cpu_adam_step_sr.argtypes = [
-                ctypes.POINTER(AdamSubgroup),
-                ctypes.c_int32,
-                ctypes.c_uint64,
-                ctypes.c_uint64,
+                ctypes.POINTER(StateFormat),
                 ctypes.POINTER(AdamHyper),
                 ctypes.POINTER(CpuOptions),
                 ctypes.POINTER(AdamResult),
@@ -177,7 +170,8 @@ def _check_buffer(tensor: Any, count: int, what: str) -> None:
 def _options(threads: int, isa: str, skip_subgroup_on_nonfinite: bool = False) -> CpuOptions:
     if isa not in _ISA_BY_NAME:
         raise ValueError(f"isa must be one of {sorted(_ISA_BY_NAME)}, not {isa!r}")
-    return CpuOptions(int(threads), _ISA_BY_NAME[isa], int(skip_subgroup_on_nonfinite), 0)
+    return CpuOptions(threads=int(threads), isa=_ISA_BY_NAME[isa],
+                      skip_subgroup_on_nonfinite=int(skip_subgroup_on_nonfinite))
 
 
 def cpu_adam_step(
@@ -214,11 +208,11 @@ def cpu_adam_step(
     with the updated weights in the same pass. grad_scale: the loss scale the gradients carry
     (they are multiplied by 1/grad_scale). threads: 0 for the pool's (TIDE_CPU_THREADS).
 
-    bf16 master weights with compensation (tide_cpu_adam_step_bf16_master): param bfloat16 (the
+    bf16 master weights with compensation (tide_state_format.master_dtype): param bfloat16 (the
     weights themselves, no param_copy) and param_comp its bfloat16 compensation, both updated in
     place; fp32 or bf16 moments.
 
-    state_rounding "stochastic" (tide_cpu_adam_step_sr; bf16 moments only): the moments are
+    state_rounding "stochastic" (tide_state_format.rounding; bf16 moments only): the moments are
     rounded up with the probability of the ulp's fraction lost, with random bits hashed from
     rounding_seed, step and rounding_index + i for element i (kernels/stochastic_round.h).
     """
@@ -280,27 +274,23 @@ def cpu_adam_step(
     )
     options = _options(threads, isa, skip_subgroup_on_nonfinite)
     result = AdamResult()
+    state_format = StateFormat()
     if state_rounding == "stochastic":
         if bf16_master or q8:
             raise TypeError("stochastic rounding applies to bf16 moments with fp32 master weights")
-        _lib.check(_cdll().tide_cpu_adam_step_sr(
-            ctypes.byref(subgroup), 1, rounding_seed, rounding_index, ctypes.byref(hyper),
-            ctypes.byref(options), ctypes.byref(result)))
+        state_format.rounding = 1
+        state_format.seed = rounding_seed
+        state_format.first_index = rounding_index
     elif bf16_master:
-        _lib.check(_cdll().tide_cpu_adam_step_bf16_master(
-            ctypes.byref(subgroup), param.data_ptr(), param_comp.data_ptr(),
-            ctypes.byref(hyper), ctypes.byref(options), ctypes.byref(result)))
+        state_format.master_dtype = BFLOAT16
+        state_format.param_bf16 = param.data_ptr()
+        state_format.param_comp = param_comp.data_ptr()
     elif q8:
-        _lib.check(_cdll().tide_cpu_adam_step_q8(
-            ctypes.byref(subgroup), exp_avg_scale.data_ptr(), exp_avg_sq_scale.data_ptr(),
-            ctypes.byref(hyper), ctypes.byref(options), ctypes.byref(result)))
-    else:
-        _lib.check(
-            _cdll().tide_cpu_adam_step(
-                ctypes.byref(subgroup), ctypes.byref(hyper), ctypes.byref(options),
-                ctypes.byref(result)
-            )
-        )
+        state_format.exp_avg_scale = exp_avg_scale.data_ptr()
+        state_format.exp_avg_sq_scale = exp_avg_sq_scale.data_ptr()
+    _lib.check(_cdll().tide_cpu_adam_step(
+        ctypes.byref(subgroup), ctypes.byref(state_format), ctypes.byref(hyper),
+        ctypes.byref(options), ctypes.byref(result)))
     return StepResult(nonfinite=result.nonfinite, applied=bool(result.applied))
 
 

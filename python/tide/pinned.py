@@ -28,10 +28,11 @@ import torch
 from tide import _lib
 
 
-class PinnedOptions(ctypes.Structure):
+class PinnedOptions(_lib.Versioned):
     """tide_pinned_options."""
 
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("chunk_bytes", ctypes.c_size_t),
         ("direct_bytes", ctypes.c_size_t),
         ("retain_bytes", ctypes.c_size_t),
@@ -42,10 +43,10 @@ class PinnedOptions(ctypes.Structure):
     ]
 
 
-class PinnedStats(ctypes.Structure):
+class PinnedStats(_lib.Versioned):
     """tide_pinned_stats."""
 
-    _fields_ = [
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [
         (name, ctypes.c_uint64)
         for name in (
             "requested_bytes",
@@ -71,10 +72,11 @@ class PinnedStats(ctypes.Structure):
     ]
 
 
-class NodePinned(ctypes.Structure):
+class NodePinned(_lib.Versioned):
     """tide_node_pinned."""
 
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("node_limit_bytes", ctypes.c_uint64),
         ("rank_limit_bytes", ctypes.c_uint64),
         ("pinned_bytes", ctypes.c_uint64),
@@ -98,7 +100,7 @@ def _api() -> ctypes.CDLL:
         if not _declared:
             arena_p = ctypes.c_void_p
             for name, argtypes in {
-                "tide_pinned_options_default": [ctypes.POINTER(PinnedOptions)],
+                "tide_pinned_options_init": [ctypes.POINTER(PinnedOptions)],
                 "tide_pinned_arena_create": [
                     ctypes.POINTER(PinnedOptions),
                     ctypes.POINTER(ctypes.c_void_p),
@@ -172,7 +174,7 @@ class PinnedArena:
                  touch_threads: int | None = None):
         lib = _api()
         options = PinnedOptions()
-        _lib.check(lib.tide_pinned_options_default(ctypes.byref(options)))
+        _lib.check(lib.tide_pinned_options_init(ctypes.byref(options)))
         for name, value in (("chunk_bytes", chunk_bytes), ("direct_bytes", direct_bytes),
                             ("retain_bytes", retain_bytes), ("numa_node", numa_node),
                             ("device", device), ("touch_threads", touch_threads)):

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/abi/runtime.h"
+#include "tests/capi_step.h"
 #include "tide/tide.h"
 
 namespace tide::abi::testing {
@@ -32,7 +33,7 @@ struct Model {
 
 tide_optimizer* create(const Model& model, int device = 0) {
   tide_optimizer_options options;
-  EXPECT_EQ(tide_optimizer_options_default(&options), TIDE_OK);
+  options = tide_optimizer_options_default();
   options.device = device;
   std::vector<tide_param_slice> slices;
   for (std::size_t i = 0; i < model.sizes.size(); ++i) {
@@ -40,7 +41,7 @@ tide_optimizer* create(const Model& model, int device = 0) {
   }
   tide_optimizer* opt = nullptr;
   EXPECT_EQ(tide_optimizer_create(model.sizes.data(), model.sizes.size(), slices.data(),
-                                  slices.size(), &options, &opt),
+                                  slices.size(), &options, nullptr, &opt),
             TIDE_OK)
       << tide_last_error();
   return opt;
@@ -56,10 +57,10 @@ void offload(tide_optimizer* opt, const Model& model, CUstream stream) {
 }
 
 // One step with `policy`; it must run as planned, with no fault redone on the CPU.
-tide_phase_report step(tide_optimizer* opt, tide_placement_policy policy, std::int64_t n = 1) {
+tide_step_result step(tide_optimizer* opt, tide_placement_policy policy, std::int64_t n = 1) {
   const tide_adam_hyper hyper{1e-3, 0.9, 0.999, 1e-8, 0.01, 1.0, n, 1, 0};
-  tide_phase_report report{};
-  EXPECT_EQ(tide_optimizer_step(opt, &hyper, &policy, std::uint64_t{1} << 30, &report), TIDE_OK)
+  tide_step_result report = tide_step_result_default();
+  EXPECT_EQ(tide::test::step_once(opt, &hyper, &policy, std::uint64_t{1} << 30, &report), TIDE_OK)
       << tide_last_error();
   EXPECT_EQ(report.rolled_forward, 0u) << tide_last_error();
   EXPECT_EQ(report.fallback_subgroups, 0u);
@@ -119,7 +120,7 @@ void live_one_optimizer(const Model& model, const Runtime& observer, CUstream pr
     double sum_squares = 0;
     EXPECT_EQ(tide_optimizer_grad_stats(opt, &sum_squares, nullptr), TIDE_OK);
     EXPECT_TRUE(observer.usable_here(expected));
-    const tide_phase_report report = step(opt, policy, n);
+    const tide_step_result report = step(opt, policy, n);
     if (policy.kind == TIDE_PLACEMENT_GPU) {
       EXPECT_EQ(report.gpu_subgroups, model.sizes.size());
     }
@@ -201,7 +202,7 @@ TEST(Guest, RefusedCallsChangeNothing) {
   EXPECT_NE(tide_device_memory(7, &free_bytes, &total), TIDE_OK);
   EXPECT_TRUE(runtime.usable_here(runtime.context()));
   tide_optimizer_options options;
-  ASSERT_EQ(tide_optimizer_options_default(&options), TIDE_OK);
+  options = tide_optimizer_options_default();
   std::vector<tide_param_slice> slices;
   for (std::size_t i = 0; i < model.sizes.size(); ++i) {
     slices.push_back({i, 0, model.sizes[i], model.params[i]});
@@ -213,14 +214,14 @@ TEST(Guest, RefusedCallsChangeNothing) {
     tide_optimizer_options o = options;
     bad(o);
     EXPECT_NE(tide_optimizer_create(model.sizes.data(), model.sizes.size(), slices.data(),
-                                    slices.size(), &o, &opt),
+                                    slices.size(), &o, nullptr, &opt),
               TIDE_OK);
     EXPECT_TRUE(runtime.usable_here(runtime.context()));
   }
   opt = create(model);
   const tide_adam_hyper bad_hyper{-1.0, 0.9, 0.999, 1e-8, 0.0, 1.0, 1, 1, 0};
   offload(opt, model, runtime.stream());
-  EXPECT_NE(tide_optimizer_step(opt, &bad_hyper, nullptr, 1 << 30, nullptr), TIDE_OK);
+  EXPECT_NE(tide::test::step_once(opt, &bad_hyper, nullptr, 1 << 30, nullptr), TIDE_OK);
   EXPECT_TRUE(runtime.usable_here(runtime.context()));
   EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
   baseline.expect_restored();
@@ -252,7 +253,7 @@ TEST(Guest, NoStreamOfAnOptimizerThatDiedIsUsedAfterIt) {
   tide_optimizer* next = create(model);
   for (std::int64_t n = 1; n <= 2; ++n) {
     offload(next, model, runtime.stream());
-    const tide_phase_report report = step(next, kPolicies[1], n);
+    const tide_step_result report = step(next, kPolicies[1], n);
     EXPECT_EQ(report.gpu_subgroups, model.sizes.size());
   }
   EXPECT_EQ(tide_optimizer_destroy(next), TIDE_OK);
@@ -283,7 +284,7 @@ TEST(Guest, TheAllocatorKeepsEveryCallersContext) {
   });
   collector.join();
   EXPECT_EQ(tide_alloc_empty_cache(0), TIDE_OK);
-  tide_alloc_stats stats;
+  tide_alloc_stats stats = tide_alloc_stats_default();
   EXPECT_EQ(tide_alloc_get_stats(0, &stats), TIDE_OK);
   EXPECT_EQ(stats.allocated_bytes[0].current, 0u);
   EXPECT_TRUE(runtime.usable_here(runtime.context()));

@@ -30,7 +30,7 @@ TEST_F(AllocatorCapiTest, AllocAndFreeAsPyTorchCallsThem) {
   ASSERT_NE(p, nullptr);
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(tide_alloc(0, 0, nullptr), nullptr);
-  tide_alloc_stats s{};
+  tide_alloc_stats s = tide_alloc_stats_default();
   ASSERT_EQ(tide_alloc_get_stats(0, &s), TIDE_OK);
   EXPECT_EQ(s.allocated_bytes[0].current, 1024 + 5 * kMiB);
   EXPECT_EQ(s.requested_bytes[0].current, 1000 + 5 * kMiB);
@@ -56,12 +56,12 @@ TEST_F(AllocatorCapiTest, OutOfMemoryIsNullWithAMessageAndARecord) {
   EXPECT_EQ(tide_alloc(2 * total, 0, nullptr), nullptr);
   EXPECT_NE(std::string(tide::capi::last_error_text()).find("out of memory on device 0"),
             std::string::npos);
-  tide_alloc_oom oom{};
+  tide_alloc_oom oom = tide_alloc_oom_default();
   int found = 0;
   ASSERT_EQ(tide_alloc_last_oom(0, &oom, &found), TIDE_OK);
   EXPECT_EQ(found, 1);
   EXPECT_EQ(oom.requested_bytes, 2 * total);
-  tide_alloc_stats s{};
+  tide_alloc_stats s = tide_alloc_stats_default();
   ASSERT_EQ(tide_alloc_get_stats(0, &s), TIDE_OK);
   EXPECT_GE(s.num_ooms, 1u);
 }
@@ -71,7 +71,7 @@ TEST_F(AllocatorCapiTest, BadArgumentsAreInvalidArgumentErrors) {
   EXPECT_NE(std::string(tide::capi::last_error_text()).find("phase"), std::string::npos);
   EXPECT_EQ(tide_alloc_get_stats(0, nullptr), TIDE_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(tide_alloc_get_stats(99, nullptr), TIDE_ERROR_INVALID_ARGUMENT);
-  tide_alloc_stats s{};
+  tide_alloc_stats s = tide_alloc_stats_default();
   EXPECT_EQ(tide_alloc_get_stats(63, &s), TIDE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(tide::capi::last_error_text()).find("no device 63"), std::string::npos);
   EXPECT_EQ(tide_alloc_set_memory_fraction(0, 0.0), TIDE_ERROR_INVALID_ARGUMENT);
@@ -87,7 +87,7 @@ TEST_F(AllocatorCapiTest, HooksServePyTorchsOptionalCalls) {
   tide::driver::Stream other;
   tide_alloc_hook_record_stream(p, other.get());
   tide_free(p, 4 * kMiB, 0, nullptr);
-  tide_alloc_stats s{};
+  tide_alloc_stats s = tide_alloc_stats_default();
   ASSERT_EQ(tide_alloc_get_stats(0, &s), TIDE_OK);
   EXPECT_EQ(s.active_bytes[0].current, 4 * kMiB);  // awaiting the other stream's event
   other.synchronize();
@@ -123,7 +123,7 @@ TEST_F(AllocatorCapiTest, PhasesTimelineHeadroomAndExports) {
   EXPECT_EQ(last.detected, 0u);
   EXPECT_EQ(last.peak_live_bytes[0], 64 * kMiB);
   EXPECT_EQ(last.peak_live_bytes[2], 16 * kMiB);
-  tide_alloc_forecast f{};
+  tide_alloc_forecast f = tide_alloc_forecast_default();
   ASSERT_EQ(tide_alloc_headroom(0, &f), TIDE_OK);
   EXPECT_EQ(f.update_peak_bytes, 16 * kMiB);
   EXPECT_EQ(f.headroom_bytes, f.limit_bytes - f.update_peak_bytes - f.margin_bytes);

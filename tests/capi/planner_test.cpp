@@ -29,7 +29,7 @@ TEST(SchedulerCapi, PlansLikeThePlanner) {
 
   std::vector<uint8_t> device(sizes.size(), 9);
   std::vector<uint32_t> order(sizes.size(), 999);
-  tide_plan_summary summary{};
+  tide_plan_summary summary = tide_plan_summary_default();
   ASSERT_EQ(tide_plan(sizes.data(), sizes.size(), 48'000'000'000, &footprint, &rates, device.data(),
                       order.data(), &summary),
             TIDE_OK)
@@ -49,7 +49,7 @@ TEST(SchedulerCapi, PlansLikeThePlanner) {
     EXPECT_EQ(order[i], p.subgroups[i].position);
   }
   // NULL footprint and rates: the defaults.
-  tide_plan_summary defaults{};
+  tide_plan_summary defaults = tide_plan_summary_default();
   ASSERT_EQ(tide_plan(sizes.data(), sizes.size(), 48'000'000'000, nullptr, nullptr, device.data(),
                       order.data(), &defaults),
             TIDE_OK);
@@ -66,7 +66,7 @@ tide::planner::Plan planner_plan(const std::vector<uint64_t>& sizes,
   return tide::planner::plan(w, tide::planner::builtin_rates());
 }
 
-// tide_plan_ex says what tide_plan_footprint cannot: 8-bit moments (6 state bytes and the block
+// tide_plan says what tide_plan_footprint cannot: 8-bit moments (6 state bytes and the block
 // scales, the CPU update at its own rate), bf16 master weights, and the CPU update's measured
 // factor for the format.
 TEST(SchedulerCapi, PlanExPlansEveryStateFormat) {
@@ -74,16 +74,16 @@ TEST(SchedulerCapi, PlanExPlansEveryStateFormat) {
   const tide_rates rates = tide::capi::rates_to_c(tide::planner::builtin_rates());
   std::vector<uint8_t> device(sizes.size());
   std::vector<uint32_t> order(sizes.size());
-  auto plan_ex = [&](const tide_plan_footprint_ex* f, const tide_rates* r) {
-    tide_plan_summary summary{};
-    EXPECT_EQ(tide_plan_ex(sizes.data(), sizes.size(), 48'000'000'000, f, r, device.data(),
-                           order.data(), &summary),
+  auto plan_ex = [&](const tide_plan_footprint* f, const tide_rates* r) {
+    tide_plan_summary summary = tide_plan_summary_default();
+    EXPECT_EQ(tide_plan(sizes.data(), sizes.size(), 48'000'000'000, f, r, device.data(),
+                        order.data(), &summary),
               TIDE_OK)
         << tide::capi::last_error_text();
     return summary;
   };
-  tide_plan_footprint_ex ex = tide_plan_footprint_ex_default();
-  EXPECT_EQ(ex.struct_size, sizeof(tide_plan_footprint_ex));
+  tide_plan_footprint ex = tide_plan_footprint_default();
+  EXPECT_EQ(ex.struct_size, sizeof(tide_plan_footprint));
   EXPECT_EQ(ex.state_bytes_per_param, 12u);
   EXPECT_EQ(ex.weight_bytes_per_param, 2u);
   EXPECT_EQ(ex.cpu_update_factor, 0.0);
@@ -118,7 +118,7 @@ TEST(SchedulerCapi, PlanExPlansEveryStateFormat) {
   EXPECT_EQ(contended.phase_seconds, planner_plan(sizes, q8).predicted.phase_s);
   // A caller built against the first version passes a smaller struct: the field beyond it is
   // not read (the free factor for both).
-  ex.struct_size = offsetof(tide_plan_footprint_ex, cpu_update_contended_factor);
+  ex.struct_size = offsetof(tide_plan_footprint, cpu_update_contended_factor);
   q8.cpu_update_contended_factor = 0.5;
   EXPECT_EQ(plan_ex(&ex, &rates).phase_seconds, planner_plan(sizes, q8).predicted.phase_s);
   EXPECT_NE(contended.phase_seconds, plan_ex(&ex, &rates).phase_seconds);
@@ -126,13 +126,13 @@ TEST(SchedulerCapi, PlanExPlansEveryStateFormat) {
   tide::planner::Footprint master;
   master.weights_in_state = true;
   master.state_bytes_on_gpu = 2;
-  ex = tide_plan_footprint_ex_default();
+  ex = tide_plan_footprint_default();
   ex.bf16_master = 1;
   EXPECT_EQ(plan_ex(&ex, &rates).phase_seconds, planner_plan(sizes, master).predicted.phase_s);
 
-  // tide_plan is tide_plan_ex with the defaults beyond its fields.
+  // The default footprint is what a NULL one means.
   const tide_plan_footprint plain = tide_plan_footprint_default();
-  tide_plan_summary summary{};
+  tide_plan_summary summary = tide_plan_summary_default();
   ASSERT_EQ(tide_plan(sizes.data(), sizes.size(), 48'000'000'000, &plain, &rates, device.data(),
                       order.data(), &summary),
             TIDE_OK);
@@ -154,20 +154,20 @@ TEST(SchedulerCapi, PlanExTakesTheCalibrationFilesFactor) {
   const std::vector<uint64_t> sizes(4, 100'000'000);
   std::vector<uint8_t> device(sizes.size());
   std::vector<uint32_t> order(sizes.size());
-  tide_plan_footprint_ex ex = tide_plan_footprint_ex_default();
+  tide_plan_footprint ex = tide_plan_footprint_default();
   ex.state_bytes_per_param = 6;
   ex.quantized_moments = 1;
-  tide_plan_summary summary{};
-  ASSERT_EQ(tide_plan_ex(sizes.data(), sizes.size(), 0, &ex, nullptr, device.data(), order.data(),
-                         &summary),
-            TIDE_OK)
+  tide_plan_summary summary = tide_plan_summary_default();
+  ASSERT_EQ(
+      tide_plan(sizes.data(), sizes.size(), 0, &ex, nullptr, device.data(), order.data(), &summary),
+      TIDE_OK)
       << tide::capi::last_error_text();
   EXPECT_DOUBLE_EQ(summary.all_cpu_seconds, 4e8 / (0.8 * c.rates.cpu_update));
   // Given rates: the model's factor (0.35 for 8-bit moments), not the file's.
   const tide_rates rates = tide::capi::rates_to_c(c.rates);
-  ASSERT_EQ(tide_plan_ex(sizes.data(), sizes.size(), 0, &ex, &rates, device.data(), order.data(),
-                         &summary),
-            TIDE_OK);
+  ASSERT_EQ(
+      tide_plan(sizes.data(), sizes.size(), 0, &ex, &rates, device.data(), order.data(), &summary),
+      TIDE_OK);
   EXPECT_DOUBLE_EQ(summary.all_cpu_seconds,
                    4e8 / (tide::planner::Footprint::kQ8CpuUpdateFactor * c.rates.cpu_update));
   unsetenv("TIDE_CALIBRATION_FILE");
@@ -178,38 +178,38 @@ TEST(SchedulerCapi, PlanExRefusesWhatItCannotRead) {
   const uint64_t sizes[] = {100'000'000};
   uint8_t device[1];
   uint32_t order[1];
-  tide_plan_summary summary{};
+  tide_plan_summary summary = tide_plan_summary_default();
   const tide_rates rates = tide::capi::rates_to_c(tide::planner::builtin_rates());
-  auto refused = [&](const tide_plan_footprint_ex& ex, const std::string& why) {
-    EXPECT_EQ(tide_plan_ex(sizes, 1, 0, &ex, &rates, device, order, &summary),
+  auto refused = [&](const tide_plan_footprint& ex, const std::string& why) {
+    EXPECT_EQ(tide_plan(sizes, 1, 0, &ex, &rates, device, order, &summary),
               TIDE_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(tide::capi::last_error_text()).find(why), std::string::npos)
         << tide::capi::last_error_text();
   };
-  tide_plan_footprint_ex ex = tide_plan_footprint_ex_default();
-  ex.struct_size = sizeof(tide_plan_footprint_ex) + 8;  // built against a newer tide.h
+  tide_plan_footprint ex = tide_plan_footprint_default();
+  ex.struct_size = sizeof(tide_plan_footprint) + 8;  // built against a newer tide.h
   refused(ex, "struct_size");
-  ex.struct_size = sizeof(tide_plan_footprint);  // not a tide_plan_footprint_ex
+  ex.struct_size = 4;  // does not even cover struct_size
   refused(ex, "struct_size");
-  ex = tide_plan_footprint_ex_default();
+  ex = tide_plan_footprint_default();
   ex.quantized_moments = 1;
   ex.bf16_master = 1;
   refused(ex, "bf16 master weights with 8-bit moments");
-  ex = tide_plan_footprint_ex_default();
+  ex = tide_plan_footprint_default();
   ex.quantized_moments = 1;  // with 12 state bytes
   refused(ex, "6");
-  ex = tide_plan_footprint_ex_default();
+  ex = tide_plan_footprint_default();
   ex.cpu_update_factor = 1000;
   refused(ex, "cpu_update_factor");
   ex.cpu_update_factor = -0.5;
   refused(ex, "cpu_update_factor");
-  ex = tide_plan_footprint_ex_default();
+  ex = tide_plan_footprint_default();
   ex.cpu_update_contended_factor = 0.001;
   refused(ex, "cpu_update_contended_factor must be 0 (not measured) or from 0.01 to 100");
 }
 
 TEST(SchedulerCapi, BadArgumentsAreInvalidArgumentWithAMessage) {
-  tide_plan_summary summary{};
+  tide_plan_summary summary = tide_plan_summary_default();
   const uint64_t sizes[] = {100, 0};
   uint8_t device[2];
   uint32_t order[2];

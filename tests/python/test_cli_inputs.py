@@ -40,9 +40,9 @@ def test_tide_run_report_needs_a_path_not_the_separator(tide, tmp_path):
     ("TIDE_STACK_SAMPLE", "0", "an integer from 1 to 1000000000"),
     ("TIDE_PINNED_CHUNK", "1MiB", "a size from 4MiB to 1TiB"),
     ("TIDE_PLACEMENT", "k0", "auto, cpu, gpu, or an integer K >= 1"),
-    ("TIDE_STATE_DTYPE", "bf16", "float32 bfloat16 q8"),
-    ("TIDE_MASTER_DTYPE", "bf16", "float32 bfloat16"),
-    ("TIDE_STATE_ROUNDING", "Stochastic", "nearest stochastic"),
+    ("TIDE_STATE_DTYPE", "bf16", "float32, bfloat16 or q8"),
+    ("TIDE_MASTER_DTYPE", "bf16", "float32 or bfloat16"),
+    ("TIDE_STATE_ROUNDING", "Stochastic", "nearest or stochastic"),
 ])
 def test_tide_run_refuses_a_bad_knob_before_the_program_starts(tide, tmp_path, variable, value,
                                                               accepts):

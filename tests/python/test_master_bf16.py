@@ -1,5 +1,5 @@
 """bf16 master weights with compensation through the C ABI (tide.kernels.cpu_adam_step with
-param_comp; tide_cpu_adam_step_bf16_master): the weight is the pair w + c of bf16 values.
+param_comp; tide_cpu_adam_step with a bf16 master tide_state_format): the weight is the pair w + c of bf16 values.
 
 Reference: torch.optim.AdamW (foreach=False) on a float64 master, run from the same start with the
 same gradients. Compensated bf16 weights follow it to within a bound measured here; the same

@@ -541,7 +541,8 @@ def test_bad_arguments_and_knobs_are_clear_errors(monkeypatch):
         tt.AdamW(params(), amsgrad=True)
     with pytest.raises(ValueError, match="placement"):
         tt.AdamW(params(), placement="sometimes")
-    with pytest.raises(ValueError, match="placement K"):
+    with pytest.raises(ValueError, match="placement must be auto, cpu, gpu, or an integer K >= 1.*"
+                                         "got 0"):
         tt.AdamW(params(), placement=0)
     with pytest.raises(ValueError, match="subgroup_size"):
         tt.AdamW(params(), subgroup_size=0)

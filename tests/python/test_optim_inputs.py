@@ -205,7 +205,7 @@ def test_a_pinned_arena_knob_out_of_range_is_reported_under_its_name(repo):
 @pytest.mark.parametrize("dtype, kwargs, message", [
     (torch.float32, {"host_params": "yes"}, "host_params='yes'"),
     (torch.bfloat16, {"host_params": True}, "float32"),
-    (torch.float32, {"host_params": True, "state_dtype": "q8"}, "float32 or bfloat16 moments"),
+    (torch.float32, {"host_params": True, "state_dtype": "q8"}, "moments of float32 or bfloat16"),
 ])
 def test_host_params_it_cannot_honour_are_refused(dtype, kwargs, message):
     """host_params=True steps fp32 parameters in place as their own master weights: a bf16

@@ -401,7 +401,7 @@ def test_a_parameter_without_a_gradient_keeps_its_state():
 
 
 def test_the_kernel_api_takes_8bit_moments():
-    """tide.kernels.cpu_adam_step with uint8 moments and their scales (tide_cpu_adam_step_q8)
+    """tide.kernels.cpu_adam_step with uint8 moments and their scales (tide_cpu_adam_step with the scales in its tide_state_format)
     computes the optimizer's CPU step: the same bits from the same state."""
     g = torch.Generator().manual_seed(5)
     p = torch.nn.Parameter(torch.randn(1000, generator=g))

@@ -137,7 +137,7 @@ def test_the_kernel_refuses_other_moments():
 
 
 def test_the_kernel_rounds_by_global_index():
-    """tide.kernels (tide_cpu_adam_step_sr): a tensor stepped whole equals its two halves
+    """tide.kernels (tide_cpu_adam_step, stochastic rounding in its tide_state_format): a tensor stepped whole equals its two halves
     stepped with their first elements' global indices; the seed changes the bits."""
     n = 10_007
     g = torch.Generator().manual_seed(5)

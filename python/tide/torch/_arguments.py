@@ -6,29 +6,16 @@ that name the value given.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 
+from tide import _lib
 from tide.torch import _executor
 
 DEFAULT_SUBGROUP_SIZE = 1 << 24  # elements: 192 MiB of fp32 state (p, m, v) per GPU buffer
-_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
-
-def parse_count(name: str, text: str, minimum: int) -> int:
-    """A count such as 16777216 or 16M (binary multiples: K, M, G)."""
-    value = text.strip()
-    suffix = value[-1:].upper() if value[-1:].isalpha() else ""
-    digits = value[:-1] if suffix else value
-    if suffix not in _SIZE_SUFFIXES or not digits.isdigit():
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum}, optionally with a "
-                         f"K, M or G suffix (x1024, x1024^2, x1024^3), e.g. 16M")
-    count = int(digits) * _SIZE_SUFFIXES[suffix]
-    if count < minimum:
-        raise ValueError(f"{name}={text!r}: expected an integer >= {minimum} (elements)")
-    return count
+# TIDE_* knobs are parsed by tide (config/, through _lib.knob), never here.
 
 
 def subgroup_size(option: int | None) -> int:
@@ -36,49 +23,53 @@ def subgroup_size(option: int | None) -> int:
         if isinstance(option, bool) or not isinstance(option, int) or option < 1:
             raise ValueError(f"subgroup_size must be a positive integer, got {option!r}")
         return option
-    text = os.environ.get("TIDE_SUBGROUP_SIZE")
-    return parse_count("TIDE_SUBGROUP_SIZE", text, 1) if text else DEFAULT_SUBGROUP_SIZE
+    value = _lib.knob("TIDE_SUBGROUP_SIZE")
+    return value.integer if value.set else DEFAULT_SUBGROUP_SIZE
+
+
+_PLACEMENT_NAMES = {_executor.PLACEMENT_AUTO: "auto", _executor.PLACEMENT_CPU: "cpu",
+                    _executor.PLACEMENT_GPU: "gpu"}
 
 
 def placement(option: str | int | None) -> _executor.PlacementPolicy | None:
-    """None: TIDE_PLACEMENT (read by tide, strictly), else auto."""
+    """None: TIDE_PLACEMENT (read by tide, strictly, at each step), else auto. The argument is
+    parsed by tide as TIDE_PLACEMENT's values are."""
     if option is None:
         return None
-    if isinstance(option, int) and not isinstance(option, bool):
-        if option < 1:
-            raise ValueError(f"placement K must be >= 1, got {option}")
-        return _executor.policy(_executor.PLACEMENT_INTERLEAVE, option)
-    kinds = {"auto": _executor.PLACEMENT_AUTO, "cpu": _executor.PLACEMENT_CPU,
-             "gpu": _executor.PLACEMENT_GPU}
-    if isinstance(option, str):
-        if option in kinds:
-            return _executor.policy(kinds[option])
-        if option.isdigit() and int(option) >= 1:
-            return _executor.policy(_executor.PLACEMENT_INTERLEAVE, int(option))
-    raise ValueError(f"placement must be 'auto', 'cpu', 'gpu' or an integer K >= 1 (one GPU "
-                     f"subgroup every K), got {option!r}")
+    if isinstance(option, (str, int)) and not isinstance(option, bool):
+        try:
+            value = _lib.knob("TIDE_PLACEMENT", str(option))
+        except ValueError:
+            value = None
+        if value is not None and value.set:
+            return _executor.policy(value.choice, int(value.integer))
+    accepts = _lib.knob("TIDE_PLACEMENT", "auto").accepts.decode()
+    raise ValueError(f"placement must be {accepts} (one GPU subgroup every K), got {option!r}")
+
+
+def placement_name(policy: _executor.PlacementPolicy) -> str | int:
+    """'auto', 'cpu', 'gpu' or K: the policy a step ran under (its result says)."""
+    return _PLACEMENT_NAMES.get(policy.kind, policy.k)
 
 
 def placement_in_force(option: str | int | None) -> str | int:
-    """The policy a step ran under: 'auto', 'cpu', 'gpu' or K, from the argument, else
-    TIDE_PLACEMENT (which tide's executor read and accepted), else 'auto'."""
-    text = str(option) if option is not None else os.environ.get("TIDE_PLACEMENT") or "auto"
-    if text in ("auto", "cpu", "gpu"):
-        return text
-    return int(text.lstrip("kK"))
+    """The policy steps run under: the argument, else TIDE_PLACEMENT (as tide reads it), else
+    'auto'."""
+    policy = placement(option)
+    if policy is None:
+        value = _lib.knob("TIDE_PLACEMENT")
+        if not value.set:
+            return "auto"
+        policy = _executor.policy(value.choice, int(value.integer))
+    return placement_name(policy)
 
 
 def choice_knob(variable: str, choices: dict[str, Any], default: Any) -> Any:
-    """A TIDE_* variable that names one of `choices` (their values returned): unset or empty
-    gives `default`; anything else, spelled exactly, is a ValueError listing what it accepts."""
-    text = os.environ.get(variable)
-    if not text:
-        return default
-    if text not in choices:
-        names = list(choices)
-        accepted = ", ".join(names[:-1]) + " or " + names[-1]
-        raise ValueError(f"{variable}={text!r}: expected {accepted}")
-    return choices[text]
+    """A TIDE_* variable that names one of `choices` (their values returned, in the order tide
+    lists them), as tide reads it: unset or empty gives `default`; a bad value is a ValueError
+    with tide's message."""
+    value = _lib.knob(variable)
+    return list(choices.values())[value.choice] if value.set else default
 
 
 # "q8": 8-bit block-wise moments (_quant8), kept as torch.uint8 codes.

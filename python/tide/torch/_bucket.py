@@ -92,6 +92,7 @@ class Bucket:
         self.frozen: tuple[int, ...] = ()  # the parameters the executor leaves untouched
         self._views: list[dict[str, torch.Tensor]] | None = None
         self._moved = False  # a step ran since the views were made
+        self._moved_to: list | None = None  # where the step said the state is
         # 8-bit moments written (scatter) and not yet quantized (flush): per (subgroup, key), the
         # subgroup's fp32 values and which of its blocks were written.
         self._pending: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -138,15 +139,18 @@ class Bucket:
             self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
         elif self._moved:
             for i, views in enumerate(self._views):
-                b = self.executor.buffers(i)
+                b = self._moved_to[i] if self._moved_to else self.executor.buffers(i)
                 if b.exp_avg != views["exp_avg"].data_ptr():  # the slot moved as a whole
                     self._views[i] = self._subgroup_views(i, b)
         self._moved = False
+        self._moved_to = None
         return self._views
 
-    def state_moved(self) -> None:
-        """A step ran: a subgroup's state may be in another buffer now."""
+    def state_moved(self, buffers: list[_executor.SubgroupBuffers] | None = None) -> None:
+        """A step ran: a subgroup's state may be in another buffer now; `buffers`: where each
+        subgroup's is (the step's result said), else asked when needed."""
         self._moved = True
+        self._moved_to = buffers
 
     def drop_views(self) -> None:
         self._views = None
@@ -319,11 +323,18 @@ class Bucket:
 
     def set_frozen(self, frozen: list[int]) -> None:
         """The parameters (indices) the coming steps leave exactly as they are."""
-        key = tuple(sorted(frozen))
-        if key != self.frozen:
-            flags = [i in key for i, mine in enumerate(self.pieces) for _ in mine]
+        flags = self.frozen_flags(frozen)
+        if flags is not None:
             self.executor.set_frozen(flags)
-            self.frozen = key
+
+    def frozen_flags(self, frozen: list[int]) -> list[bool] | None:
+        """Per slice, frozen or not, for the executor, when `frozen` (parameter indices) is not
+        what it has (None when it is); from here it is what the bucket has."""
+        key = tuple(sorted(frozen))
+        if key == self.frozen:
+            return None
+        self.frozen = key
+        return [i in key for i, mine in enumerate(self.pieces) for _ in mine]
 
     def write_unwritten(self, outcome: list[int]) -> None:
         """The model's parameters of subgroups whose step completed without the device taking

@@ -18,10 +18,11 @@ from tide.kernels import AdamHyper
 c = ctypes
 
 PLACEMENT_AUTO, PLACEMENT_CPU, PLACEMENT_GPU, PLACEMENT_INTERLEAVE = 0, 1, 2, 3
-# tide_optimizer_step's statuses after the step ran (include/tide/tide.h), and the outcome of
-# each subgroup (tide_optimizer_last_outcome).
-PARAMS_NOT_WRITTEN, STEP_INCOMPLETE = 6, 7
+# How a step ended (tide_step_result.outcome), and each subgroup (its subgroup_outcome).
+COMPLETED, COMPLETED_AFTER_FAULT, NOT_HAPPENED, INCOMPLETE = 0, 1, 2, 3
 UPDATED, UNWRITTEN, NOT_UPDATED = 0, 1, 2
+# tide_step_request.flags: what the one step call does around the update phase.
+STEP_HEADROOM_FORECAST, STEP_MARK_PHASES, STEP_RELEASE_BUFFERS = 1, 2, 4
 
 
 class Rates(c.Structure):
@@ -35,8 +36,8 @@ class ParamSlice(c.Structure):
                 ("device_ptr", c.c_uint64)]
 
 
-class Options(c.Structure):
-    _fields_ = [("device", c.c_int32), ("grad_dtype", c.c_int32), ("param_dtype", c.c_int32),
+class Options(_lib.Versioned):
+    _fields_ = [("struct_size", c.c_size_t), ("device", c.c_int32), ("grad_dtype", c.c_int32), ("param_dtype", c.c_int32),
                 ("gradients_on_gpu", c.c_int32), ("max_buffers", c.c_uint64),
                 ("use_rates", c.c_int32), ("refine", c.c_int32), ("rates", Rates),
                 ("cpu_threads", c.c_int32), ("state_dtype", c.c_int32),
@@ -52,16 +53,30 @@ class PlacementPolicy(c.Structure):
     _fields_ = [("kind", c.c_int32), ("k", c.c_int32)]
 
 
-class PhaseReport(c.Structure):
-    _fields_ = [(name, c.c_double) for name in (
-        "seconds", "predicted_seconds", "all_cpu_seconds", "cpu_busy_seconds")] + [
+class StepRequest(_lib.Versioned):
+    _fields_ = [("struct_size", c.c_size_t), ("hyper", AdamHyper),
+                ("policy", c.POINTER(PlacementPolicy)), ("headroom_bytes", c.c_uint64),
+                ("flags", c.c_uint32), ("frozen", c.POINTER(c.c_uint8)),
+                ("frozen_count", c.c_size_t)]
+
+
+class StepResult(_lib.Versioned):
+    """tide_step_result: how one step ended, and what it did."""
+    _fields_ = [("struct_size", c.c_size_t), ("outcome", c.c_int32), ("status", c.c_int32),
+                ("reason", c.c_char_p), ("subgroup_outcome", c.POINTER(c.c_uint8)),
+                ("plan_device", c.POINTER(c.c_uint8)),
+                ("buffers", c.POINTER(SubgroupBuffers)), ("placement", PlacementPolicy),
+                ("headroom_bytes", c.c_uint64)] + [
+        (name, c.c_double) for name in (
+            "seconds", "predicted_seconds", "all_cpu_seconds", "cpu_busy_seconds")] + [
         (name, c.c_uint64) for name in (
-            "gpu_subgroups", "cpu_subgroups", "fallback_subgroups", "gpu_params", "buffers",
-            "nonfinite", "headroom_cap", "rolled_forward", "unwritten", "not_updated")]
+            "gpu_subgroups", "cpu_subgroups", "fallback_subgroups", "gpu_params",
+            "buffers_in_flight", "gpu_bytes", "nonfinite", "headroom_cap", "rolled_forward",
+            "unwritten", "not_updated")]
 
 
-class PlanSummary(c.Structure):
-    _fields_ = [(name, c.c_double) for name in (
+class PlanSummary(_lib.Versioned):
+    _fields_ = [("struct_size", c.c_size_t)] + [(name, c.c_double) for name in (
         "phase_seconds", "cpu_side_seconds", "gpu_side_seconds", "all_cpu_seconds")] + [
         (name, c.c_uint64) for name in ("buffers", "buffer_bytes", "gpu_bytes")] + [
         ("optimal", c.c_int)]
@@ -78,9 +93,10 @@ def _cdll() -> c.CDLL:
             p = c.POINTER
             opt = c.c_void_p
             for name, argtypes in {
-                "tide_optimizer_options_default": [p(Options)],
+                "tide_optimizer_options_init": [p(Options)],
+                "tide_optimizer_options_check": [p(Options)],
                 "tide_optimizer_create": [p(c.c_uint64), c.c_size_t, p(ParamSlice), c.c_size_t,
-                                          p(Options), p(opt)],
+                                          p(Options), c.c_void_p, p(opt)],
                 "tide_optimizer_destroy": [opt],
                 "tide_optimizer_buffers": [opt, c.c_size_t, p(SubgroupBuffers)],
                 "tide_optimizer_q8_scales": [opt, c.c_size_t, p(c.c_void_p), p(c.c_void_p),
@@ -93,12 +109,10 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_grad_stats": [opt, p(c.c_double), p(c.c_uint64)],
                 "tide_optimizer_prepare": [opt, p(PlacementPolicy), c.c_uint64],
                 "tide_optimizer_ready": [opt, p(AdamHyper)],
-                "tide_optimizer_last_outcome": [opt, p(c.c_uint8), c.c_size_t],
                 "tide_optimizer_write_params": [opt],
                 "tide_optimizer_set_frozen": [opt, p(c.c_uint8), c.c_size_t],
                 "tide_optimizer_set_gradients": [opt, p(c.c_uint64), c.c_size_t],
-                "tide_optimizer_step": [opt, p(AdamHyper), p(PlacementPolicy), c.c_uint64,
-                                        p(PhaseReport)],
+                "tide_optimizer_step": [opt, p(StepRequest), p(StepResult)],
                 "tide_optimizer_release_buffers": [opt],
                 "tide_optimizer_last_plan": [opt, p(c.c_uint8), p(c.c_uint32), p(PlanSummary)],
                 "tide_optimizer_rates": [opt, p(Rates)],
@@ -117,6 +131,32 @@ def _ref(value: c.Structure | None) -> Any:
 
 def policy(kind: int, k: int = 0) -> PlacementPolicy:
     return PlacementPolicy(kind, k)
+
+
+def options(*, device: int = 0, dtype: int = 1, cpu_threads: int = 0,
+            gradients_on_gpu: bool = False, state_dtype: int = 0, master_dtype: int = 0,
+            host_params: bool = False) -> Options:
+    """tide_optimizer_options: tide's defaults, then these."""
+    out = Options()
+    _lib.check(_cdll().tide_optimizer_options_init(c.byref(out)))
+    out.device = device
+    out.grad_dtype = dtype
+    out.param_dtype = dtype
+    out.cpu_threads = cpu_threads
+    out.gradients_on_gpu = int(gradients_on_gpu)
+    out.state_dtype = state_dtype
+    out.master_dtype = master_dtype
+    out.host_params = int(host_params)
+    return out
+
+
+def check_options(given: Options) -> None:
+    """The rules between the options' fields, checked by tide (tide_optimizer_options_check):
+    ValueError with tide's message when they do not go together."""
+    status = _cdll().tide_optimizer_options_check(c.byref(given))
+    if status == _lib.TIDE_ERROR_INVALID_ARGUMENT:
+        raise ValueError(_lib.lib().tide_last_error().decode())
+    _lib.check(status)
 
 
 class _Native:
@@ -184,21 +224,14 @@ class Executor:
                  device: int, dtype: int, cpu_threads: int = 0, gradients_on_gpu: bool = False,
                  state_dtype: int = 0, master_dtype: int = 0, host_params: bool = False):
         lib = _cdll()
-        options = Options()
-        _lib.check(lib.tide_optimizer_options_default(c.byref(options)))
-        options.device = device
-        options.grad_dtype = dtype
-        options.param_dtype = dtype
-        options.cpu_threads = cpu_threads
-        options.gradients_on_gpu = int(gradients_on_gpu)
-        options.state_dtype = state_dtype
-        options.master_dtype = master_dtype
-        options.host_params = int(host_params)
+        given = options(device=device, dtype=dtype, cpu_threads=cpu_threads,
+                        gradients_on_gpu=gradients_on_gpu, state_dtype=state_dtype,
+                        master_dtype=master_dtype, host_params=host_params)
         sizes = (c.c_uint64 * len(subgroup_params))(*subgroup_params)
         placed = (ParamSlice * len(slices))(*[ParamSlice(*s) for s in slices])
         handle = c.c_void_p()
         _lib.check(lib.tide_optimizer_create(sizes, len(subgroup_params), placed, len(slices),
-                                             c.byref(options), c.byref(handle)))
+                                             c.byref(given), None, c.byref(handle)))
         self._native = _Native(lib, handle)
         self._handle = handle
         self._lib = lib
@@ -280,23 +313,34 @@ class Executor:
         """What the step needs before it can change anything (raises: nothing changed)."""
         _lib.check(self._lib.tide_optimizer_ready(self._handle, c.byref(hyper)))
 
-    def step(self, hyper: AdamHyper, placement: PlacementPolicy | None,
-             headroom_bytes: int) -> tuple[PhaseReport, str]:
-        """placement None: TIDE_PLACEMENT, else auto. Raises only when the step did not happen;
-        otherwise returns the report and tide's message about a fault it handled ("": none).
-        report.unwritten / report.not_updated say what outcome() details."""
-        report = PhaseReport()
-        status = self._lib.tide_optimizer_step(self._handle, c.byref(hyper), _ref(placement),
-                                               headroom_bytes, c.byref(report))
-        if status not in (_lib.TIDE_OK, PARAMS_NOT_WRITTEN, STEP_INCOMPLETE):
-            _lib.check(status)
-        return report, self._lib.tide_last_error().decode()
-
-    def outcome(self) -> list[int]:
-        """Per subgroup, how the last step ended for it: UPDATED, UNWRITTEN or NOT_UPDATED."""
-        out = (c.c_uint8 * self.subgroups)()
-        _lib.check(self._lib.tide_optimizer_last_outcome(self._handle, out, self.subgroups))
-        return list(out)
+    def step(self, hyper: AdamHyper, placement: PlacementPolicy | None, headroom_bytes: int, *,
+             flags: int = 0, frozen: list[bool] | None = None) -> StepResult:
+        """One step in one call (tide_optimizer_step): placement None: TIDE_PLACEMENT, else
+        auto; `flags` STEP_*; `frozen` per slice, set first (None: as before). Raises only when
+        the step did not happen; otherwise returns its result, whose subgroup_outcome,
+        plan_device and buffers arrays (one element per subgroup) are filled."""
+        request = StepRequest(hyper=hyper, headroom_bytes=headroom_bytes, flags=flags)
+        if placement is not None:
+            request.policy = c.pointer(placement)
+        if frozen is not None:
+            flags_array = (c.c_uint8 * len(frozen))(*[1 if f else 0 for f in frozen])
+            request.frozen = c.cast(flags_array, c.POINTER(c.c_uint8))
+            request.frozen_count = len(frozen)
+        result = StepResult()
+        outcome = (c.c_uint8 * self.subgroups)()
+        device = (c.c_uint8 * self.subgroups)()
+        buffers = (SubgroupBuffers * self.subgroups)()
+        result.subgroup_outcome = c.cast(outcome, c.POINTER(c.c_uint8))
+        result.plan_device = c.cast(device, c.POINTER(c.c_uint8))
+        result.buffers = c.cast(buffers, c.POINTER(SubgroupBuffers))
+        status = self._lib.tide_optimizer_step(self._handle, c.byref(request), c.byref(result))
+        _lib.check(status)
+        # The arrays outlive the call with the result.
+        result.outcome_list = list(outcome)
+        result.device_list = list(device)
+        result.buffer_list = list(buffers)
+        result.reason_text = (result.reason or b"").decode()
+        return result
 
     def write_params(self) -> None:
         _lib.check(self._lib.tide_optimizer_write_params(self._handle))

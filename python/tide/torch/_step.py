@@ -33,50 +33,59 @@ class BucketStep:
 
 
 def run(steps: list[BucketStep], policy: _executor.PlacementPolicy | None,
-        committed: Callable[[BucketStep], None]) -> tuple[list[dict[str, Any]], list[Exception]]:
+        committed: Callable[[BucketStep], None], flags: int = 0
+        ) -> tuple[list[dict[str, Any]], list[Exception]]:
     """The step of every bucket in `steps`. `committed(s)` is called as soon as bucket s's state
-    holds the step. Returns, per bucket, its report, where each subgroup ran, the headroom and
+    holds the step. `flags` (_executor.STEP_*, one bucket only): what its step call does around
+    the update phase. Returns, per bucket, its result, where each subgroup ran, the headroom and
     the GPU bytes its plan used; and the errors to raise once every bucket ran."""
-    for s in steps:
-        s.bucket.set_frozen(s.frozen)
-        s.bucket.executor.ready(s.hyper)
-    # From here the step completes.
+    if len(steps) > 1:
+        # Every bucket ready before any changes, so that they fail or succeed together; one
+        # bucket's step call does it itself.
+        for s in steps:
+            s.bucket.set_frozen(s.frozen)
+            s.bucket.executor.ready(s.hyper)
+        frozen = [None] * len(steps)
+    else:
+        frozen = [s.bucket.frozen_flags(s.frozen) for s in steps]
+    # From here the step completes (one bucket: once its call returns).
     problems: list[Exception] = []
-    return [_step_bucket(s, policy, committed, problems) for s in steps], problems
+    return [_step_bucket(s, policy, committed, problems, flags, f)
+            for s, f in zip(steps, frozen)], problems
 
 
 def _step_bucket(s: BucketStep, policy: _executor.PlacementPolicy | None,
-                 committed: Callable[[BucketStep], None],
-                 problems: list[Exception]) -> dict[str, Any]:
+                 committed: Callable[[BucketStep], None], problems: list[Exception], flags: int,
+                 frozen: list[bool] | None) -> dict[str, Any]:
     bucket = s.bucket
     try:
-        report, message = bucket.executor.step(s.hyper, policy, s.headroom)
-    finally:
-        bucket.state_moved()  # its state may be in other buffers now (executor.h)
+        result = bucket.executor.step(s.hyper, policy, s.headroom, flags=flags, frozen=frozen)
+    except Exception:
+        bucket.state_moved()  # not happened: where the state is, asked again when needed
+        raise
+    bucket.state_moved(result.buffer_list)  # its state may be in other buffers now (executor.h)
     # The step counts advance with the committed state, and only then.
     bucket.step += 1
     committed(s)
     known = len(problems)
-    if report.unwritten or report.not_updated:
-        outcome = bucket.executor.outcome()
-        if report.unwritten:
-            try:
-                bucket.write_unwritten(outcome)
-            except Exception as error:  # noqa: BLE001 (a failed GPU: said below)
-                problems.append(RuntimeError(
-                    "tide: the optimizer step completed (the optimizer state holds it: "
-                    "state_dict() can be saved), but the model's parameters could not be "
-                    f"written: {message}; and with torch: {error}"))
-        if report.not_updated:
-            problems.append(StepIncompleteError(
-                f"tide: {report.not_updated} of {len(bucket.sizes)} subgroups could not be "
-                f"updated ({message}): the optimizer state is inconsistent; restore the "
-                "last checkpoint"))
+    message = result.reason_text
+    if result.unwritten:
+        try:
+            bucket.write_unwritten(result.outcome_list)
+        except Exception as error:  # noqa: BLE001 (a failed GPU: said below)
+            problems.append(RuntimeError(
+                "tide: the optimizer step completed (the optimizer state holds it: "
+                "state_dict() can be saved), but the model's parameters could not be "
+                f"written: tide_optimizer_step: {message}; and with torch: {error}"))
+    if result.outcome == _executor.INCOMPLETE:
+        problems.append(StepIncompleteError(
+            f"tide: {result.not_updated} of {len(bucket.sizes)} subgroups could not be "
+            f"updated (tide_optimizer_step: {message}): the optimizer state is inconsistent; "
+            "restore the last checkpoint"))
     if message and len(problems) == known:
         # Completed exactly, after a fault it handled.
-        warnings.warn(f"tide: {message}", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"tide: tide_optimizer_step: {message}", RuntimeWarning, stacklevel=4)
     for i in range(len(bucket.params)):
         bucket.versions[i] = bucket.version(i)
-    placed, summary = bucket.executor.last_plan()
-    return {"report": report, "devices": placed, "headroom": s.headroom,
-            "gpu_bytes": summary.gpu_bytes}
+    return {"report": result, "devices": result.device_list, "headroom": result.headroom_bytes,
+            "gpu_bytes": result.gpu_bytes}

@@ -79,10 +79,10 @@ class Stat(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("current", "peak", "allocated", "freed")]
 
 
-class Stats(ctypes.Structure):
+class Stats(_lib.Versioned):
     """tide_alloc_stats."""
 
-    _fields_ = [(name, Stat * 3) for name in _STATS] + [
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, Stat * 3) for name in _STATS] + [
         ("inactive_split_bytes", ctypes.c_uint64 * 3),
         ("inactive_split", ctypes.c_uint64 * 3),
     ] + [
@@ -116,24 +116,24 @@ class Iteration(ctypes.Structure):
     ]
 
 
-class Forecast(ctypes.Structure):
+class Forecast(_lib.Versioned):
     """tide_alloc_forecast."""
 
-    _fields_ = [(name, ctypes.c_uint64)
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_uint64)
                 for name in ("headroom_bytes", "update_peak_bytes", "limit_bytes", "margin_bytes")
                 ] + [("iterations", ctypes.c_int32), ("detected", ctypes.c_int32),
                      ("held_headroom_bytes", ctypes.c_uint64),
                      ("iteration_peak_bytes", ctypes.c_uint64)]
 
 
-class Oom(ctypes.Structure):
+class Oom(_lib.Versioned):
     """tide_alloc_oom."""
 
-    _fields_ = [(name, ctypes.c_uint64)
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_uint64)
                 for name in ("t_ns", "requested_bytes", "block_bytes", "live_bytes",
                              "reserved_bytes", "limit_bytes", "device_free_bytes",
                              "device_total_bytes", "largest_free_block")
-                ] + [("limit_reached", ctypes.c_uint32), ("reserved_field", ctypes.c_uint32)]
+                ] + [("limit_reached", ctypes.c_uint32)]
 
 
 def _lib_declared() -> ctypes.CDLL:
@@ -435,7 +435,7 @@ def last_oom(device: Any = None) -> dict[str, int] | None:
                                                ctypes.byref(found)))
     if not found.value:
         return None
-    return {name: getattr(o, name) for name, _ in Oom._fields_ if name != "reserved_field"}
+    return {name: getattr(o, name) for name, _ in Oom._fields_ if name != "struct_size"}
 
 
 def export_timeline(path: str | os.PathLike, device: Any = None) -> None:

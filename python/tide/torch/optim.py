@@ -40,7 +40,8 @@ from typing import Any, Callable, Iterable
 import torch
 
 from tide import _lib, kernels
-from tide.torch import _arguments, _checkpoint, _distributed, _runtime, _step, allocator
+from tide.torch import (_arguments, _checkpoint, _distributed, _executor, _runtime, _step,
+                        allocator)
 from tide.torch._bucket import TIDE_DTYPES, Bucket, release
 from tide.torch._offload import GradientOffload
 from tide.torch._state import StateEntries
@@ -55,6 +56,13 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _quant8_or_dtype(state_dtype: torch.dtype) -> int:
+    """tide_optimizer_options.state_dtype of the moments' torch dtype (uint8: 8-bit moments)."""
+    if state_dtype == torch.uint8:
+        return kernels.STATE_BLOCK_Q8
+    return kernels.BFLOAT16 if state_dtype == torch.bfloat16 else kernels.FLOAT32
 
 
 class AdamW(torch.optim.Optimizer):
@@ -169,10 +177,13 @@ class AdamW(torch.optim.Optimizer):
         if host_params not in (None, True, False):
             raise ValueError(f"tide: host_params={host_params!r}; it accepts None (automatic), "
                              "True or False")
-        if host_params and self._master_dtype == torch.bfloat16:
-            raise ValueError("tide: host_params=True and master_dtype=torch.bfloat16 do not go "
-                             "together: host-resident parameters are float32 and their own master "
-                             "weights, bf16 master weights need bfloat16 parameters")
+        # The rules between the state's formats are tide's (tide_optimizer_options_check):
+        # asked here, before any parameter is placed, with what the arguments say.
+        _executor.check_options(_executor.options(
+            dtype=kernels.FLOAT32 if host_params else kernels.BFLOAT16,
+            state_dtype=_quant8_or_dtype(self._state_dtype),
+            master_dtype=kernels.BFLOAT16 if self._master_dtype == torch.bfloat16
+            else kernels.FLOAT32, host_params=bool(host_params)))
         self._host_params = host_params
         self._cpu = _runtime.cpu_mode()
         if self._cpu:
@@ -237,11 +248,15 @@ class AdamW(torch.optim.Optimizer):
                     "sharded parameters (MixedPrecisionPolicy(param_dtype=torch.bfloat16) for "
                     "bf16 compute)")
         if host and self._master_dtype == torch.bfloat16:
-            raise ValueError(
-                "tide: master_dtype=torch.bfloat16 with a float32 parameter in host memory (an "
-                "FSDP2 CPUOffloadPolicy shard, stepped where it is as its own fp32 master: "
-                "host_params): bf16 master weights need bfloat16 parameters; use "
-                "master_dtype=torch.float32 here")
+            try:
+                _executor.check_options(_executor.options(
+                    dtype=kernels.FLOAT32, master_dtype=kernels.BFLOAT16, host_params=True))
+            except ValueError as error:
+                raise ValueError(
+                    "tide: a float32 parameter in host memory (an FSDP2 CPUOffloadPolicy shard, "
+                    "stepped where it is as its own fp32 master: host_params) with "
+                    f"master_dtype=torch.bfloat16: {error}; use master_dtype=torch.float32 "
+                    "here") from None
         if self._cpu:
             if not on_cpu:
                 raise ValueError(f"tide: CPU mode (no GPU) needs CPU parameters, got {p.device}")
@@ -432,7 +447,7 @@ class AdamW(torch.optim.Optimizer):
         """GPU memory the update phase may use; with `held`, what may be allocated now and held
         through the coming forward and backward passes to the update phase (the gradients a
         prepared plan keeps on the GPU): it must fit at their peak, not only at the update's."""
-        if self._cpu or allocator.is_using_allocator():
+        if self._forecast_headroom():
             forecast = allocator.headroom(device)
             return forecast["held_headroom_bytes" if held else "headroom_bytes"]
         free, _ = torch.cuda.mem_get_info(device)
@@ -443,6 +458,10 @@ class AdamW(torch.optim.Optimizer):
         # PyTorch's cache keeps what its passes reserved: what it may still grow by comes off.
         growth = torch.cuda.max_memory_reserved(device) - torch.cuda.memory_reserved(device)
         return max(0, int(free * 0.9) - max(0, growth))
+
+    def _forecast_headroom(self) -> bool:
+        """Whether the headroom is tide's allocator's forecast (else: the driver's free memory)."""
+        return self._cpu or allocator.is_using_allocator()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
@@ -467,11 +486,15 @@ class AdamW(torch.optim.Optimizer):
         t_start = time.monotonic_ns()
         buckets = self._stepped_buckets()
         devices = sorted({self._device_of(b) for b in buckets})
-        for device in devices:
-            allocator.mark_phase("update", device)
+        # One bucket, stepped: its one step call marks the phases and releases the buffers
+        # (tide_step_request.flags), so that a step crosses into tide once.
+        fuse = len(buckets) == 1 and len(self._buckets) == 1
+        if not fuse:
+            for device in devices:
+                allocator.mark_phase("update", device)
         self._take_state_writes()
         try:
-            reports, problems, headroom, skipped = self._update(devices, buckets)
+            reports, problems, headroom, skipped = self._update(devices, buckets, fuse)
             if not skipped:
                 self._empty_shards.advance(self.state)
         finally:
@@ -481,11 +504,14 @@ class AdamW(torch.optim.Optimizer):
         self._gradients.release_gradients()
         # The step is over: what follows only tidies up and must not make it look undone.
         try:
-            if not self._keep_buffers:
-                for bucket in self._buckets:
-                    bucket.executor.release_buffers()
-            for device in devices:
-                allocator.mark_phase("end", device)
+            if not (fuse and reports):  # else the step call did it
+                if not self._keep_buffers:
+                    for bucket in self._buckets:
+                        bucket.executor.release_buffers()
+                for device in devices:
+                    if fuse:
+                        allocator.mark_phase("update", device)  # no step call marked it
+                    allocator.mark_phase("end", device)
         except _lib.TideError as error:
             warnings.warn(f"tide: after the step: {error}", RuntimeWarning, stacklevel=2)
         self._record(reports, skipped, t_start, time.monotonic_ns(), headroom)
@@ -493,10 +519,11 @@ class AdamW(torch.optim.Optimizer):
             raise problems[0]
         return loss
 
-    def _update(self, devices: list[int], buckets: list[Bucket]
+    def _update(self, devices: list[int], buckets: list[Bucket], fuse: bool
                 ) -> tuple[list[dict[str, Any]], list[Exception], dict[int, int], bool]:
         """The update phase of step() for `buckets` on `devices`: (per bucket reports, errors to
-        raise after the step, headroom per device, whether GradScaler skipped it)."""
+        raise after the step, headroom per device, whether GradScaler skipped it). `fuse`: one
+        bucket, whose step call does what is around the update phase too."""
         found_inf = getattr(self, "found_inf", None)
         grad_scale = getattr(self, "grad_scale", None)
         # scaler.step hands found_inf without grad_scale when scaler.unscale_ ran: it changed
@@ -513,7 +540,16 @@ class AdamW(torch.optim.Optimizer):
         headroom: dict[int, int] = {}
         problems: list[Exception] = []
         if not skipped:
-            headroom = {device: self._headroom(device) for device in devices}
+            flags = 0
+            if fuse:
+                flags = _executor.STEP_MARK_PHASES
+                if not self._keep_buffers:
+                    flags |= _executor.STEP_RELEASE_BUFFERS
+            if fuse and self._forecast_headroom():
+                flags |= _executor.STEP_HEADROOM_FORECAST  # the step call reads it
+                headroom = {device: 0 for device in devices}
+            else:
+                headroom = {device: self._headroom(device) for device in devices}
             no_grad: dict[int, list[int]] = {}
             for bucket, i in missing:
                 no_grad.setdefault(id(bucket), []).append(i)
@@ -527,7 +563,10 @@ class AdamW(torch.optim.Optimizer):
                     continue  # as torch: parameters without a gradient are not updated at all
                 steps.append(_step.BucketStep(bucket, frozen, self._hyper(bucket, scale),
                                               headroom[self._device_of(bucket)]))
-            reports, problems = _step.run(steps, self._policy, self._committed)
+            reports, problems = _step.run(steps, self._policy, self._committed,
+                                          flags if len(steps) == 1 else 0)
+            for r, s in zip(reports, steps):
+                headroom[self._device_of(s.bucket)] = r["headroom"]
         else:
             # Nothing is updated, but the offloads must be over before the gradients may go.
             for bucket in buckets:
@@ -558,7 +597,8 @@ class AdamW(torch.optim.Optimizer):
         stat = {
             "step": len(self.stats) + 1,
             "skipped": skipped,
-            "placement": _arguments.placement_in_force(self._placement_option),
+            "placement": _arguments.placement_name(ran[0]["report"].placement) if ran
+            else _arguments.placement_in_force(self._placement_option),
             "gpu_subgroups": sum(r["report"].gpu_subgroups for r in ran),
             "cpu_subgroups": sum(r["report"].cpu_subgroups for r in ran),
             "fallback_subgroups": sum(r["report"].fallback_subgroups for r in ran),
@@ -567,7 +607,7 @@ class AdamW(torch.optim.Optimizer):
             "predicted_seconds": sum(r["report"].predicted_seconds for r in ran),
             "all_cpu_seconds": sum(r["report"].all_cpu_seconds for r in ran),
             "cpu_busy_seconds": sum(r["report"].cpu_busy_seconds for r in ran),
-            "buffers": max((r["report"].buffers for r in ran), default=0),
+            "buffers": max((r["report"].buffers_in_flight for r in ran), default=0),
             # GPU memory the update phase's plans used (buffers, kept gradients): carved from
             # tide's allocator when it is in use (its timeline's live bytes include it, its
             # update-phase peaks leave it out), from the driver otherwise.

@@ -39,7 +39,7 @@ class TorchContractTest : public ::testing::Test {
 };
 
 std::uint64_t allocated_now(tide_status (*get_stats)(int, tide_alloc_stats*)) {
-  tide_alloc_stats s{};
+  tide_alloc_stats s = tide_alloc_stats_default();
   EXPECT_EQ(get_stats(0, &s), TIDE_OK);
   return s.allocated_bytes[0].current;
 }
