@@ -225,7 +225,7 @@ def tokens(source: str):
                 not source[i:i + 2].startswith("};"):
             i += 1  # the closing brace of extern "C"
         else:
-            depth, j = 0, i
+            depth, j, opened = 0, i, -1
             while j < n:
                 if source.startswith("/*", j):
                     j = source.index("*/", j) + 2
@@ -233,8 +233,13 @@ def tokens(source: str):
                 ch = source[j]
                 if ch == "{":
                     depth += 1
+                    opened = j if opened < 0 else opened
                 elif ch == "}":
                     depth -= 1
+                    # A function's definition (static inline initializers) ends with its body.
+                    if depth == 0 and "(" in source[i:opened] and \
+                            not source[i:opened].lstrip().startswith("typedef"):
+                        break
                 elif ch == ";" and depth <= 0:
                     break
                 j += 1
