@@ -68,7 +68,8 @@ namespace tide::driver {
   X(cuMemRelease, "cuMemRelease", false)                                   \
   X(cuMemMap, "cuMemMap", false)                                           \
   X(cuMemUnmap, "cuMemUnmap", false)                                       \
-  X(cuMemSetAccess, "cuMemSetAccess", false)
+  X(cuMemSetAccess, "cuMemSetAccess", false)                               \
+  X(cuPointerGetAttribute, "cuPointerGetAttribute", false)
 
 struct CudaApi {
 // NOLINTNEXTLINE(bugprone-macro-parentheses): `name` is a declarator, not an expression

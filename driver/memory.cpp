@@ -65,4 +65,12 @@ void copy_to_host(void* dst, CUdeviceptr src, std::size_t bytes) {
   TIDE_CU(cuMemcpyDtoH, dst, src, bytes);
 }
 
+bool host_addressable(CUdeviceptr ptr) {
+  if (cuda().cuPointerGetAttribute == nullptr) return false;
+  unsigned type = 0;
+  const CUresult r = cuda().cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr);
+  if (r == CUDA_ERROR_INVALID_VALUE) return true;  // not the driver's: ordinary host memory
+  return r == CUDA_SUCCESS && type == CU_MEMORYTYPE_HOST;
+}
+
 }  // namespace tide::driver

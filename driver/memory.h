@@ -56,4 +56,10 @@ void copy_to_device(CUdeviceptr dst, const void* src, std::size_t bytes);
 void fill_zero_async(CUdeviceptr dst, std::size_t bytes, const Stream& s);
 void copy_to_host(void* dst, CUdeviceptr src, std::size_t bytes);
 
+// Whether `ptr` is host memory the CPU writes directly: page-locked host memory, or ordinary
+// memory the driver does not know (a device addresses it through HMM/ATS, as the stand-in's CPU
+// mode does with CPU tensors). False for device and managed memory, or when the driver cannot
+// say. Needs the device's context current.
+bool host_addressable(CUdeviceptr ptr);
+
 }  // namespace tide::driver

@@ -1,10 +1,22 @@
 #include "runtime/device_params.h"
 
+#include <cstring>
 #include <stdexcept>
 
 #include "driver/memory.h"
 
 namespace tide::runtime {
+
+DeviceParams::DeviceParams(OptimizerState& state, const FrozenSlices& frozen,
+                           const driver::PrimaryContext& context, unsigned cpu_threads)
+    : state_(state), frozen_(frozen), context_(context), cpu_threads_(cpu_threads) {
+  host_.assign(state.size(), 1);
+  for (std::size_t s = 0; s < state.size(); ++s) {
+    for (const ParamSlice& slice : state.spec(s).slices) {
+      if (!driver::host_addressable(slice.device_ptr)) host_[s] = 0;
+    }
+  }
+}
 
 void DeviceParams::set_gradient(std::size_t, std::size_t, const void*) {
   throw std::logic_error("tide: executor: host gradients need host-resident parameters");
@@ -69,8 +81,13 @@ void DeviceParams::write(std::size_t s) const {
   const std::vector<ParamSlice>& slices = state_.spec(s).slices;
   for (std::size_t k = 0; k < slices.size(); ++k) {
     if (frozen_.frozen(s, k)) continue;
-    driver::copy_to_device(slices[k].device_ptr, src + slices[k].offset * size,
-                           slices[k].count * size);
+    if (host_[s]) {
+      std::memcpy(reinterpret_cast<void*>(slices[k].device_ptr), src + slices[k].offset * size,
+                  slices[k].count * size);
+    } else {
+      driver::copy_to_device(slices[k].device_ptr, src + slices[k].offset * size,
+                             slices[k].count * size);
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 // model's device parameters, frozen slices never.
 #pragma once
 
+#include <vector>
+
 #include "driver/context.h"
 #include "runtime/frozen_slices.h"
 #include "runtime/model_params.h"
@@ -13,9 +15,9 @@ namespace tide::runtime {
 class DeviceParams final : public ModelParams {
  public:
   // `cpu_threads`: of the cast write() makes (0: the whole pool).
+  // Needs the device's context current (it asks the driver where each slice is).
   DeviceParams(OptimizerState& state, const FrozenSlices& frozen,
-               const driver::PrimaryContext& context, unsigned cpu_threads)
-      : state_(state), frozen_(frozen), context_(context), cpu_threads_(cpu_threads) {}
+               const driver::PrimaryContext& context, unsigned cpu_threads);
 
   void set_gradient(std::size_t subgroup, std::size_t slice, const void* grad) override;
   const void* gradient(std::size_t, std::size_t) const override { return nullptr; }
@@ -28,6 +30,7 @@ class DeviceParams final : public ModelParams {
   bool updated_in_place() const override { return false; }
   void upload(std::size_t s, const driver::Stream& stream) const override;
   void write(std::size_t s) const override;
+  bool writes_without_device(std::size_t s) const override { return host_[s] != 0; }
 
   unsigned weight_bytes_in_buffer() const override { return 0; }
   void copy_weights_in(std::size_t, CUdeviceptr, const driver::Stream&) const override {}
@@ -43,6 +46,8 @@ class DeviceParams final : public ModelParams {
   const FrozenSlices& frozen_;
   const driver::PrimaryContext& context_;
   unsigned cpu_threads_;
+  // Per subgroup: every slice is host memory the CPU writes (driver::host_addressable).
+  std::vector<char> host_;
 };
 
 }  // namespace tide::runtime

@@ -170,9 +170,15 @@ void Executor::release_buffers() {
 }
 
 void Executor::write_params(std::size_t s) {
-  const driver::ContextScope scope(context_);
-  settle();  // no queued write of an earlier phase may land after this one
-  model_params_->write(s);
+  if (model_params_->writes_without_device(s)) {
+    // Host memory: written now, whatever the device. Work a failed phase left queued writes
+    // these parameters with the same committed values only, and the next step settles it first.
+    model_params_->write(s);
+  } else {
+    const driver::ContextScope scope(context_);
+    settle();  // no queued write of an earlier phase may land after this one
+    model_params_->write(s);
+  }
   stale_params_[s] = 0;
 }
 

@@ -208,7 +208,8 @@ class Executor {
 
   // Writes the model's parameters of subgroup s from its committed master weights, now
   // (synchronously, after any work a failed phase left queued), skipping frozen slices. Throws
-  // CudaError when the device fails.
+  // CudaError when the device fails; parameters in host memory (ModelParams::
+  // writes_without_device) are written without it. tide is their one writer.
   void write_params(std::size_t s);
 
   // The plan `policy` gives now (no side effects), as prepare() would make it.

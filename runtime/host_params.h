@@ -34,6 +34,7 @@ class HostParams final : public ModelParams {
   bool updated_in_place() const override { return true; }
   void upload(std::size_t, const driver::Stream&) const override {}
   void write(std::size_t) const override {}
+  bool writes_without_device(std::size_t) const override { return true; }
 
   // The fp32 parameters, after the slot's moments.
   unsigned weight_bytes_in_buffer() const override { return 4; }

@@ -46,6 +46,9 @@ class ModelParams {
   virtual void upload(std::size_t s, const driver::Stream& stream) const = 0;
   // Writes the model's parameters of subgroup s from its committed state, now. Throws CudaError.
   virtual void write(std::size_t s) const = 0;
+  // Whether write(s) needs no device: the parameters are host memory the CPU writes (host-
+  // resident, or the stand-in's CPU mode), so a lost device does not keep them from the state.
+  virtual bool writes_without_device(std::size_t s) const = 0;
 
   // Bytes per parameter a GPU buffer holds for the weights besides the state slot.
   virtual unsigned weight_bytes_in_buffer() const = 0;

@@ -266,14 +266,15 @@ def test_a_parameter_without_a_gradient_keeps_its_state_through_a_gpu_step():
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("placement,which", [("cpu", WHOLE), ("cpu", ACROSS), ("gpu", ACROSS),
-                                             (2, ACROSS)])
+                                             (2, ACROSS), ("gpu", WHOLE), (2, WHOLE)])
 def test_views_derived_from_the_state_show_it_and_take_writes_through_data(placement, which):
     """Tensors derived from opt.state's tensors after step 1, as DeepSpeed's
     safe_get/set_full_optimizer_state take them (a narrow view, kept; written through `.data`,
     which no version counter sees), or through detach() (which holds the storage, not the
     tensor), show the state after step 3, and what is written through them is what the next
-    step uses: views of the state where its subgroup is updated on the CPU (in place); copies
-    kept and refreshed for a parameter across subgroups, wherever updated."""
+    step uses: views of the state wherever its subgroup is updated (on the GPU its slot moves at
+    every step, and the memory under the views' storage moves with it); copies kept and refreshed
+    for a parameter across subgroups, wherever updated."""
     both = SideBySide(placement=placement)
     both.step()
     p = both.ours[which]

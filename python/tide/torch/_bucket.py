@@ -23,6 +23,12 @@ def layout_of(p: torch.Tensor) -> tuple:
     return (p.data_ptr(), tuple(p.shape), tuple(p.stride()), p.dtype, p.device)
 
 
+# The parts of a subgroup's state slot (they move with it); "grad" is a buffer of its own.
+_IN_SLOT = ("param", "comp", "exp_avg", "exp_avg_sq", "exp_avg_scale", "exp_avg_sq_scale")
+# Swapping the memory under a storage, so that every tensor on it follows (a private method of
+# torch's UntypedStorage); without it, views are made again.
+_SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+
 class Bucket:
     """The parameters of one param group with one dtype on one device, and their executor."""
 
@@ -132,25 +138,51 @@ class Bucket:
         "exp_avg", "exp_avg_sq" (of state_dtype; 8-bit moments: their uint8 codes, and
         "exp_avg_scale", "exp_avg_sq_scale" their blocks' fp32 scales), "grad"; host-resident
         buckets have no "param" (the parameters are) and no "grad". A step may move a
-        subgroup's state to another buffer (executor.h): after one, those of the subgroups that
-        moved are made again. Each keeps its buffer allocated while it, or a tensor on its
-        storage, lives (Executor.memory)."""
+        subgroup's state slot to another buffer (the commit point's spare slots, executor.h);
+        the same tensors follow it, and so does every tensor derived from them: tide swaps the
+        memory under their storages (see _follow). Each keeps its buffer allocated while it, or a
+        tensor on its storage, lives (Executor.memory)."""
         if self._views is None:
             self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
         elif self._moved:
-            for i, views in enumerate(self._views):
-                b = self._moved_to[i] if self._moved_to else self.executor.buffers(i)
-                if b.exp_avg != views["exp_avg"].data_ptr():  # the slot moved as a whole
-                    self._views[i] = self._subgroup_views(i, b)
+            for i in range(len(self._views)):
+                self._follow(i, self._moved_to[i] if self._moved_to else self.executor.buffers(i))
         self._moved = False
         self._moved_to = None
         return self._views
 
     def state_moved(self, buffers: list[_executor.SubgroupBuffers] | None = None) -> None:
         """A step ran: a subgroup's state may be in another buffer now; `buffers`: where each
-        subgroup's is (the step's result said), else asked when needed."""
+        subgroup's is (the step's result said), else asked when needed. With them, views made
+        before follow at once, so that tensors derived from them show the step's state when
+        step() returns."""
         self._moved = True
         self._moved_to = buffers
+        if buffers is not None and self._views is not None and _SWAP:
+            _ = self.views
+
+    def _follow(self, subgroup: int, b: _executor.SubgroupBuffers) -> None:
+        """The views of a subgroup whose state slot moved (as a whole: every part keeps its
+        offset in it; the gradient buffer never moves), onto the new slot. The stable handle is
+        each view's storage: its memory is swapped for the new slot's
+        (UntypedStorage._swap_data_ptr_, as torch's CUDA graph trees and FSDP swap storages), so
+        the same storages, and every tensor on them (opt.state's, a DTensor's local tensor,
+        DeepSpeed's narrow views taken once), show the live state without being re-pointed.
+        Without that call (an older torch) the views are made again, and opt.state's own
+        tensors are re-pointed (_state.py); tensors derived from them then stay behind."""
+        views = self._views[subgroup]
+        delta = b.exp_avg - views["exp_avg"].data_ptr()
+        if delta == 0:
+            return
+        if not _SWAP:
+            self._views[subgroup] = self._subgroup_views(subgroup, b)
+            return
+        for key in _IN_SLOT:
+            if key in views:
+                old = views[key]
+                raw = self.executor.memory(old.data_ptr() + delta, old.numel() * old.element_size())
+                new = torch.frombuffer(raw, dtype=old.dtype, count=old.numel())
+                old.untyped_storage()._swap_data_ptr_(new.untyped_storage())
 
     def drop_views(self) -> None:
         self._views = None
@@ -336,18 +368,6 @@ class Bucket:
         self.frozen = key
         return [i in key for i, mine in enumerate(self.pieces) for _ in mine]
 
-    def write_unwritten(self, outcome: list[int]) -> None:
-        """The model's parameters of subgroups whose step completed without the device taking
-        their weights: written from the committed master weights, as the step would have (fp32
-        to the parameter's dtype, round to nearest even; bf16 master weights as they are)."""
-        for i, p in enumerate(self.params):
-            if i in self.frozen:
-                continue
-            flat = p.detach().view(-1)
-            for piece in self.pieces[i]:
-                if outcome[piece.subgroup] == _executor.UNWRITTEN:
-                    flat[piece.param_offset:piece.param_offset + piece.count].copy_(
-                        self.pinned("param", piece))
 
 
 def _touched(piece: _layout.Piece) -> slice:

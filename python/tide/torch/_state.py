@@ -10,11 +10,10 @@ low-precision parameter, or with bf16 master weights (master_dtype=torch.bfloat1
 
 - A parameter inside one subgroup: its tensors are views of the subgroup's pinned buffers (no
   copy). A step may move a subgroup's state to another buffer (the commit point's spare slots,
-  executor.h); the same tensor objects are re-pointed there (Tensor.set_) after every step and
-  load, so a tensor held across steps stays the live state. Tensors *derived* from them (t[0],
-  t.view(-1)) stay on the buffer they were made on: the live state while its subgroup is
-  updated on the CPU (in place), an old buffer that the next GPU step may reuse once a step
-  updated it on the GPU.
+  executor.h); the memory under the views' storage moves with it (Bucket._follow), so the same
+  tensors, and tensors derived from them (t[0], t.view(-1)), stay the live state. On a torch
+  without UntypedStorage._swap_data_ptr_ the tensor objects are re-pointed there (Tensor.set_)
+  after every step and load instead, and derived tensors stay on the buffer they were made on.
 - A parameter across subgroups cannot be one view of one buffer, and bf16 or 8-bit moments
   (state_dtype=torch.bfloat16 or "q8") cannot be fp32 views at all. Such tensors are copies
   (fp32: bf16 moments upcast exactly, 8-bit ones dequantized; a write into one is quantized

@@ -70,13 +70,15 @@ def _step_bucket(s: BucketStep, policy: _executor.PlacementPolicy | None,
     known = len(problems)
     message = result.reason_text
     if result.unwritten:
+        # Once more, by tide itself from the committed master weights: the one writer of the
+        # model's parameters (the device failed twice in the step already; it may be back).
         try:
-            bucket.write_unwritten(result.outcome_list)
+            bucket.executor.write_params()
         except Exception as error:  # noqa: BLE001 (a failed GPU: said below)
             problems.append(RuntimeError(
                 "tide: the optimizer step completed (the optimizer state holds it: "
                 "state_dict() can be saved), but the model's parameters could not be "
-                f"written: tide_optimizer_step: {message}; and with torch: {error}"))
+                f"written: tide_optimizer_step: {message}; and once more: {error}"))
     if result.outcome == _executor.INCOMPLETE:
         problems.append(StepIncompleteError(
             f"tide: {result.not_updated} of {len(bucket.sizes)} subgroups could not be "
