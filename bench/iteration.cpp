@@ -13,10 +13,10 @@
 // direction).
 //
 // The published case (20B parameters on 4×H100, per rank 5e9 parameters in 50 subgroups of 1e8,
-// docs/design/index.md), scaled to this machine keeping its ratios: the CPU update runs on one thread with
-// the scalar kernel (as bench_update_phase does, so that its rate is stable) at r params/s of
-// CPU time; with σ = r / 2.2e9 (the published CPU rate per rank), the links run at 25 GB/s·σ
-// and the GPU's Adam at 5e10·σ, so that every rate keeps its ratio to the CPU's. --params P
+// docs/design/index.md), scaled to this machine keeping its ratios: the CPU update runs on one
+// thread with the scalar kernel (as bench_update_phase does, so that its rate is stable) at r
+// params/s of CPU time; with σ = r / 2.2e9 (the published CPU rate per rank), the links run at 25
+// GB/s·σ and the GPU's Adam at 5e10·σ, so that every rate keeps its ratio to the CPU's. --params P
 // (default 1e8) in 50 subgroups; time then runs τ = (P / 5e9) / σ times the published time:
 // forward 0.55 s·τ and backward 1.10 s·τ of GPU compute (the published iteration, 2.95 s, less its
 // 1.30 s update phase, split 1:2), over 25 layers. Device memory keeps the published bytes per
@@ -307,6 +307,7 @@ int main(int argc, char** argv) {
   double total = 1e8;
   int rounds = 5;
   std::string variants = "published,varying,varying_tight";
+  int best_k = 0;  // the varying variants run K=2 and the published variant's best K (or this)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--params") && i + 1 < argc) {
       total = std::atof(argv[++i]);
@@ -314,10 +315,13 @@ int main(int argc, char** argv) {
       rounds = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) {
       variants = argv[++i];
+    } else if (!std::strcmp(argv[i], "--best-k") && i + 1 < argc) {
+      best_k = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: bench_iteration [--params N (1e8), in 50 subgroups] [--rounds N (5)] "
-                   "[--variants published,varying,varying_tight]\n");
+                   "[--variants published,varying,varying_tight] [--best-k K (2-6): the\n"
+                   "varying variants' best K without the published variant]\n");
       return 2;
     }
   }
@@ -453,7 +457,7 @@ int main(int argc, char** argv) {
         layers, c.offload == Offload::blocking_published ? w.blocking_published_link : w.link,
         blocking);
   };
-  std::string best_dos;
+  std::string best_dos = best_k >= 2 && best_k <= 6 ? "dos_k" + std::to_string(best_k) : "";
 
   auto run_variant = [&](const std::string& variant) {
     const bool varying = variant != "published";

@@ -296,7 +296,7 @@ std::span<const Knob> knobs() {
        "only (default 0)",
        &integer<0, 64>},
       {"TIDE_ALLOC_GROWABLE", "a boolean (1/0, true/false, yes/no, on/off)",
-       "device caching allocator: grow the large pool as one address range backed page by page "
+       "device caching allocator: grow the large pool as one address range backed in steps "
        "(cuMemAddressReserve/cuMemCreate/cuMemMap) where the driver supports it (default on)",
        &boolean},
       {"TIDE_ALLOC_THREAD_CACHE", "a size (e.g. 4MiB; 0: none)",

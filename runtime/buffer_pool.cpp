@@ -58,6 +58,13 @@ void BufferPool::clear() {
   counters_ = UpdateBuffer();
 }
 
+std::uint64_t BufferPool::holdable(std::uint64_t headroom) {
+  memory();  // finds tide's allocator if the process uses it
+  if (given_ != nullptr || headroom_memory_ == nullptr) return headroom;
+  const allocator::telemetry::HeadroomForecast f = headroom_memory_->allocator().headroom();
+  return f.iterations > 0 ? std::min(headroom, f.held_headroom) : headroom;
+}
+
 CUdeviceptr BufferPool::add_gradient(std::uint64_t bytes, CUstream stream) {
   gradients_.emplace_back(memory(), bytes, stream);
   return gradients_.back().get();

@@ -5,6 +5,7 @@
 // pinned counters and staging areas are neither reused nor freed until that work is known done.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,6 +40,12 @@ class BufferPool {
   // Frees every kept buffer and the counters.
   void clear();
 
+  // What of `headroom` may be held through a whole iteration: gradients kept on the GPU from
+  // zero_grad() on must leave room for the forward and backward passes. With tide's allocator, no
+  // more than its forecast's held headroom once it has seen an iteration (a headroom measured in
+  // another memory state, or for the update phase alone, would leave the forward pass none);
+  // otherwise `headroom`.
+  std::uint64_t holdable(std::uint64_t headroom);
   // A prepared plan's GPU subgroups' gradients, kept on the GPU (ExecutorOptions::
   // gradients_on_gpu) until the phase that reads them is over.
   CUdeviceptr add_gradient(std::uint64_t bytes, CUstream stream);

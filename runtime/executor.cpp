@@ -260,6 +260,8 @@ const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headr
   offload_->synchronize_all();  // no copy may be in flight to a buffer being re-routed
   buffers_.clear_gradients();
   offload_->route({});
+  // Kept gradients are held through the forward and backward passes: no more than may be held.
+  if (options_.gradients_on_gpu) headroom_bytes = buffers_.holdable(headroom_bytes);
   prepared_ = plan_with(policy, headroom_bytes, options_.gradients_on_gpu);
   if (options_.gradients_on_gpu && !prepared_->gpu_order.empty()) {
     std::vector<CUdeviceptr> route(state_.size(), 0);

@@ -1,7 +1,7 @@
 // Blocks: the pieces of device memory the caching allocator hands out and keeps.
 //
 // A segment is one address range from the driver (a cuMemAlloc'd buffer, or a growable range
-// reserved with cuMemAddressReserve and backed page by page); it is tiled by blocks, linked in
+// reserved with cuMemAddressReserve and backed piece by piece); it is tiled by blocks, linked in
 // address order so that a freed block can merge with free neighbours in O(1).
 #pragma once
 

@@ -3,7 +3,7 @@
 // Memory comes from the driver in segments and is handed out in blocks: best fit among the free
 // blocks of the request's pool (small: up to 1 MiB, in 2 MiB segments; large: the rest), split
 // to size, merged with free neighbours when freed. The large pool grows one reserved address
-// range page by page where the driver has the virtual-memory calls (growable segments), else it
+// range in steps where the driver has the virtual-memory calls (growable segments), else it
 // takes fixed segments from cuMemAlloc. Freed blocks stay cached: allocate and free of cached
 // memory make no driver call.
 //
@@ -180,7 +180,10 @@ class CachingAllocator final : public DeviceMemoryResource {
   // 1 MiB each, never report).
   std::int64_t report_bytes_ = 0;
 
-  mutable std::mutex mutex_;  // everything below
+  // Everything below; on a cache line of its own, apart from what the thread caches' lock-free
+  // path reads (tracing_, blocks_with_uses_, the settings above), so that threads taking the lock
+  // do not slow the others' small-block pairs.
+  alignas(64) mutable std::mutex mutex_;
   double memory_fraction_ = 1.0;
   std::uint64_t limit_ = 0;
   BlockPool pools_[2];

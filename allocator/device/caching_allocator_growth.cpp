@@ -1,8 +1,9 @@
-// The caching allocator's memory from the driver: growing a pool (the growable segment's pages,
-// or a fixed segment) and giving cached memory back (whole free fixed segments, whole free pages
+// The caching allocator's memory from the driver: growing a pool (the growable segment's pieces,
+// or a fixed segment) and giving cached memory back (whole free fixed segments, whole free pieces
 // of the growable one).
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 #include "allocator/device/caching_allocator.h"
 #include "allocator/device/caching_allocator_parts.h"
@@ -10,6 +11,26 @@
 #include "driver/virtual_memory.h"
 
 namespace tide::allocator::device {
+namespace {
+
+// The growable segment grows in steps of an eighth of what it maps and of the room the limit
+// leaves, between one page and kMaxStep: few driver calls while a workload climbs (as RMM's pool
+// grows geometrically), little surplus when memory is short. The surplus is a free block next to
+// the unbacked rest, used before the segment grows again: peak reserved exceeds a page-by-page
+// growth's by at most one step (12.5%, and at most kMaxStep) on a climb.
+constexpr std::size_t kMaxStep = std::size_t{64} << 20;
+std::size_t growth_step(std::size_t mapped, std::size_t room, std::size_t page) {
+  return std::clamp(align_down(std::min(mapped, room) / 8, page), page, kMaxStep);
+}
+// Pieces (one driver allocation and mapping each, given back whole: growable_segment.h) of at
+// most kMaxStep, a sixteenth of the limit and an eighth of the room it leaves: what a release
+// cannot give back because a live block holds part of a piece stays small beside the memory
+// there is, and near the limit, where giving back matters most, pieces are single pages.
+std::size_t max_piece(std::size_t limit, std::size_t room, std::size_t page) {
+  return std::clamp(align_down(std::min(limit / 16, room / 8), page), page, kMaxStep);
+}
+
+}  // namespace
 
 Block* CachingAllocator::grow_locked(std::size_t rounded, PoolKind pool, CUstream stream,
                                      bool* limit_hit) {
@@ -95,14 +116,41 @@ Block* CachingAllocator::grow_growable_locked(std::size_t rounded, CUstream stre
     *limit_hit = true;
     return nullptr;
   }
-  std::size_t pages = 0;
-  try {
-    pages = vm.map(best_offset, best_bytes);
-  } catch (const driver::CudaError& e) {
-    if (is_out_of_memory(e)) return nullptr;
-    throw;
+  // Grow by a step when the request needs less: into the hole, away from the free block the
+  // request joins (a whole hole between two free blocks is mapped as it is). Never past the limit.
+  const std::size_t room = limit_ - reserved_locked();
+  const std::size_t step = growth_step(vm.mapped_bytes(), room, page);
+  const std::size_t piece = max_piece(limit_, room, page);
+  const std::size_t hole_offset = best_hole->ptr - growable_->base;
+  std::size_t grow_offset = best_offset;
+  std::size_t grow_bytes = best_bytes;
+  if (best_bytes < step && best_bytes < best_hole->size) {
+    const std::size_t want = std::min({step, best_hole->size, align_down(room, page)});
+    if (want > best_bytes) {
+      grow_bytes = want;
+      // The end of the hole (next to a free block after it): extend downwards.
+      if (best_offset != hole_offset) grow_offset = best_offset + best_bytes - want;
+    }
   }
-  num_device_alloc_ += pages;
+  std::size_t pieces = 0;
+  try {
+    pieces = vm.map(grow_offset, grow_bytes, piece);
+  } catch (const driver::CudaError& e) {
+    if (!is_out_of_memory(e)) throw;
+    if (grow_bytes == best_bytes) return nullptr;
+    // The device has less free than the step: what the request needs, if that fits.
+    grow_offset = best_offset;
+    grow_bytes = best_bytes;
+    try {
+      pieces = vm.map(grow_offset, grow_bytes, piece);
+    } catch (const driver::CudaError& again) {
+      if (is_out_of_memory(again)) return nullptr;
+      throw;
+    }
+  }
+  best_offset = grow_offset;
+  best_bytes = grow_bytes;
+  num_device_alloc_ += pieces;
   for (int i : {static_cast<int>(kAllPools), static_cast<int>(kLargePool)}) {
     reserved_bytes_[i].add(best_bytes);
   }
@@ -175,16 +223,20 @@ void CachingAllocator::release_cached_locked() {
     it = segments_.erase(it);
   }
   if (growable_ == nullptr) return;
-  // The growable segment gives back every whole page inside a free block.
+  // The growable segment gives back every whole piece inside a free block.
   GrowableRange& vm = *growable_->vm;
   const std::size_t page = vm.page_size();
   const CUdeviceptr base = growable_->base;
   for (Block* b = growable_->first; b != nullptr;) {
     Block* next = b->next;
     if (b->state == BlockState::kFree && b->stream == kAnyStream) {
-      const std::size_t lo = align_up(b->ptr - base, page);
-      const std::size_t hi = align_down(b->ptr + b->size - base, page);
-      if (hi > lo) {
+      const std::size_t first = align_up(b->ptr - base, page);
+      const std::size_t last = align_down(b->ptr + b->size - base, page);
+      // Pieces go back whole: those wholly inside the block.
+      const auto [lo, length] = last > first ? vm.whole_pieces(first, last - first)
+                                             : std::pair<std::size_t, std::size_t>{};
+      const std::size_t hi = lo + length;
+      if (length > 0) {
         BlockPool& pool = pools_[pool_index(PoolKind::kLarge)];
         pool.erase(b);
         num_device_free_ += vm.unmap(lo, hi - lo);

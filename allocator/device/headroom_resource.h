@@ -18,6 +18,7 @@ class HeadroomResource final : public DeviceMemoryResource {
   void deallocate(void* ptr, std::size_t bytes, CUstream stream) override {
     allocator_.deallocate_from_headroom(ptr, bytes, stream);
   }
+  CachingAllocator& allocator() const { return allocator_; }
 
  private:
   CachingAllocator& allocator_;

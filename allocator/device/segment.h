@@ -1,6 +1,6 @@
 // Segments: the address ranges the caching allocator gets from the driver and carves into
 // blocks. A fixed segment is one cuMemAlloc'd buffer; a growable one is a reserved address range
-// backed page by page (growable_segment.h).
+// backed piece by piece (growable_segment.h).
 #pragma once
 
 #include <cuda.h>

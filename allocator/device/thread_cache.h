@@ -23,7 +23,10 @@
 
 namespace tide::allocator::device {
 
-class ThreadCache {
+// Aligned to a cache line, and a whole number of them: every thread writes its own cache's lock
+// and counters on each pair, and two caches allocated one after the other must not share a line
+// (false sharing made two threads' pairs twice as slow as one thread's).
+class alignas(64) ThreadCache {
  public:
   struct Entry {
     CUdeviceptr ptr = 0;

@@ -101,9 +101,9 @@ Trace read_trace(std::istream& in, const std::string& source) {
       }
       return value;
     };
-    auto end_of_line = [&](const std::string& op) {
+    auto end_of_line = [&](const std::string& keyword) {
       std::string extra;
-      if (words >> extra) bad(source, number, malformed(op, line));
+      if (words >> extra) bad(source, number, malformed(keyword, line));
     };
     if (first == "device") {
       trace.device = static_cast<int>(field("device ordinal", kMaxTraceDevice));

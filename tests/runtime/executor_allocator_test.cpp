@@ -111,5 +111,48 @@ TEST_F(ExecutorAllocatorTest, KeptGradientsComeFromTheCacheToo) {
   expect_matches(*model, ref);
 }
 
+// bench_iteration's varying_tight variant died with "out of device memory allocating 200000
+// bytes" when the published variant's best K was 3: that static configuration prepared its kept
+// gradients with the headroom measured in the roomy memory state; in the tight one they still fit,
+// and left the forward pass's activations no room. Kept gradients are held through the forward
+// pass: prepare() keeps no more than the allocator's forecast says may be held.
+TEST_F(ExecutorAllocatorTest, KeptGradientsLeaveTheForwardPassItsRoom) {
+  using allocator::telemetry::Mark;
+  // An iteration seen: the forward pass peaks at 40 MiB of activations.
+  allocator->mark(Mark::kForward);
+  void* activations = allocator->allocate(40 * kMiB, nullptr);
+  ASSERT_NE(activations, nullptr);
+  allocator->mark(Mark::kBackward);
+  allocator->deallocate(activations, 40 * kMiB, nullptr);
+  allocator->mark(Mark::kUpdate);
+  allocator->mark(Mark::kIterationEnd);
+  // Another tenant of the device takes memory: 42 MiB are left to tide, room for the forward pass
+  // and little more.
+  allocator->empty_cache();
+  const driver::DeviceBuffer tenant(driver::memory_info().free_bytes - 42 * kMiB);
+
+  Reference ref(*model->state);
+  ExecutorOptions options;
+  options.rates = test_rates();
+  options.gradients_on_gpu = true;
+  Executor executor(*model->state, options);
+  // A headroom measured when memory was roomy (a static configuration's): the kept gradients
+  // (6 x 512 KiB) would fit now, and leave the forward pass 2 MiB short.
+  executor.prepare(Policy::all_gpu(), 48 * kMiB);
+  allocator->mark(Mark::kForward);
+  activations = allocator->allocate(40 * kMiB, nullptr);
+  EXPECT_NE(activations, nullptr) << "the kept gradients took the forward pass's memory";
+  allocator->mark(Mark::kBackward);
+  if (activations != nullptr) allocator->deallocate(activations, 40 * kMiB, nullptr);
+  allocator->mark(Mark::kUpdate);
+  auto grads = model->make_gradients(1);
+  model->offload_all(executor);
+  executor.run(hyper(1), Policy::all_gpu(), 48 * kMiB);
+  allocator->mark(Mark::kIterationEnd);
+  ref.step(grads, hyper(1));
+  expect_matches(*model, ref);
+  executor.release_buffers();
+}
+
 }  // namespace
 }  // namespace tide::runtime::testing

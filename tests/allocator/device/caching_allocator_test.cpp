@@ -112,7 +112,7 @@ TEST_F(CachingAllocatorTest, BestFitTakesTheSmallestFreeBlockThatFits) {
   }
 }
 
-TEST_F(CachingAllocatorTest, GrowableSegmentGrowsOneRangePageByPage) {
+TEST_F(CachingAllocatorTest, GrowableSegmentGrowsOneRange) {
   CachingAllocator a(0, config(true));
   const std::uint64_t in_use = standin_.bytes_in_use();
   standin_.reset_stats();
@@ -126,8 +126,9 @@ TEST_F(CachingAllocatorTest, GrowableSegmentGrowsOneRangePageByPage) {
   EXPECT_EQ(s.segment[kLargePool].current, 1u);   // one range, not one segment per size
   EXPECT_EQ(standin_.stats().device_allocs, 0u);  // no cuMemAlloc: cuMemCreate'd pages
   EXPECT_EQ(s.reserved_bytes[kLargePool].current, 64 * kMiB);  // 63 MiB in 2 MiB pages
-  EXPECT_EQ(s.num_device_alloc, 32u);
-  EXPECT_EQ(standin_.stats().mem_creates, 32u);
+  // In pieces of several pages (growth_test.cpp), one driver allocation and mapping each.
+  EXPECT_LT(s.num_device_alloc, 32u);
+  EXPECT_EQ(standin_.stats().mem_creates, s.num_device_alloc);
   // Contiguous: each block right after the previous one.
   for (std::size_t i = 1; i < blocks.size(); ++i) {
     EXPECT_EQ(addr(blocks[i].first), addr(blocks[i - 1].first) + blocks[i - 1].second);
@@ -143,7 +144,7 @@ TEST_F(CachingAllocatorTest, GrowableSegmentGrowsOneRangePageByPage) {
   a.empty_cache();
   s = a.stats();
   EXPECT_EQ(s.reserved_bytes[kAllPools].current, 0u);
-  EXPECT_EQ(s.num_device_free, 32u);
+  EXPECT_EQ(s.num_device_free, a.stats().num_device_alloc);
   EXPECT_EQ(standin_.bytes_in_use(), in_use);
 }
 
