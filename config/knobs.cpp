@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "config/env.h"
+#include "config/placement.h"
 
 namespace tide::config {
 namespace {
@@ -84,16 +85,8 @@ void existing_file(std::string_view name, std::string_view value) {
   }
 }
 
-// As runtime::parse_policy reads it.
 void placement(std::string_view name, std::string_view value) {
-  if (value == "auto" || value == "cpu" || value == "gpu") return;
-  std::string_view digits = value;
-  if (!digits.empty() && (digits[0] == 'k' || digits[0] == 'K')) digits.remove_prefix(1);
-  try {
-    parse_int(name, digits, 1, std::int64_t{1} << 30);
-  } catch (const EnvError&) {
-    throw EnvError(name, value, "auto, cpu, gpu, or an integer K >= 1 (one GPU subgroup every K)");
-  }
+  if (!parse_placement(value)) throw EnvError(name, value, kPlacementAccepts);
 }
 
 // The choice knobs tide.torch reads (through tide_knob): their choices and the registry's words.

@@ -36,7 +36,7 @@ void check_environment();
 
 // A knob's parsed value, for the knobs tide.torch reads (TIDE_SUBGROUP_SIZE: `integer`;
 // TIDE_STATE_DTYPE, TIDE_MASTER_DTYPE, TIDE_STATE_ROUNDING: `choice`, the index of the choice in
-// the order the registry's `accepts` names them). TIDE_PLACEMENT's reader is runtime::parse_policy.
+// the order the registry's `accepts` names them). TIDE_PLACEMENT's grammar is config/placement.h's.
 struct KnobValue {
   bool set = false;  // given: not unset, not empty
   std::size_t choice = 0;

@@ -1,7 +1,6 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -9,6 +8,7 @@
 
 #include "allocator/pinned/arena.h"
 #include "config/env.h"
+#include "config/placement.h"
 #include "driver/error.h"
 #include "driver/memory.h"
 #include "driver/stream_pool.h"
@@ -23,28 +23,25 @@
 #include "runtime/memory_pressure.h"
 
 namespace tide::runtime {
-namespace {
-
-constexpr std::string_view kPolicyAccepts =
-    "auto, cpu, gpu, or an integer K >= 1 (one GPU "
-    "subgroup every K)";
-
-}  // namespace
 
 Policy parse_policy(std::string_view text) {
-  if (text == "auto") return Policy::automatic_policy();
-  if (text == "cpu") return Policy::all_cpu();
-  if (text == "gpu") return Policy::all_gpu();
-  std::string_view digits = text;
-  if (!digits.empty() && (digits[0] == 'k' || digits[0] == 'K')) digits.remove_prefix(1);
-  std::size_t k = 0;
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), k);
-  if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() || k < 1 ||
-      k > (std::size_t{1} << 30)) {
+  const std::optional<config::Placement> p = config::parse_placement(text);
+  if (!p) {
     throw std::invalid_argument("tide: placement policy \"" + std::string(text) +
-                                "\" is not valid: it accepts " + std::string(kPolicyAccepts));
+                                "\" is not valid: it accepts " +
+                                std::string(config::kPlacementAccepts));
   }
-  return Policy::every(k);
+  switch (p->kind) {
+    case config::Placement::Kind::automatic:
+      return Policy::automatic_policy();
+    case config::Placement::Kind::cpu:
+      return Policy::all_cpu();
+    case config::Placement::Kind::gpu:
+      return Policy::all_gpu();
+    case config::Placement::Kind::interleave:
+      break;
+  }
+  return Policy::every(p->k);
 }
 
 std::string policy_name(const Policy& policy) {
@@ -69,7 +66,7 @@ Policy policy_from_env(const Policy& fallback) {
   try {
     return parse_policy(*text);
   } catch (const std::invalid_argument&) {
-    throw config::EnvError("TIDE_PLACEMENT", *text, kPolicyAccepts);
+    throw config::EnvError("TIDE_PLACEMENT", *text, config::kPlacementAccepts);
   }
 }
 

@@ -1,4 +1,5 @@
 #include "config/env.h"
+#include "config/placement.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -92,3 +93,19 @@ TEST(Env, UnsetAndEmptyMeanNotGiven) {
 
 }  // namespace
 }  // namespace tide::config
+
+// The one grammar of a placement (config/placement.h): the knob's check and the executor's policy.
+TEST(Placement, NamesAndKsParseAndEverythingElseDoesNot) {
+  EXPECT_EQ(parse_placement("auto")->kind, Placement::Kind::automatic);
+  EXPECT_EQ(parse_placement("cpu")->kind, Placement::Kind::cpu);
+  EXPECT_EQ(parse_placement("gpu")->kind, Placement::Kind::gpu);
+  for (const char* two : {"2", "k2", "K2"}) {
+    ASSERT_TRUE(parse_placement(two).has_value()) << two;
+    EXPECT_EQ(parse_placement(two)->kind, Placement::Kind::interleave);
+    EXPECT_EQ(parse_placement(two)->k, 2u);
+  }
+  EXPECT_EQ(parse_placement("1073741824")->k, std::size_t{1} << 30);
+  for (const char* bad : {"", "0", "k", "k0", "-1", "1073741825", "Auto", "2x", " 2", "gpu "}) {
+    EXPECT_FALSE(parse_placement(bad).has_value()) << bad;
+  }
+}
