@@ -94,6 +94,9 @@ TEST(Env, UnsetAndEmptyMeanNotGiven) {
 }  // namespace
 }  // namespace tide::config
 
+namespace tide::config {
+namespace {
+
 // The one grammar of a placement (config/placement.h): the knob's check and the executor's policy.
 TEST(Placement, NamesAndKsParseAndEverythingElseDoesNot) {
   EXPECT_EQ(parse_placement("auto")->kind, Placement::Kind::automatic);
@@ -109,3 +112,6 @@ TEST(Placement, NamesAndKsParseAndEverythingElseDoesNot) {
     EXPECT_FALSE(parse_placement(bad).has_value()) << bad;
   }
 }
+
+}  // namespace
+}  // namespace tide::config
