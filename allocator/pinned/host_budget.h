@@ -7,23 +7,12 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <new>
 #include <optional>
 #include <string>
-#include <utility>
+
+#include "allocator/pinned/memory_error.h"
 
 namespace tide::allocator::pinned {
-
-// A bad_alloc that says what the host could not give (the C ABI reports it as
-// TIDE_ERROR_OUT_OF_MEMORY with this message).
-class HostMemoryError : public std::bad_alloc {
- public:
-  explicit HostMemoryError(std::string message) : message_(std::move(message)) {}
-  const char* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
 
 struct HostBudget {
   std::optional<std::uint64_t> cgroup_limit;  // none: the cgroup has no limit (or no cgroup)
@@ -33,7 +22,8 @@ struct HostBudget {
 
   // The least of what each source leaves; none when no source limits.
   std::optional<std::uint64_t> available() const;
-  // Each source, in words: "cgroup limit 8.00 GiB with 7.50 GiB in use; MemAvailable 12.0 GiB".
+  // Each source, in words: "the cgroup's limit 8.00 GiB with 7.50 GiB in use; MemAvailable 12.0
+  // GiB".
   std::string describe() const;
 };
 

@@ -7,22 +7,11 @@
 #pragma once
 
 #include <cstdint>
-#include <new>
 #include <string>
-#include <utility>
+
+#include "allocator/pinned/memory_error.h"
 
 namespace tide::allocator::pinned {
-
-// A bad_alloc that says what ran out: the C ABI reports it as TIDE_ERROR_OUT_OF_MEMORY with this
-// message, and callers that fall back on out-of-memory do so here too.
-class PinnedLimitError : public std::bad_alloc {
- public:
-  explicit PinnedLimitError(std::string message) : message_(std::move(message)) {}
-  const char* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
 
 struct NodePinned {
   std::uint64_t node_limit_bytes = 0;  // TIDE_NODE_PINNED_LIMIT; 0: no limit
