@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import time
 import traceback
 
@@ -26,6 +27,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 STEPS = 4
 FAULTY = 1  # the rank whose stand-in fails in scenario_fault
+KILLED = 1  # the rank SIGKILLed in scenario_killed_*
 _kept: list = []
 MAX_NORM = 0.5
 
@@ -163,12 +165,13 @@ def run(rank: int, world: int, port: int, scenario: str, out: str) -> None:
     result: dict = {}
     start = time.monotonic()
     try:
-        init(rank, world, port, 5.0 if scenario == "fault" else 60.0)
+        init(rank, world, port, 5.0 if scenario == "fault" or scenario.startswith("killed") else 60.0)
         globals()[f"scenario_{scenario}"](rank, world, out, result)
     except BaseException as error:  # noqa: BLE001 (reported to the test)
         result["error"] = f"{type(error).__name__}: {error}"
         result["traceback"] = traceback.format_exc()
         result["seconds_to_error"] = time.monotonic() - start
+        result["error_at"] = time.monotonic()
         if scenario == "fault" and rank == FAULTY:
             # The failed rank stays (its process group open, as a rank stuck elsewhere would)
             # until the others gave up on it: they must, by the process group's timeout.
@@ -369,6 +372,76 @@ def scenario_fault(rank: int, world: int, out: str, result: dict) -> None:
         standin.tide_standin_device_lost.argtypes = [ctypes.c_uint64]
         standin.tide_standin_device_lost(1)
     train(model, opt, range(1, 3), rank, world)
+
+
+def _checkpointed_at_step_2(rank: int, world: int, out: str, result: dict):
+    """Two steps, then a complete DCP checkpoint ("ckpt_done"): what a killed rank's job resumes
+    from."""
+    model = sharded("gpu")
+    opt = make_opt("tide", model)
+    _kept.append((model, opt))  # nothing of it is torn down while the peer is dying
+    train(model, opt, range(2), rank, world)
+    dcp.save({"model": get_model_state_dict(model),
+              "optim": get_optimizer_state_dict(model, opt)},
+             checkpoint_id=os.path.join(out, "ckpt_done"))
+    result["saved"] = full(model)
+    result["seconds_at_save"] = time.monotonic()
+    return model, opt
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def scenario_killed_step(rank: int, world: int, out: str, result: dict) -> None:
+    """Rank 1 is SIGKILLed in its third step, after backward (after the checkpoint of step 2):
+    rank 0, in the optimizer's gradient-norm all-reduce, must raise by the process group's
+    timeout (5 s), not hang, saying that nothing of the optimizer changed."""
+    model, opt = _checkpointed_at_step_2(rank, world, out, result)
+    for step in range(2, STEPS):
+        opt.zero_grad()
+        x, y = batch(step, rank, world)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        average_plain_grads(model)
+        if rank == KILLED:
+            _die()
+        opt.clip_grad_norm_(MAX_NORM)
+        opt.step()
+
+
+class _DieAfterPlanning(dcp.DefaultSavePlanner):
+    """Rank 1 dies inside a DCP save, once the plan is agreed and before anything is written."""
+
+    def finish_plan(self, new_plan):
+        _die()
+        return super().finish_plan(new_plan)
+
+
+def scenario_killed_save(rank: int, world: int, out: str, result: dict) -> None:
+    """Rank 1 is SIGKILLed inside the DCP save after step 3 ("ckpt_partial"): rank 0 must raise,
+    not hang, and leave no checkpoint that looks complete."""
+    model, opt = _checkpointed_at_step_2(rank, world, out, result)
+    train(model, opt, range(2, 3), rank, world)
+    planner = _DieAfterPlanning() if rank == KILLED else dcp.DefaultSavePlanner()
+    dcp.save({"model": get_model_state_dict(model),
+              "optim": get_optimizer_state_dict(model, opt)},
+             checkpoint_id=os.path.join(out, "ckpt_partial"), planner=planner)
+
+
+def scenario_resume(rank: int, world: int, out: str, result: dict) -> None:
+    """A fresh job at 2 ranks from "ckpt_done": the state saved, and training goes on."""
+    model = sharded("gpu")
+    opt = make_opt("tide", model)
+    model_sd = get_model_state_dict(model)
+    optim_sd = get_optimizer_state_dict(model, opt)
+    dcp.load({"model": model_sd, "optim": optim_sd},
+             checkpoint_id=os.path.join(out, "ckpt_done"))
+    set_model_state_dict(model, model_sd)
+    set_optimizer_state_dict(model, opt, optim_sd)
+    result["loaded"] = full(model)
+    result["step"] = float(opt.state[model.a.weight]["step"])
+    train(model, opt, range(2, STEPS), rank, world)
+    result["continued"] = full(model)
 
 
 def scenario_q8(rank: int, world: int, out: str, result: dict) -> None:

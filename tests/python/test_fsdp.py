@@ -321,6 +321,92 @@ def test_failure_on_one_rank_raises_there_and_hangs_nowhere(tmp_path):
     assert any(word in error for word in ("connection closed", "timed out", "timeout")), results[0]
 
 
+def launch_one_killed(scenario: str, out, timeout_s: float = 90.0) -> dict:
+    """Runs a scenario in which rank fsdp_workers.KILLED is SIGKILLed: it must die so, and every
+    other rank must end (not hang) by `timeout_s`. Returns rank 0's result."""
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=fsdp_workers.run, args=(r, WORLD, port, scenario, str(out)))
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    hung = []
+    for rank, p in enumerate(procs):
+        p.join(timeout_s)
+        if p.is_alive():
+            hung.append(rank)
+            p.kill()
+            p.join()
+    assert not hung, f"ranks {hung} of {scenario!r} still ran after {timeout_s} s"
+    assert procs[fsdp_workers.KILLED].exitcode == -9, procs[fsdp_workers.KILLED].exitcode
+    return torch.load(out / "rank0.pt", weights_only=False)
+
+
+def survivor_raised_in_time(result: dict) -> None:
+    """The surviving rank raised (gloo's closed connection, or the process group's 5 s timeout),
+    soon after the last checkpoint: a step or two, then at most the timeout."""
+    error = result.get("error", "").lower()
+    assert any(word in error for word in ("connection closed", "connection reset", "timed out",
+                                          "timeout", "broken pipe")), result
+    assert result["error_at"] - result["seconds_at_save"] < 30.0, result
+
+
+def load_at_one_rank(path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                         get_optimizer_state_dict,
+                                                         set_model_state_dict,
+                                                         set_optimizer_state_dict)
+    model = fsdp_workers.Net()
+    opt = fsdp_workers.make_opt("tide", model)
+    model_sd = get_model_state_dict(model)
+    optim_sd = get_optimizer_state_dict(model, opt)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    set_model_state_dict(model, model_sd)
+    set_optimizer_state_dict(model, opt, optim_sd)
+    return model, opt
+
+
+@pytest.fixture(scope="module")
+def killed_in_step(tmp_path_factory):
+    out = tmp_path_factory.mktemp("killed_step")
+    return out, launch_one_killed("killed_step", out)
+
+
+def test_a_rank_killed_in_a_step_ends_the_other_with_an_error(killed_in_step):
+    _, result = killed_in_step
+    survivor_raised_in_time(result)
+    assert ("tide: the gradient norm's sum with the other ranks failed, and nothing of the "
+            "optimizer changed") in result["error"], result
+
+
+def test_a_rank_killed_in_a_dcp_save_ends_the_other_and_leaves_no_complete_checkpoint(tmp_path):
+    result = launch_one_killed("killed_save", tmp_path)
+    survivor_raised_in_time(result)
+    # The save that was cut short is not a checkpoint: loading it fails, saying so.
+    from torch.distributed.checkpoint.api import CheckpointException
+    with pytest.raises(CheckpointException, match="metadata"):
+        load_at_one_rank(tmp_path / "ckpt_partial")
+    # The last complete one still loads.
+    model, _ = load_at_one_rank(tmp_path / "ckpt_done")
+    for a, b in zip(fsdp_workers.full(model), result["saved"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_last_checkpoint_before_a_killed_rank_loads_at_one_and_two_ranks(killed_in_step):
+    out, result = killed_in_step
+    model, opt = load_at_one_rank(out / "ckpt_done")
+    for a, b in zip(fsdp_workers.full(model), result["saved"], strict=True):
+        assert torch.equal(a, b)
+    assert float(opt.state[model.head.weight]["step"]) == 2
+    resumed = launch("resume", out)
+    no_errors(resumed)
+    for r in resumed:
+        assert r["step"] == 2
+        for a, b in zip(r["loaded"], result["saved"], strict=True):
+            assert torch.equal(a, b)
+
+
 def test_example_under_torchrun(tmp_path):
     """examples/train_gpt_fsdp.py as docs/guide/getting-started.md runs it (torchrun, 2 ranks): every rank's plan
     per step, rank 0's node summary, rank 0's memory timeline."""

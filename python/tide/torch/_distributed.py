@@ -113,13 +113,26 @@ def groups_of(params: list[torch.Tensor], known: list[Group]) -> None:
             known.append(Group(p))
 
 
+def _with_the_others(what: str, collective, *args, **kwargs) -> None:
+    """A collective of the optimizer's (the gradient norm, the step's check for non-finite
+    gradients), which runs before a step changes anything: when it fails (a rank died, the
+    process group timed out), the error says so, and that nothing of the optimizer changed."""
+    try:
+        collective(*args, **kwargs)
+    except RuntimeError as error:  # gloo's and NCCL's DistBackendError are RuntimeErrors
+        raise RuntimeError(
+            f"tide: the {what} with the other ranks failed, and nothing of the optimizer changed "
+            f"(if a rank died, resume the job from its last checkpoint): {error}") from error
+
+
 def sum_over_ranks(values: dict[Any, float], groups: list[Group]) -> float:
     """The sum of `values` (process group -> this rank's part; None: a replicated part, counted
     once), each sharded part summed over its group's ranks: one all-reduce per group."""
     total = values.get(None, 0.0)
     for g in groups:
         part = g.tensor(values.get(g.group, 0.0), torch.float64)
-        dist.all_reduce(part, op=dist.ReduceOp.SUM, group=g.group)
+        _with_the_others("gradient norm's sum", dist.all_reduce, part, op=dist.ReduceOp.SUM,
+                         group=g.group)
         total += float(part.item())
     return total
 
@@ -128,7 +141,8 @@ def any_rank(flag: bool, groups: list[Group]) -> bool:
     """Whether `flag` holds on any rank of `groups` (one all-reduce per group)."""
     for g in groups:
         value = g.tensor(1.0 if flag else 0.0, torch.float32)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=g.group)
+        _with_the_others("step's check for non-finite gradients", dist.all_reduce, value,
+                         op=dist.ReduceOp.MAX, group=g.group)
         flag = flag or value.item() != 0.0
     return flag
 
