@@ -91,6 +91,12 @@ int tide_standin_fail_alloc(uint64_t n) {
   return 0;
 }
 
+int tide_standin_fail_pin(uint64_t n) {
+  if (int r = require_init(); r != 0) return r;
+  tide::standin::arm_pin_failure(n);
+  return 0;
+}
+
 int tide_standin_fail_copy(uint64_t n) {
   if (int r = require_init(); r != 0) return r;
   tide::standin::arm_copy_failure(n);

@@ -52,6 +52,11 @@ Trigger& copy_trigger() {
   return *trigger;
 }
 
+Trigger& pin_trigger() {
+  static auto* trigger = new Trigger;
+  return *trigger;
+}
+
 Trigger& call_trigger() {
   static auto* trigger = new Trigger;
   return *trigger;
@@ -80,6 +85,12 @@ bool inject_alloc_failure() {
   return true;
 }
 
+bool inject_pin_failure() {
+  if (!pin_trigger().hit()) return false;
+  count(Counter::kInjectedFaults);
+  return true;
+}
+
 bool inject_copy_failure() {
   if (!copy_trigger().hit()) return false;
   count(Counter::kInjectedFaults);
@@ -89,6 +100,7 @@ bool inject_copy_failure() {
 void arm_alloc_failure(std::uint64_t n) { alloc_trigger().arm(n); }
 void arm_copy_failure(std::uint64_t n) { copy_trigger().arm(n); }
 void arm_device_lost(std::uint64_t n) { call_trigger().arm(n); }
+void arm_pin_failure(std::uint64_t n) { pin_trigger().arm(n); }
 
 void arm_from_environment(std::uint64_t fail_alloc, std::uint64_t fail_copy,
                           std::uint64_t device_lost) {

@@ -8,6 +8,7 @@
 
 #include "standin/contexts.h"
 #include "standin/device_faults.h"
+#include "standin/faults.h"
 #include "standin/pending_uses.h"
 #include "standin/stats.h"
 
@@ -58,6 +59,7 @@ CUresult host_register(void* ptr, std::size_t bytes, unsigned flags) {
   if ((flags & CU_MEMHOSTREGISTER_IOMEMORY) != 0) return CUDA_ERROR_NOT_SUPPORTED;
   Context* context = nullptr;
   if (CUresult r = current_context(&context); r != CUDA_SUCCESS) return r;
+  if (inject_pin_failure()) return CUDA_ERROR_OUT_OF_MEMORY;
   const auto base = reinterpret_cast<std::uintptr_t>(ptr);
   Registry& r = registry();
   const std::lock_guard lock(r.mutex);
@@ -96,6 +98,7 @@ CUresult host_alloc(void** out, std::size_t bytes, unsigned flags) {
   if (out == nullptr || bytes == 0 || (flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
   Context* context = nullptr;
   if (CUresult r = current_context(&context); r != CUDA_SUCCESS) return r;
+  if (inject_pin_failure()) return CUDA_ERROR_OUT_OF_MEMORY;
   // From malloc, at its exact size, so that AddressSanitizer sees overruns of pinned buffers.
   void* p = nullptr;
   if (posix_memalign(&p, 4096, bytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;

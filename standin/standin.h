@@ -81,6 +81,10 @@ TIDE_STANDIN_API void tide_standin_reset_stats(void);
 TIDE_STANDIN_API int tide_standin_fail_alloc(uint64_t n);
 TIDE_STANDIN_API int tide_standin_fail_copy(uint64_t n);
 TIDE_STANDIN_API int tide_standin_device_lost(uint64_t n);
+/* The nth host pinning (cuMemHostRegister or cuMemHostAlloc) from now fails with
+ * CUDA_ERROR_OUT_OF_MEMORY, as a real driver's does when the host cannot lock more memory
+ * (RLIMIT_MEMLOCK, memory pressure); n = 0 disarms. */
+TIDE_STANDIN_API int tide_standin_fail_pin(uint64_t n);
 
 /* Simulated copy bandwidth in GB/s (1e9 bytes/s) for copies that start from now on; 0 means no
  * simulated limit (memcpy speed). Replaces TIDE_STANDIN_H2D_GBPS and TIDE_STANDIN_D2H_GBPS. */

@@ -5,8 +5,11 @@
 #include <new>
 #include <stdexcept>
 
+#include "allocator/pinned/memory_error.h"
 #include "allocator/pinned/node_limit.h"
 #include "allocator/pinned/registration.h"
+#include "config/bytes.h"
+#include "driver/error.h"
 
 namespace tide::allocator::pinned {
 namespace {
@@ -150,6 +153,14 @@ void* ChunkPool::allocate_range(std::size_t bytes, std::size_t alignment, bool m
   }
   try {
     registrar_.register_chunk(base, chunk_bytes);
+  } catch (const driver::CudaError& e) {
+    unmap_chunk(base, chunk_bytes);
+    release_pinned(chunk_bytes);
+    if (e.result() != CUDA_ERROR_OUT_OF_MEMORY) throw;
+    // The host would not lock more (RLIMIT_MEMLOCK, memory pressure): an out-of-memory like any
+    // other, which callers answer as they answer one (the executor updates on the CPU).
+    throw HostMemoryError("tide: pinned memory: the host could not pin " +
+                          config::format_bytes(chunk_bytes) + " more (" + e.what() + ")");
   } catch (...) {
     unmap_chunk(base, chunk_bytes);
     release_pinned(chunk_bytes);

@@ -45,6 +45,7 @@ class DeviceStandin {
     load(fail_alloc_, "tide_standin_fail_alloc");
     load(fail_copy_, "tide_standin_fail_copy");
     load(device_lost_, "tide_standin_device_lost");
+    load(fail_pin_, "tide_standin_fail_pin");
     load(set_hmm_, "tide_standin_set_hmm");
     load(pointer_attribute_, "cuPointerGetAttribute");
   }
@@ -84,6 +85,7 @@ class DeviceStandin {
   void fail_alloc(std::uint64_t n) const { check(fail_alloc_(n), "tide_standin_fail_alloc"); }
   void fail_copy(std::uint64_t n) const { check(fail_copy_(n), "tide_standin_fail_copy"); }
   void device_lost(std::uint64_t n) const { check(device_lost_(n), "tide_standin_device_lost"); }
+  void fail_pin(std::uint64_t n) const { check(fail_pin_(n), "tide_standin_fail_pin"); }
   // Devices address pageable host memory (HMM), as tide's CPU mode needs.
   void hmm(bool on) const { check(set_hmm_(on ? 1 : 0), "tide_standin_set_hmm"); }
 
@@ -135,6 +137,7 @@ class DeviceStandin {
   int (*fail_alloc_)(std::uint64_t) = nullptr;
   int (*fail_copy_)(std::uint64_t) = nullptr;
   int (*device_lost_)(std::uint64_t) = nullptr;
+  int (*fail_pin_)(std::uint64_t) = nullptr;
   int (*set_hmm_)(int) = nullptr;
   CUresult (*pointer_attribute_)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
 };

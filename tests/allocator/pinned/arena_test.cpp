@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "allocator/pinned/arena.h"
@@ -152,6 +153,35 @@ TEST_F(PinnedArenaTest, DestroyReleasesEverythingStillAllocated) {
   EXPECT_EQ(after.host_unregisters - before.host_unregisters,
             after.host_registers - before.host_registers);
   for (const ChunkInfo& c : chunks) EXPECT_FALSE(mapped(c.base)) << c.base << " still mapped";
+}
+
+// The host refuses to pin more (RLIMIT_MEMLOCK, memory pressure) as the arena grows mid-training:
+// that allocation is an out-of-memory (a bad_alloc, which the executor answers by updating the
+// subgroup on the CPU), nothing of the arena is lost, and it grows again once the host pins.
+TEST_F(PinnedArenaTest, AChunkTheHostCannotPinIsAnOutOfMemoryAndTheArenaGoesOn) {
+  PinnedArena arena(small_options());
+  void* first = arena.allocate(6 * kMiB);  // most of the first chunk
+  std::memset(first, 1, 6 * kMiB);
+  const std::size_t chunks = arena.chunks().size();
+  const tide_standin_stats before = standin_.stats();
+  standin_.fail_pin(1);
+  try {
+    arena.allocate(6 * kMiB);  // needs a new chunk
+    ADD_FAILURE() << "allocated without pinning";
+  } catch (const std::bad_alloc& e) {
+    EXPECT_NE(std::string(e.what()).find("the host could not pin 6.00 MiB more (cuMemHostRegister "
+                                         "failed: CUDA_ERROR_OUT_OF_MEMORY"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(arena.chunks().size(), chunks);
+  EXPECT_EQ(standin_.stats().registered_host_bytes, before.registered_host_bytes);
+  EXPECT_EQ(static_cast<unsigned char*>(first)[6 * kMiB - 1], 1);
+  void* second = arena.allocate(6 * kMiB);  // the host pins again
+  EXPECT_GT(arena.chunks().size(), chunks);
+  EXPECT_TRUE(standin_.registered(second, 6 * kMiB));
+  arena.deallocate(second, 6 * kMiB);
+  arena.deallocate(first, 6 * kMiB);
 }
 
 TEST_F(PinnedArenaTest, MergeHookRefusesExtentsOfDifferentChunks) {
