@@ -17,7 +17,8 @@
 
 namespace tide::interpose {
 
-// The phases of a training iteration (docs/design/index.md's vocabulary); `unmarked` before any mark.
+// The phases of a training iteration (docs/design/index.md's vocabulary); `unmarked` before any
+// mark.
 enum class Phase : std::uint8_t { unmarked, forward, backward, update, count };
 
 inline constexpr std::size_t kPhaseCount = static_cast<std::size_t>(Phase::count);

@@ -2,8 +2,8 @@
 //
 // The preload exports its own `dlsym` (dlsym_trampoline.S): the CUDA runtime finds
 // cuGetProcAddress with dlsym on a local handle of libcuda.so.1, which no LD_PRELOAD symbol
-// shadows, so the interposer must answer that lookup itself (docs/design/index.md, pitfalls). Everything the
-// interposer looks up goes to glibc's dlsym directly, never through its own.
+// shadows, so the interposer must answer that lookup itself (docs/design/index.md, pitfalls).
+// Everything the interposer looks up goes to glibc's dlsym directly, never through its own.
 #pragma once
 
 #include <cstdint>

@@ -41,8 +41,8 @@ std::span<const RateInfo, kRateCount> rate_infos() { return kRates; }
 const RateInfo& rate_info(RateKind kind) { return kRates[static_cast<std::size_t>(kind)]; }
 
 Rates builtin_rates() {
-  // Per rank of a 4×H100 node (the published setting, docs/design/index.md; tests/planner/published_test.cpp
-  // checks the plan they give against the measurements):
+  // Per rank of a 4×H100 node (the published setting, docs/design/index.md;
+  // tests/planner/published_test.cpp checks the plan they give against the measurements):
   // - CPU update 2.2e9 params/s: the measured all-CPU update phase (5e9 params in 2.27 s, 8.7e9
   //   params/s over 4 ranks). While copies run it shares host memory bandwidth with them: 2.0e9
   //   (10% less).

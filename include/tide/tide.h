@@ -41,9 +41,11 @@ extern "C" {
 
 /* All zeros, as the *_default() initializers start their structs. */
 #ifdef __cplusplus
-#define TIDE_ZERO_INIT {}
+#define TIDE_ZERO_INIT \
+  {}
 #else
-#define TIDE_ZERO_INIT {0}
+#define TIDE_ZERO_INIT \
+  { 0 }
 #endif
 
 typedef enum tide_status {

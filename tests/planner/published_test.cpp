@@ -1,6 +1,6 @@
-// The published check (docs/design/index.md, "The idea"): a 20B-parameter model on 4×H100 with ZeRO-3 and
-// CPU offload, subgroups of 1e8. Measured: update phase 2.27 s all-CPU, 1.30 s with one subgroup
-// in two on the GPU (K = 2 was best).
+// The published check (docs/design/index.md, "The idea"): a 20B-parameter model on 4×H100 with
+// ZeRO-3 and CPU offload, subgroups of 1e8. Measured: update phase 2.27 s all-CPU, 1.30 s with one
+// subgroup in two on the GPU (K = 2 was best).
 //
 // Per rank (each GPU's share of the host):
 // - 20e9 / 4 = 5e9 parameters: 50 subgroups of 1e8.
