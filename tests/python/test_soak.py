@@ -3,14 +3,16 @@
 
 Per configuration (placement, parameter dtype, moments, master weights, host-resident
 parameters) a small model is trained for SOAK_STEPS step attempts. Before each attempt a seeded
-schedule (random.Random(seed)) draws what happens to it, from:
+schedule (random.Random(seed)) draws what happens to it: one of
 
+- nothing;
 - a failing copy (the n-th copy of the step, n drawn over the copies a fault-free step makes);
 - a failing device allocation (likewise);
+- a failing copy and a failing allocation, both armed;
 - the device lost at a driver call inside the step, or between steps (its first call);
-- a non-finite gradient (inf, -inf or NaN in a few elements of one gradient);
-- a load_state_dict of the optimizer's current state before the step;
-- nothing.
+
+and, independently of those, a non-finite gradient (inf, -inf or NaN in a few elements of one
+gradient) and a load_state_dict of the optimizer's current state before the step.
 
 After every attempt the contract is checked against a fault-free reference optimizer (same
 configuration, same gradients) that replays only the steps that happened: either step()
@@ -56,9 +58,13 @@ STEPS = int(os.environ.get("SOAK_STEPS", "48"))
 SEED = int(os.environ.get("SOAK_SEED", "27"))
 SUBGROUP = 160
 
-# What may happen to a step attempt, with its weight in the schedule.
-EVENTS = {"none": 3, "fail_copy": 3, "fail_alloc": 2, "device_lost": 1,
-          "device_lost_between": 1, "nonfinite": 2, "load_state_dict": 2}
+# The driver faults a step attempt may meet, with their weights in the schedule (a failing copy
+# and a failing allocation together: both armed); besides, independently, a non-finite gradient
+# and a load_state_dict before the step, each with its probability.
+FAULTS = {"none": 4, "fail_copy": 3, "fail_alloc": 2, "fail_copy+fail_alloc": 1, "device_lost": 1,
+          "device_lost_between": 1}
+NONFINITE = 0.2
+LOAD_STATE_DICT = 0.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +171,7 @@ def test_soak(standin, totals, record_property, config):
     seed = SEED * 1000 + CONFIGS.index(config)
     rng = random.Random(seed)
     where = f"SOAK_SEED={SEED} (seed {seed}), configuration {config.name}: {config.describe()}"
-    counts = {kind: 0 for kind in EVENTS} | {"attempts": 0, "completed": 0, "raised": 0,
+    counts = {kind: 0 for kind in FAULTS} | {"nonfinite": 0, "load_state_dict": 0, "attempts": 0, "completed": 0, "raised": 0,
                                              "completed_after_fault": 0, "fresh_optimizers": 0}
 
     model, opt = make(config)
@@ -179,14 +185,18 @@ def test_soak(standin, totals, record_property, config):
                                 UserWarning)
         for attempt in range(1, STEPS + 1):
             at = f"{where}, attempt {attempt} (after {completed} completed steps)"
-            event = rng.choices(list(EVENTS), weights=list(EVENTS.values()))[0]
+            event = rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
             if event == "device_lost_between" and config.placement == "cpu":
                 event = "none"  # an all-CPU step makes no driver call
             counts[event] += 1
+            load = rng.random() < LOAD_STATE_DICT
+            nonfinite = rng.random() < NONFINITE
+            counts["load_state_dict"] += load
+            counts["nonfinite"] += nonfinite
             counts["attempts"] += 1
             step = completed + 1
 
-            if event == "load_state_dict":
+            if load:
                 held = snapshot(model, opt)
                 opt.load_state_dict(copy.deepcopy(opt.state_dict()))
                 diff = differences(snapshot(model, opt), held)
@@ -194,19 +204,20 @@ def test_soak(standin, totals, record_property, config):
 
             opt.zero_grad()
             model.loss(step).backward()
-            poisoned = poison(model, rng) if event == "nonfinite" else None
+            poisoned = poison(model, rng) if nonfinite else None
             grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
             before = snapshot(model, opt)
 
-            fault = None
-            if event in ("fail_copy", "fail_alloc", "device_lost"):
-                fault = (event, rng.randint(1, (per_step or {}).get(event, 8) + 1))
-            elif event == "device_lost_between":
-                fault = ("device_lost", 1)
+            fault = []  # (kind, n): the n-th copy, allocation or driver call of the step fails
+            if event == "device_lost_between":
+                fault = [("device_lost", 1)]
+            elif event != "none":
+                fault = [(kind, rng.randint(1, (per_step or {}).get(kind, 8) + 1))
+                         for kind in event.split("+")]
             start = counters(standin)
             raised = None
-            if fault:
-                standin.arm(*fault)
+            for kind, n in fault:
+                standin.arm(kind, n)
             try:
                 opt.step()
             except Exception as error:  # noqa: BLE001 (any error: the state decides)
@@ -227,7 +238,7 @@ def test_soak(standin, totals, record_property, config):
 
             if raised is not None:
                 counts["raised"] += 1
-                assert fault is not None, f"{at}: step() raised without a fault: {raised!r}"
+                assert fault, f"{at}: step() raised without a fault: {raised!r}"
                 diff = differences(now, before)
                 assert not diff, (f"{at}, {fault}: step() raised ({raised}) and changed "
                                   f"{diff}")
@@ -259,7 +270,7 @@ def test_soak(standin, totals, record_property, config):
                             assert torch.equal(s0[index][key].view(-1)[elements],
                                                s1[index][key].view(-1)[elements]), (
                                 f"{at}: {key} of an element with a non-finite gradient changed")
-            if fault and fault[0] == "device_lost":
+            if event.startswith("device_lost"):
                 # The device is gone: go on with a fresh optimizer from the last state.
                 held = now
                 weights = [p.detach().clone() for p in model.parameters()]
