@@ -3,7 +3,7 @@
 
 Per configuration (placement, parameter dtype, moments, master weights, host-resident
 parameters) a small model is trained for SOAK_STEPS step attempts. Before each attempt a seeded
-schedule (random.Random(seed)) draws what happens to it: one of
+schedule (random.Random, seeded from the seed and the attempt's number) draws what happens to it: one of
 
 - nothing;
 - a failing copy (the n-th copy of the step, n drawn over the copies a fault-free step makes);
@@ -169,7 +169,6 @@ def poison(model, rng):
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_soak(standin, totals, record_property, config):
     seed = SEED * 1000 + CONFIGS.index(config)
-    rng = random.Random(seed)
     where = f"SOAK_SEED={SEED} (seed {seed}), configuration {config.name}: {config.describe()}"
     counts = {kind: 0 for kind in FAULTS} | {"nonfinite": 0, "load_state_dict": 0, "attempts": 0, "completed": 0, "raised": 0,
                                              "completed_after_fault": 0, "fresh_optimizers": 0}
@@ -185,6 +184,9 @@ def test_soak(standin, totals, record_property, config):
                                 UserWarning)
         for attempt in range(1, STEPS + 1):
             at = f"{where}, attempt {attempt} (after {completed} completed steps)"
+            # Each attempt its own generator: what it draws does not depend on what earlier
+            # attempts drew (how many values a draw takes depends on the counts it is scaled to).
+            rng = random.Random(f"{seed}:{attempt}")
             event = rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
             if event == "device_lost_between" and config.placement == "cpu":
                 event = "none"  # an all-CPU step makes no driver call
