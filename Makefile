@@ -5,6 +5,9 @@
 #                numerics tests once more per CPU kernel variant, ASan+UBSan, TSan, make docs
 #   make docs    the documentation (docs/, Sphinx + MyST) into out/docs/, warnings as errors
 #   make bench   run the benchmarks (BENCH=name for one), JSON lines on stdout
+#   make soak    build, then the fault soak (tests/python/test_soak.py) with many more steps than
+#                make test gives it: SOAK_STEPS step attempts per configuration (default 400),
+#                faults drawn from SOAK_SEED (default 27; a failure prints the seed to replay)
 #   make gpu-check   on a machine with a GPU: the GPU tests, the C++ tests that need no stand-in
 #                on the real driver, memcheck, the Python tests, the example on CUDA and the GPU
 #                benchmarks, one report (out/gpu-check/); without one, a line saying so.
@@ -24,11 +27,13 @@ JOBS ?= $(shell nproc)
 PY := .venv/bin/python
 CMAKE_FLAGS ?=
 BENCH ?=
+SOAK_STEPS ?= 400
+SOAK_SEED ?= 27
 export PATH := $(PATH):/usr/local/cuda/bin
 
 .PHONY: run test bench build bootstrap test-cpp test-python test-cpu-variants test-asan test-tsan \
         test-pip-install format-check tidy clean gpu-check gpu-bundle \
-        gpu-rehearsal docs
+        gpu-rehearsal docs soak
 
 bootstrap:
 	@scripts/bootstrap.sh --python
@@ -85,6 +90,11 @@ test-pip-install: bootstrap
 	@echo "== pip install . into a fresh environment"
 	@TIDE_TEST_PIP_INSTALL=1 CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
 	  $(PY) -m pytest -q -s tests/python/test_packaging.py -k pip_install
+
+# The fault soak with a larger budget (make test runs it with the module's default, 48 steps).
+soak: build
+	@echo "== fault soak: SOAK_STEPS=$(SOAK_STEPS) SOAK_SEED=$(SOAK_SEED)"
+	@SOAK_STEPS=$(SOAK_STEPS) SOAK_SEED=$(SOAK_SEED) $(PY) -m pytest -q -s tests/python/test_soak.py
 
 # The build's own output goes to stderr: stdout is the benchmarks' JSON lines only.
 bench:

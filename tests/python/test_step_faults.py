@@ -16,8 +16,6 @@ position of a step can be tried in a few seconds per placement.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import time
 import warnings
 
@@ -25,6 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import tide.torch as tt  # noqa: E402
+from standin_faults import Standin, same, snapshot  # noqa: E402
 
 if torch.cuda.is_available():
     pytest.skip("fault injection needs the stand-in driver (CPU mode)", allow_module_level=True)
@@ -55,38 +54,6 @@ class Net(torch.nn.Module):
         return ((torch.tanh(h) @ self.w2 - y).float() ** 2).mean()
 
 
-class Standin:
-    """The stand-in driver's control API (the library tide loaded)."""
-
-    def __init__(self):
-        self.lib = ctypes.CDLL(os.environ["TIDE_CUDA_DRIVER"])
-        for name in ("tide_standin_fail_copy", "tide_standin_fail_alloc",
-                     "tide_standin_device_lost"):
-            getattr(self.lib, name).argtypes = [ctypes.c_uint64]
-        self.lib.tide_standin_stat.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
-
-    def stat(self, name):
-        value = ctypes.c_uint64()
-        assert self.lib.tide_standin_stat(name.encode(), ctypes.byref(value)) == 0
-        return value.value
-
-    def copies(self):
-        return self.stat("copies_h2d") + self.stat("copies_d2h") + self.stat("copies_d2d")
-
-    def allocations(self):
-        return self.stat("device_allocs") + self.stat("mem_creates")
-
-    def calls(self):
-        return self.stat("driver_calls")
-
-    def arm(self, kind, n):
-        assert getattr(self.lib, f"tide_standin_{kind}")(n) == 0
-
-    def disarm(self):
-        for kind in ("fail_copy", "fail_alloc", "device_lost"):
-            self.arm(kind, 0)
-
-
 def make(dtype, placement, state_dtype=torch.float32, host=False):
     model = Net(dtype)
     opt = tt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, subgroup_size=SUBGROUP,
@@ -97,28 +64,6 @@ def make(dtype, placement, state_dtype=torch.float32, host=False):
 def backward(model, opt, step):
     opt.zero_grad()
     model.loss(step).backward()
-
-
-def snapshot(model, opt):
-    """Everything a step may change: the weights and the whole state dict, copied."""
-    weights = [p.detach().clone() for p in model.parameters()]
-    state = {index: {key: value.clone() for key, value in entry.items()}
-             for index, entry in opt.state_dict()["state"].items()}
-    return weights, state
-
-
-def same(a, b):
-    (wa, sa), (wb, sb) = a, b
-    if len(wa) != len(wb) or any(not torch.equal(x, y) for x, y in zip(wa, wb)):
-        return False
-    if sa.keys() != sb.keys():
-        return False
-    for index in sa:
-        if sa[index].keys() != sb[index].keys():
-            return False
-        if any(not torch.equal(sa[index][k], sb[index][k]) for k in sa[index]):
-            return False
-    return True
 
 
 @pytest.fixture(scope="module")
