@@ -1,5 +1,6 @@
-"""What the fault tests share: the stand-in driver's fault injection (ctypes) and bit-for-bit
-snapshots of everything a step may change (tests/python/test_step_faults.py, test_soak.py)."""
+"""What the fault tests share: the stand-in driver's fault injection (ctypes), their model, and
+bit-for-bit snapshots of everything a step may change (tests/python/test_step_faults.py,
+test_soak.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,27 @@ import ctypes
 import os
 
 import torch
+
+
+class Net(torch.nn.Module):
+    """624 parameters in four subgroups of 160; `extra` has a gradient only at odd steps."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w1 = torch.nn.Parameter((torch.randn(16, 24, generator=g) * 0.3).to(dtype))
+        self.b1 = torch.nn.Parameter((torch.randn(24, generator=g) * 0.1).to(dtype))
+        self.extra = torch.nn.Parameter((torch.randn(24, generator=g) * 0.1).to(dtype))
+        self.w2 = torch.nn.Parameter((torch.randn(24, 8, generator=g) * 0.3).to(dtype))
+
+    def loss(self, step):
+        g = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(32, 16, generator=g).to(self.w1.dtype)
+        y = torch.randn(32, 8, generator=g).to(self.w1.dtype)
+        h = x @ self.w1 + self.b1
+        if step % 2 == 1:
+            h = h + self.extra
+        return ((torch.tanh(h) @ self.w2 - y).float() ** 2).mean()
 
 
 class Standin:

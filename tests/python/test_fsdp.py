@@ -40,9 +40,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(scenario: str, out, timeout_s: float = 120.0) -> list[dict]:
-    """Runs `scenario` on WORLD processes; returns each rank's result. Processes still alive after
-    `timeout_s` are killed and the test fails."""
+def launch(scenario: str, out, timeout_s: float = 120.0, killed: int | None = None
+           ) -> list[dict]:
+    """Runs `scenario` on WORLD processes; returns each rank's result (None for rank `killed`,
+    which must die of SIGKILL). Processes still alive after `timeout_s` are killed and the test
+    fails."""
     ctx = multiprocessing.get_context("spawn")
     port = free_port()
     procs = [ctx.Process(target=fsdp_workers.run, args=(r, WORLD, port, scenario, str(out)))
@@ -57,9 +59,13 @@ def launch(scenario: str, out, timeout_s: float = 120.0) -> list[dict]:
             p.kill()
             p.join()
     assert not hung, f"ranks {hung} of {scenario!r} still ran after {timeout_s} s"
+    if killed is not None:
+        assert procs[killed].exitcode == -9, procs[killed].exitcode
     for rank, p in enumerate(procs):
-        assert (out / f"rank{rank}.pt").exists(), f"rank {rank} died (exit code {p.exitcode})"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+        if rank != killed:
+            assert (out / f"rank{rank}.pt").exists(), f"rank {rank} died (exit code {p.exitcode})"
+    return [None if r == killed else torch.load(out / f"rank{r}.pt", weights_only=False)
+            for r in range(WORLD)]
 
 
 def no_errors(results: list[dict]) -> None:
@@ -321,25 +327,9 @@ def test_failure_on_one_rank_raises_there_and_hangs_nowhere(tmp_path):
     assert any(word in error for word in ("connection closed", "timed out", "timeout")), results[0]
 
 
-def launch_one_killed(scenario: str, out, timeout_s: float = 90.0) -> dict:
-    """Runs a scenario in which rank fsdp_workers.KILLED is SIGKILLed: it must die so, and every
-    other rank must end (not hang) by `timeout_s`. Returns rank 0's result."""
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=fsdp_workers.run, args=(r, WORLD, port, scenario, str(out)))
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    hung = []
-    for rank, p in enumerate(procs):
-        p.join(timeout_s)
-        if p.is_alive():
-            hung.append(rank)
-            p.kill()
-            p.join()
-    assert not hung, f"ranks {hung} of {scenario!r} still ran after {timeout_s} s"
-    assert procs[fsdp_workers.KILLED].exitcode == -9, procs[fsdp_workers.KILLED].exitcode
-    return torch.load(out / "rank0.pt", weights_only=False)
+def launch_one_killed(scenario: str, out) -> dict:
+    """A scenario in which rank fsdp_workers.KILLED is SIGKILLed; rank 0's result."""
+    return launch(scenario, out, timeout_s=90.0, killed=fsdp_workers.KILLED)[0]
 
 
 def survivor_raised_in_time(result: dict) -> None:

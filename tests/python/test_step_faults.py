@@ -23,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import tide.torch as tt  # noqa: E402
-from standin_faults import Standin, same, snapshot  # noqa: E402
+from standin_faults import Net, Standin, same, snapshot  # noqa: E402
 
 if torch.cuda.is_available():
     pytest.skip("fault injection needs the stand-in driver (CPU mode)", allow_module_level=True)
@@ -31,27 +31,6 @@ if torch.cuda.is_available():
 PLACEMENTS = ["cpu", "gpu", 2, "auto"]
 SUBGROUP = 160
 STEPS = 3  # the fault is in step 2; step 1 gives the moments values, step 3 checks what follows
-
-
-class Net(torch.nn.Module):
-    """624 parameters in four subgroups of 160; `extra` has a gradient only at odd steps."""
-
-    def __init__(self, dtype):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.w1 = torch.nn.Parameter((torch.randn(16, 24, generator=g) * 0.3).to(dtype))
-        self.b1 = torch.nn.Parameter((torch.randn(24, generator=g) * 0.1).to(dtype))
-        self.extra = torch.nn.Parameter((torch.randn(24, generator=g) * 0.1).to(dtype))
-        self.w2 = torch.nn.Parameter((torch.randn(24, 8, generator=g) * 0.3).to(dtype))
-
-    def loss(self, step):
-        g = torch.Generator().manual_seed(100 + step)
-        x = torch.randn(32, 16, generator=g).to(self.w1.dtype)
-        y = torch.randn(32, 8, generator=g).to(self.w1.dtype)
-        h = x @ self.w1 + self.b1
-        if step % 2 == 1:
-            h = h + self.extra
-        return ((torch.tanh(h) @ self.w2 - y).float() ** 2).mean()
 
 
 def make(dtype, placement, state_dtype=torch.float32, host=False):
