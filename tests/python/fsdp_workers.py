@@ -428,19 +428,42 @@ def scenario_killed_save(rank: int, world: int, out: str, result: dict) -> None:
              checkpoint_id=os.path.join(out, "ckpt_partial"), planner=planner)
 
 
+def _device_memory() -> tuple[int, int]:
+    """The stand-in's device memory in use and its peak since the last reset."""
+    import ctypes
+    standin = ctypes.CDLL(os.environ["TIDE_CUDA_DRIVER"])
+    used, peak = ctypes.c_uint64(), ctypes.c_uint64()
+    assert standin.tide_standin_device_memory(0, ctypes.byref(used), ctypes.byref(peak),
+                                              None) == 0
+    return used.value, peak.value
+
+
+def _reset_device_peak() -> None:
+    import ctypes
+    ctypes.CDLL(os.environ["TIDE_CUDA_DRIVER"]).tide_standin_reset_stats()
+
+
 def scenario_resume(rank: int, world: int, out: str, result: dict) -> None:
-    """A fresh job at 2 ranks from "ckpt_done": the state saved, and training goes on."""
+    """A fresh job at 2 ranks from "ckpt_done": the state saved, and training goes on; the DCP
+    load needs no device memory, the first step after it no more than its update phase's."""
     model = sharded("gpu")
     opt = make_opt("tide", model)
     model_sd = get_model_state_dict(model)
     optim_sd = get_optimizer_state_dict(model, opt)
+    _reset_device_peak()
+    result["device_before"], _ = _device_memory()
     dcp.load({"model": model_sd, "optim": optim_sd},
              checkpoint_id=os.path.join(out, "ckpt_done"))
     set_model_state_dict(model, model_sd)
     set_optimizer_state_dict(model, opt, optim_sd)
+    _, result["device_load_peak"] = _device_memory()
     result["loaded"] = full(model)
     result["step"] = float(opt.state[model.a.weight]["step"])
-    train(model, opt, range(2, STEPS), rank, world)
+    _reset_device_peak()
+    train(model, opt, range(2, 3), rank, world)
+    _, result["device_step_peak"] = _device_memory()
+    result["buffer_bytes"] = opt.stats[-1]["buffer_bytes"]
+    train(model, opt, range(3, STEPS), rank, world)
     result["continued"] = full(model)
 
 

@@ -395,6 +395,10 @@ def test_the_last_checkpoint_before_a_killed_rank_loads_at_one_and_two_ranks(kil
         assert r["step"] == 2
         for a, b in zip(r["loaded"], result["saved"], strict=True):
             assert torch.equal(a, b)
+        # Resume without a spike (issue 27) at 2 FSDP2 ranks: the DCP load puts nothing on the
+        # device, the first step after it its update phase's buffers (in 2 MiB segments) only.
+        assert r["device_load_peak"] <= r["device_before"], r
+        assert r["device_step_peak"] - r["device_before"] <= r["buffer_bytes"] + (2 << 20), r
 
 
 def test_example_under_torchrun(tmp_path):
