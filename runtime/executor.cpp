@@ -1,16 +1,10 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
-#include <cstring>
-#include <limits>
-#include <new>
 #include <stdexcept>
 
-#include "allocator/pinned/arena.h"
 #include "config/env.h"
 #include "config/placement.h"
-#include "driver/error.h"
-#include "driver/memory.h"
 #include "driver/stream_pool.h"
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
@@ -117,10 +111,7 @@ Executor::~Executor() {
   try {
     const driver::ContextScope scope(context_);
     settle();
-    offload_->stream().synchronize();
-    for (auto* s : {h2d_, compute_, d2h_, params_, upload_}) {
-      s->synchronize();
-    }
+    synchronize_streams();
     buffers_.clear_gradients();
     buffers_.clear();
   } catch (...) {
@@ -131,11 +122,13 @@ Executor::~Executor() {
 
 void Executor::settle() {
   if (!buffers_.unconfirmed()) return;
-  offload_->stream().synchronize();
-  for (auto* s : {h2d_, compute_, d2h_, params_, upload_}) {
-    s->synchronize();
-  }
+  synchronize_streams();
   buffers_.release_quarantine(state_);
+}
+
+void Executor::synchronize_streams() const {
+  offload_->stream().synchronize();
+  for (const driver::Stream* s : {h2d_, compute_, d2h_, params_, upload_}) s->synchronize();
 }
 
 void Executor::ready(const kernels::AdamHyper& hyper) {

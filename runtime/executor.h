@@ -233,6 +233,8 @@ class Executor {
   // Waits for work an earlier phase left unconfirmed, then frees what it held. Throws if the
   // device still cannot be waited for.
   void settle();
+  // Waits for the gradient offload's and the phase's streams. Throws if the device cannot.
+  void synchronize_streams() const;
   bool needs_staging(bool gradients_on_gpu) const;
   std::uint64_t capped(std::uint64_t headroom) const;
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes,
