@@ -144,11 +144,9 @@ class Bucket:
         tensor on its storage, lives (Executor.memory)."""
         if self._views is None:
             self._views = [self._subgroup_views(i) for i in range(len(self.sizes))]
+            self._moved, self._moved_to = False, None
         elif self._moved:
-            for i in range(len(self._views)):
-                self._follow(i, self._moved_to[i] if self._moved_to else self.executor.buffers(i))
-        self._moved = False
-        self._moved_to = None
+            self._follow_moves()
         return self._views
 
     def state_moved(self, buffers: list[_executor.SubgroupBuffers] | None = None) -> None:
@@ -159,7 +157,13 @@ class Bucket:
         self._moved = True
         self._moved_to = buffers
         if buffers is not None and self._views is not None and _SWAP:
-            _ = self.views
+            self._follow_moves()
+
+    def _follow_moves(self) -> None:
+        """Every subgroup's views onto where the last step left its state."""
+        for i in range(len(self._views)):
+            self._follow(i, self._moved_to[i] if self._moved_to else self.executor.buffers(i))
+        self._moved, self._moved_to = False, None
 
     def _follow(self, subgroup: int, b: _executor.SubgroupBuffers) -> None:
         """The views of a subgroup whose state slot moved (as a whole: every part keeps its
