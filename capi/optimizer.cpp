@@ -197,10 +197,17 @@ void fill_result(tide_optimizer& o, const PhaseReport& r, tide_step_result& out)
   out.predicted_seconds = r.ran.predicted.phase_s;
   out.all_cpu_seconds = r.ran.predicted.all_cpu_s;
   out.cpu_busy_seconds = r.cpu_seconds;
-  out.gpu_subgroups = r.ran.gpu_order.size();
-  out.cpu_subgroups = r.ran.cpu_order.size();
+  out.gpu_subgroups = 0;
+  out.gpu_params = 0;
+  for (const tide::planner::SubgroupPlan& sub : r.ran.subgroups) {
+    if (sub.device != Device::gpu) continue;
+    ++out.gpu_subgroups;
+    out.gpu_params += sub.params;
+  }
+  out.cpu_subgroups = r.ran.subgroups.size() - out.gpu_subgroups;
   out.fallback_subgroups = r.fallback_subgroups;
-  out.gpu_params = r.ran.gpu_params;
+  out.resident_subgroups = r.resident_subgroups;
+  out.resident_bytes = r.resident_bytes;
   out.buffers_in_flight = r.ran.buffers;
   out.gpu_bytes = r.ran.gpu_bytes();
   out.nonfinite = r.nonfinite;
@@ -211,8 +218,8 @@ void fill_result(tide_optimizer& o, const PhaseReport& r, tide_step_result& out)
   if (!r.not_updated.empty()) {
     out.outcome = TIDE_STEP_INCOMPLETE;
     o.reason = std::to_string(r.not_updated.size()) +
-               " subgroups could not be updated (their gradients were kept on the GPU, which "
-               "failed: " +
+               " subgroups could not be updated (their gradients were kept on the GPU, or their "
+               "state was resident there, and it failed: " +
                r.fault + "); the others were";
   } else if (!r.unwritten.empty()) {
     out.outcome = TIDE_STEP_COMPLETED_AFTER_FAULT;
@@ -285,6 +292,7 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     eo.device = o.device;
     if (o.use_rates) eo.rates = rates_from_c(o.rates);
     eo.gradients_on_gpu = o.gradients_on_gpu != 0;
+    eo.residency = tide::runtime::residency_from_env();
     eo.planner.max_buffers = o.max_buffers;
     eo.refine = o.refine != 0;
     require(o.cpu_threads >= 0 && o.cpu_threads <= 1024,
@@ -422,6 +430,18 @@ TIDE_API tide_status tide_optimizer_release_buffers(tide_optimizer* optimizer) {
   return tide::capi::guard([&] {
     tide_optimizer& o = checked(optimizer);
     o.executor->release_buffers();
+  });
+}
+
+TIDE_API tide_status tide_optimizer_sync_state(tide_optimizer* optimizer, int32_t written) {
+  return tide::capi::guard([&] { checked(optimizer).executor->sync_state(written != 0); });
+}
+
+TIDE_API tide_status tide_optimizer_evict(tide_optimizer* optimizer, uint64_t max_bytes,
+                                          uint64_t* freed) {
+  return tide::capi::guard([&] {
+    const std::uint64_t bytes = checked(optimizer).executor->evict(max_bytes);
+    if (freed != nullptr) *freed = bytes;
   });
 }
 

@@ -121,6 +121,9 @@ void master_dtype(std::string_view name, std::string_view value) {
 void state_rounding(std::string_view name, std::string_view value) {
   state_rounding_choice(name, value);
 }
+void residency(std::string_view name, std::string_view value) {
+  (void)choice(name, value, {"auto", "off"}, "auto or off");
+}
 
 // An integer >= 1 with an optional K, M or G suffix (x1024^n).
 std::int64_t subgroup_size_value(std::string_view name, std::string_view value) {
@@ -316,6 +319,12 @@ std::span<const Knob> knobs() {
        "auto (the planner's choice within the headroom), cpu (all on the CPU), gpu (all on the "
        "GPU), K (one GPU subgroup every K) (default auto)",
        &placement},
+      {"TIDE_RESIDENCY", "auto or off",
+       "executor: with placement auto, keep the optimizer state (master weights and moments) "
+       "of as many subgroups in device memory across steps as the memory free through a whole "
+       "iteration allows (the allocator's held headroom forecast; tide's allocator only), so "
+       "that their updates copy nothing over the link; off: every step copies it (default auto)",
+       &residency},
       {"TIDE_SUBGROUP_SIZE", "an integer >= 1, optionally with a K, M or G suffix (x1024^n)",
        "tide.torch.AdamW/Adam: elements per optimizer subgroup when the subgroup_size argument "
        "is not given (default 16M)",

@@ -41,7 +41,11 @@ std::uint64_t Plan::gpu_bytes() const {
   constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
   if (buffer_bytes != 0 && buffers > kMax / buffer_bytes) return kMax;
   const std::uint64_t buffer_total = buffers * buffer_bytes;
-  return buffer_total > kMax - resident_bytes ? kMax : buffer_total + resident_bytes;
+  std::uint64_t total = buffer_total;
+  for (const std::uint64_t b : {resident_bytes, resident_state_bytes}) {
+    total = total > kMax - b ? kMax : total + b;
+  }
+  return total;
 }
 
 Plan evaluate(const Workload& workload, const Rates& rates, const Placement& placement) {

@@ -46,6 +46,9 @@ struct SubgroupPlan {
   Device device = Device::cpu;
   std::size_t position = 0;        // place in its device's order
   std::size_t buffer = kNoBuffer;  // GPU: position % buffers
+  // GPU: its state stays in device memory across phases (runtime/residency.h): its update copies
+  // no state over the link. The planner places transient subgroups only; the executor adds these.
+  bool resident = false;
   // Predicted, seconds from the start of the phase. CPU: update start and end. GPU: copy-in
   // start to copy-out end, with the ends of copy-in and update in between.
   double start_s = 0;
@@ -70,6 +73,8 @@ struct Plan {
   std::size_t buffers = 0;
   std::uint64_t buffer_bytes = 0;    // one buffer: the largest GPU subgroup's copy-in
   std::uint64_t resident_bytes = 0;  // gradients the GPU subgroups keep on the GPU
+  // Device memory of the resident subgroups' state slots (SubgroupPlan::resident).
+  std::uint64_t resident_state_bytes = 0;
   std::uint64_t headroom_bytes = 0;
   std::uint64_t gpu_params = 0;
   std::uint64_t cpu_params = 0;
@@ -78,8 +83,8 @@ struct Plan {
   // faster under the model.
   bool optimal = false;
 
-  // GPU memory the plan needs at most: its buffers and the gradients kept on the GPU
-  // (saturating at the largest uint64_t).
+  // GPU memory the plan needs at most: its buffers, the gradients kept on the GPU and the
+  // resident state (saturating at the largest uint64_t).
   std::uint64_t gpu_bytes() const;
   bool fits() const { return gpu_bytes() <= headroom_bytes; }
   std::size_t gpu_subgroups() const { return gpu_order.size(); }

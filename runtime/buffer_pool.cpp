@@ -20,6 +20,12 @@ allocator::DeviceMemoryResource& BufferPool::memory() {
   return driver_memory_;
 }
 
+allocator::device::CachingAllocator* BufferPool::caching_allocator() {
+  allocator::DeviceMemoryResource& m = memory();
+  auto* headroom = dynamic_cast<allocator::device::HeadroomResource*>(&m);
+  return headroom != nullptr ? &headroom->allocator() : nullptr;
+}
+
 std::vector<UpdateBuffer> BufferPool::take(std::uint64_t bytes, std::size_t count) {
   std::vector<UpdateBuffer> taken;
   for (auto it = kept_.begin(); it != kept_.end() && taken.size() < count;) {
@@ -63,6 +69,14 @@ std::uint64_t BufferPool::holdable(std::uint64_t headroom) {
   if (given_ != nullptr || headroom_memory_ == nullptr) return headroom;
   const allocator::telemetry::HeadroomForecast f = headroom_memory_->allocator().headroom();
   return f.iterations > 0 ? std::min(headroom, f.held_headroom) : headroom;
+}
+
+std::uint64_t BufferPool::residency_budget(std::uint64_t headroom) {
+  memory();
+  if (given_ != nullptr) return headroom;
+  if (headroom_memory_ == nullptr) return 0;
+  const allocator::telemetry::HeadroomForecast f = headroom_memory_->allocator().headroom();
+  return f.iterations > 0 ? std::min(headroom, f.held_headroom) : 0;
 }
 
 CUdeviceptr BufferPool::add_gradient(std::uint64_t bytes, CUstream stream) {

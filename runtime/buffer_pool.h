@@ -28,6 +28,9 @@ class BufferPool {
   // The resource buffers come from. tide's allocator is looked up at every call until found:
   // PyTorch creates it at its first allocation on the device, which may come after the optimizer.
   allocator::DeviceMemoryResource& memory();
+  // tide's caching allocator the buffers come from (found, or given as its HeadroomResource);
+  // null when they come from elsewhere.
+  allocator::device::CachingAllocator* caching_allocator();
 
   // Up to `count` kept buffers of at least `bytes` each; the others stay kept.
   std::vector<UpdateBuffer> take(std::uint64_t bytes, std::size_t count);
@@ -46,6 +49,10 @@ class BufferPool {
   // another memory state, or for the update phase alone, would leave the forward pass none);
   // otherwise `headroom`.
   std::uint64_t holdable(std::uint64_t headroom);
+  // What of `headroom` resident state may hold across iterations: as holdable(), but nothing
+  // before tide's allocator has seen an iteration, nor without tide's allocator or a given
+  // resource (the forward pass's peak is unknown there, and nothing could give the memory back).
+  std::uint64_t residency_budget(std::uint64_t headroom);
   // A prepared plan's GPU subgroups' gradients, kept on the GPU (ExecutorOptions::
   // gradients_on_gpu) until the phase that reads them is over.
   CUdeviceptr add_gradient(std::uint64_t bytes, CUstream stream);

@@ -12,6 +12,7 @@
 #include "planner/interleave.h"
 #include "planner/node_rates.h"
 #include "planner/rate_sources.h"
+#include "planner/residency.h"
 #include "runtime/device_params.h"
 #include "runtime/host_params.h"
 #include "runtime/memory_pressure.h"
@@ -64,6 +65,11 @@ Policy policy_from_env(const Policy& fallback) {
   }
 }
 
+bool residency_from_env() {
+  const std::optional<std::size_t> choice = config::env_choice("TIDE_RESIDENCY", {"auto", "off"});
+  return !choice || *choice == 0;
+}
+
 namespace {
 
 // `options` with the rates resolved when not given (built-in, calibration file, TIDE_RATE_*,
@@ -85,6 +91,7 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
       context_(options.device),
       refiner_(*options_.rates, options_.refine_options),
       buffers_(options_.device, options_.memory),
+      residency_(state_),
       frozen_(state_) {
   if (state_.host_params() && options_.gradients_on_gpu) {
     throw std::invalid_argument(
@@ -109,13 +116,16 @@ Executor::~Executor() {
   // it): wait for it before they go, or, if the device cannot be waited for, leak them all. The
   // buffers go here, while the device's context is current (streams and events see to their own).
   try {
+    if (reclaimed_from_ != nullptr) reclaimed_from_->remove_reclaimer(reclaimer_);
     const driver::ContextScope scope(context_);
     settle();
     synchronize_streams();
+    (void)evict();  // the state outlives the executor: it goes back to its pinned slots
     buffers_.clear_gradients();
     buffers_.clear();
   } catch (...) {
     buffers_.leak();
+    residency_.leak();
     state_.abandon();
   }
 }
@@ -154,12 +164,25 @@ const void* Executor::host_gradient(std::size_t subgroup, std::size_t slice) con
 GradientStats Executor::gradient_stats() const { return model_params_->gradient_stats(*offload_); }
 
 void Executor::release_buffers() {
+  const std::lock_guard lock(residency_mutex_);
   const driver::ContextScope scope(context_);
   settle();
   buffers_.clear();
 }
 
 void Executor::write_params(std::size_t s) {
+  const std::lock_guard lock(residency_mutex_);
+  write_params_locked(s);
+}
+
+void Executor::write_params_locked(std::size_t s) {
+  if (!residency_.host_current(s)) {
+    // The parameters are written from the pinned slot: it must hold the state first.
+    const driver::ContextScope scope(context_);
+    settle();
+    synchronize_streams();
+    residency_.to_host(s, *d2h_);
+  }
   if (model_params_->writes_without_device(s)) {
     // Host memory: written now, whatever the device. Work a failed phase left queued writes
     // these parameters with the same committed values only, and the next step settles it first.
@@ -201,8 +224,203 @@ planner::Plan Executor::plan_for(const Policy& policy, std::uint64_t headroom_by
   return plan_with(policy, headroom_bytes, options_.gradients_on_gpu);
 }
 
+void Executor::sync_state(bool written) {
+  const std::lock_guard lock(residency_mutex_);
+  if (residency_.count() == 0) return;
+  const driver::ContextScope scope(context_);
+  settle();
+  synchronize_streams();  // no queued write of the state may land after the copy
+  for (std::size_t s = 0; s < state_.size(); ++s) {
+    if (!residency_.resident(s)) continue;
+    residency_.to_host(s, *d2h_);
+    if (written) residency_.host_written(s);
+  }
+}
+
+std::uint64_t Executor::evict(std::uint64_t max_bytes) {
+  const std::lock_guard lock(residency_mutex_);
+  return evict_locked(max_bytes);
+}
+
+void Executor::offer_to_reclaim() {
+  if (reclaimed_from_ != nullptr || residency_.count() == 0) return;
+  allocator::device::CachingAllocator* a = buffers_.caching_allocator();
+  if (a == nullptr) return;
+  reclaimer_ = a->add_reclaimer([this](std::uint64_t bytes) -> std::uint64_t {
+    const std::unique_lock lock(residency_mutex_, std::try_to_lock);
+    return lock.owns_lock() ? evict_locked(bytes) : 0;
+  });
+  reclaimed_from_ = a;
+}
+
+std::uint64_t Executor::evict_locked(std::uint64_t max_bytes) {
+  if (residency_.bytes() == 0) return 0;
+  const driver::ContextScope scope(context_);
+  settle();
+  synchronize_streams();
+  const std::uint64_t before = residency_.bytes();
+  // The last subgroups first, as the plan lets them go when memory shrinks.
+  for (std::size_t s = state_.size(); s-- > 0 && before - residency_.bytes() < max_bytes;) {
+    if (!residency_.resident(s)) continue;
+    residency_.to_host(s, *d2h_);
+    residency_.drop(s);
+  }
+  return before - residency_.bytes();
+}
+
+std::uint64_t Executor::resident_working_bytes() const {
+  std::uint64_t largest = 0;
+  for (std::size_t s = 0; s < state_.size(); ++s) largest = std::max(largest, state_.params(s));
+  // While one is updated: its lane (state area, gradient, weights).
+  return state_.slot_bytes_for(largest) + largest * (state_.grad_bytes() + state_.param_bytes());
+}
+
+std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t held_bytes,
+                                            const planner::Footprint& footprint) const {
+  std::vector<char> none(state_.size(), 0);
+  if (!options_.residency || policy.kind != Policy::Kind::automatic || state_.host_params() ||
+      held_bytes == 0) {
+    return none;
+  }
+  planner::ResidencyInput in;
+  in.held_bytes = held_bytes;
+  in.working_bytes = resident_working_bytes();
+  in.hysteresis = options_.residency_hysteresis;
+  in.resident = residency_.flags();
+  in.allowed.assign(state_.size(), 1);
+  in.slot_bytes.resize(state_.size());
+  for (std::size_t s = 0; s < state_.size(); ++s) {
+    // With gradients kept on the GPU, a resident subgroup holds its gradient's buffer too.
+    in.slot_bytes[s] = state_.slot_bytes(s) + footprint.resident_bytes(state_.params(s));
+    // Frozen slices are saved from and restored into the pinned slot around the phase.
+    if (frozen_.any(s)) in.allowed[s] = 0;
+  }
+  return planner::choose_resident(in);
+}
+
+planner::Plan Executor::plan_around_resident(const Policy& policy, const planner::Workload& w,
+                                             const std::vector<char>& resident) const {
+  const planner::Rates& r = refiner_.rates();
+  const std::size_t n = state_.size();
+  std::vector<std::size_t> rest, residents;
+  std::uint64_t largest = 0, slots = 0, kept = 0;
+  for (std::size_t s = 0; s < n; ++s) {
+    if (resident[s] != 0) {
+      residents.push_back(s);
+      largest = std::max(largest, state_.params(s));
+      slots += state_.slot_bytes(s);
+      kept += w.footprint.resident_bytes(state_.params(s));
+    } else {
+      rest.push_back(s);
+    }
+  }
+  const std::uint64_t lane =
+      state_.slot_bytes_for(largest) + largest * (state_.grad_bytes() + state_.param_bytes());
+  const std::uint64_t reserved = slots + kept + lane;
+
+  planner::Plan out;
+  out.headroom_bytes = w.headroom_bytes;
+  out.subgroups.resize(n);
+  for (std::size_t s = 0; s < n; ++s) out.subgroups[s].params = state_.params(s);
+  out.gpu_order = residents;
+  std::optional<planner::Plan> transient;
+  if (!rest.empty()) {
+    planner::Workload sub;
+    sub.footprint = w.footprint;
+    sub.headroom_bytes = w.headroom_bytes > reserved ? w.headroom_bytes - reserved : 0;
+    for (std::size_t s : rest) sub.subgroup_params.push_back(state_.params(s));
+    transient = plan(sub, r, options_.planner);
+    (void)policy;
+    for (std::size_t j = 0; j < transient->subgroups.size(); ++j) {
+      out.subgroups[rest[j]] = transient->subgroups[j];
+    }
+    for (std::size_t s : transient->gpu_order) out.gpu_order.push_back(rest[s]);
+    for (std::size_t s : transient->cpu_order) out.cpu_order.push_back(rest[s]);
+    out.buffer_bytes = transient->buffer_bytes;
+    out.buffers = transient->buffers;
+    out.resident_bytes = transient->resident_bytes;
+    out.gpu_params = transient->gpu_params;
+    out.cpu_params = transient->cpu_params;
+    out.predicted = transient->predicted;
+  }
+  out.buffers = std::max<std::size_t>(out.buffers, 1);
+  out.buffer_bytes = std::max(out.buffer_bytes, lane);
+  out.resident_state_bytes = slots;
+  out.resident_bytes += kept;  // their gradients, when kept on the GPU
+  // The resident subgroups' updates: the kernel and their gradients' copy-in, before the rest.
+  const double gpu_rate = r.gpu_update * w.footprint.gpu_update_scale();
+  double resident_s = 0;
+  for (std::size_t s : residents) {
+    const auto params = static_cast<double>(state_.params(s));
+    planner::SubgroupPlan& sub = out.subgroups[s];
+    sub.device = planner::Device::gpu;
+    sub.resident = true;
+    sub.start_s = resident_s;
+    sub.h2d_end_s = resident_s + params * state_.grad_bytes() / r.h2d;
+    sub.update_end_s = sub.h2d_end_s + params / gpu_rate;
+    sub.end_s = sub.update_end_s;
+    resident_s = sub.end_s;
+    out.gpu_params += state_.params(s);
+  }
+  for (std::size_t j = 0; j < out.gpu_order.size(); ++j) {
+    planner::SubgroupPlan& sub = out.subgroups[out.gpu_order[j]];
+    sub.position = j;
+    sub.buffer = j % out.buffers;
+  }
+  out.predicted.gpu_side_s += resident_s;
+  out.predicted.phase_s = std::max(out.predicted.phase_s, out.predicted.gpu_side_s);
+  out.predicted.all_cpu_s = planner::all_cpu_plan(w, r).predicted.all_cpu_s;
+  return out;
+}
+
+std::uint64_t Executor::residency_held(std::uint64_t headroom_bytes) {
+  try {
+    return buffers_.residency_budget(headroom_bytes);
+  } catch (...) {
+    return 0;  // the phase then keeps what is resident where it is (end_unplanned_residency)
+  }
+}
+
+void Executor::end_unplanned_residency(planner::Plan& plan) {
+  std::vector<std::size_t> leaving;
+  for (std::size_t s = 0; s < state_.size(); ++s) {
+    if (residency_.resident(s) && !plan.subgroups[s].resident) leaving.push_back(s);
+  }
+  if (leaving.empty()) return;
+  std::vector<std::size_t> stuck;  // could not be copied home: they stay resident this phase
+  try {
+    settle();
+    synchronize_streams();
+    for (std::size_t s : leaving) {
+      try {
+        residency_.to_host(s, *d2h_);
+        residency_.drop(s);
+      } catch (...) {
+        stuck.push_back(s);
+      }
+    }
+  } catch (...) {
+    stuck = leaving;
+  }
+  if (stuck.empty()) return;
+  // Their state is on the device only: it is updated there (if the device still can), never
+  // from the stale pinned slot. Another bucket of the same step may already have been updated,
+  // so this does not throw: a device that is lost loses them (not_updated).
+  auto drop_from = [&](std::vector<std::size_t>& order, std::size_t s) {
+    order.erase(std::remove(order.begin(), order.end(), s), order.end());
+  };
+  for (std::size_t s : stuck) {
+    drop_from(plan.gpu_order, s);
+    drop_from(plan.cpu_order, s);
+    plan.subgroups[s].resident = true;
+    plan.subgroups[s].device = planner::Device::gpu;
+  }
+  plan.gpu_order.insert(plan.gpu_order.begin(), stuck.begin(), stuck.end());
+  plan.buffers = std::max<std::size_t>(plan.buffers, 1);
+}
+
 planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_bytes,
-                                  bool gradients_on_gpu) const {
+                                  bool gradients_on_gpu, std::uint64_t held_bytes) const {
   planner::Workload w;
   w.subgroup_params = state_.sizes();
   w.footprint = footprint(gradients_on_gpu);
@@ -238,21 +456,29 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
       chosen = planner::plan_for_order(w, r, order, options_.planner);
       break;
     }
-    case Policy::Kind::automatic:
+    case Policy::Kind::automatic: {
+      const std::vector<char> resident =
+          choose_resident(policy, std::min(held_bytes, headroom), w.footprint);
+      if (std::find(resident.begin(), resident.end(), 1) != resident.end()) {
+        return plan_around_resident(policy, w, resident);
+      }
       chosen = plan(w, r, options_.planner);
       break;
+    }
   }
   return chosen ? *chosen : planner::all_cpu_plan(w, r);
 }
 
 const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {
+  const std::lock_guard lock(residency_mutex_);
   const driver::ContextScope scope(context_);
   offload_->synchronize_all();  // no copy may be in flight to a buffer being re-routed
   buffers_.clear_gradients();
   offload_->route({});
   // Kept gradients are held through the forward and backward passes: no more than may be held.
+  const std::uint64_t held = options_.residency ? residency_held(headroom_bytes) : 0;
   if (options_.gradients_on_gpu) headroom_bytes = buffers_.holdable(headroom_bytes);
-  prepared_ = plan_with(policy, headroom_bytes, options_.gradients_on_gpu);
+  prepared_ = plan_with(policy, headroom_bytes, options_.gradients_on_gpu, held);
   if (options_.gradients_on_gpu && !prepared_->gpu_order.empty()) {
     std::vector<CUdeviceptr> route(state_.size(), 0);
     try {
@@ -266,7 +492,7 @@ const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headr
       // without them, and later plans get less headroom.
       headroom_cap_ = std::max<std::uint64_t>(buffers_.gradient_bytes(), 1);
       buffers_.clear_gradients();
-      prepared_ = plan_with(policy, headroom_bytes, false);
+      prepared_ = plan_with(policy, headroom_bytes, false, held);
     }
   }
   return *prepared_;

@@ -37,6 +37,13 @@
 // waits for that work; queued work only ever writes spare slots, GPU buffers, and the model's
 // parameters with committed values.
 //
+// Resident subgroups (ExecutorOptions::residency, runtime/residency.h) are GPU subgroups whose
+// state stays in device memory: they are updated in place there (copied in only when joining),
+// have no copy-out, and their commit records that the device slot is their state. Run on the CPU
+// after a fault, their state is first copied home; a device lost with it loses it since its last
+// copy home
+// (`not_updated`). docs/design/runtime.md#resident-subgroups.
+//
 // Buffers are kept from one phase to the next (release_buffers() frees them).
 // Memory pressure: buffers are allocated as the pipeline runs; if one cannot be, the GPU
 // subgroups that would have used it (and any after, when none was allocated) are updated on the
@@ -56,12 +63,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "allocator/device/caching_allocator.h"
 #include "allocator/memory_resource.h"
 #include "driver/context.h"
 #include "kernels/adam_math.h"
@@ -75,6 +84,7 @@
 #include "runtime/gradient_stats.h"
 #include "runtime/model_params.h"
 #include "runtime/optimizer_state.h"
+#include "runtime/residency.h"
 #include "runtime/update_buffer.h"
 
 namespace tide::kernels {
@@ -104,6 +114,8 @@ Policy parse_policy(std::string_view text);
 std::string policy_name(const Policy& policy);  // "auto", "cpu", "gpu", "k2", "first3"
 // TIDE_PLACEMENT if set (strictly parsed; config::EnvError), else `fallback`.
 Policy policy_from_env(const Policy& fallback);
+// TIDE_RESIDENCY: "auto" (the default: resident subgroups where memory allows) or "off".
+bool residency_from_env();
 
 struct ExecutorOptions {
   int device = 0;
@@ -122,6 +134,11 @@ struct ExecutorOptions {
   // The CPU kernel's instruction set instead of the widest one (must be supported): for timing
   // tests and benchmarks that want a slower CPU update against the stand-in's simulated copies.
   std::optional<kernels::CpuIsa> cpu_isa;
+  // Placement "auto" keeps the state of as many subgroups in device memory across phases as the
+  // memory that can be held through a whole iteration allows (runtime/residency.h,
+  // planner/residency.h). Off here by default; the C ABI takes it from TIDE_RESIDENCY.
+  bool residency = false;
+  double residency_hysteresis = 0.05;
   // Where the GPU buffers come from. Null: tide's caching allocator of the device when the
   // process uses it (PyTorch through tide.torch.use_allocator(), which is where the headroom
   // comes from too: the buffers are carved from its cache), else the driver (cuMemAlloc).
@@ -149,6 +166,8 @@ struct PhaseReport {
   std::string fault;                     // the first fault of the phase (empty: none)
   std::vector<std::size_t> unwritten;    // updated, but their model parameters were not written
   std::vector<std::size_t> not_updated;  // not updated: their gradient was lost with the device
+  std::size_t resident_subgroups = 0;    // resident after the phase (their state on the device)
+  std::uint64_t resident_bytes = 0;      // device memory their state holds
 };
 
 class Executor {
@@ -222,6 +241,18 @@ class Executor {
   // cannot: nothing is freed under queued work).
   void release_buffers();
 
+  // Resident state (ExecutorOptions::residency): makes every resident subgroup's pinned slot
+  // current (a copy from the device, synchronously), for readers of the state between steps.
+  // `written`: the caller may write the pinned slots, which are then the state (the next update
+  // of each copies its state in from there). Throws CudaError when the device fails; the state
+  // since the last such copy is then on the lost device only.
+  void sync_state(bool written);
+  // Ends the residency of every subgroup (its state goes back to its pinned slot) and frees the
+  // device memory it held; `max_bytes`: stop once that much was freed. Returns the bytes freed.
+  // Throws CudaError as sync_state does.
+  std::uint64_t evict(std::uint64_t max_bytes = UINT64_MAX);
+  const Residency& residency() const { return residency_; }
+
   const PhaseReport& last_report() const { return report_; }
   const planner::Rates& rates() const { return refiner_.rates(); }
   planner::Footprint footprint(bool gradients_on_gpu) const;
@@ -237,8 +268,26 @@ class Executor {
   void synchronize_streams() const;
   bool needs_staging(bool gradients_on_gpu) const;
   std::uint64_t capped(std::uint64_t headroom) const;
-  planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes,
-                          bool gradients_on_gpu) const;
+  // `held_bytes`: what may be held through a whole iteration, for resident subgroups (0: none).
+  planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu,
+                          std::uint64_t held_bytes = 0) const;
+  // The plan of the subgroups `resident` does not mark within `headroom_bytes`, with the resident
+  // ones first on the GPU.
+  planner::Plan plan_around_resident(const Policy& policy, const planner::Workload& w,
+                                     const std::vector<char>& resident) const;
+  std::vector<char> choose_resident(const Policy& policy, std::uint64_t held_bytes,
+                                    const planner::Footprint& footprint) const;
+  std::uint64_t resident_working_bytes() const;
+  // Residents the plan does not keep go back to their pinned slots; those that cannot (a failed
+  // device) stay resident in `plan` for this phase.
+  void end_unplanned_residency(planner::Plan& plan);
+  // residency_budget, or nothing when the allocator cannot be asked (a lost device).
+  std::uint64_t residency_held(std::uint64_t headroom_bytes);
+  std::uint64_t evict_locked(std::uint64_t max_bytes);
+  void write_params_locked(std::size_t s);
+  // With resident state under tide's allocator: it may take the state back home before an
+  // allocation would fail (CachingAllocator::add_reclaimer).
+  void offer_to_reclaim();
 
   OptimizerState& state_;
   ExecutorOptions options_;
@@ -252,6 +301,12 @@ class Executor {
   planner::RateRefiner refiner_;
   std::optional<planner::Plan> prepared_;
   BufferPool buffers_;
+  Residency residency_;
+  // Held by a phase, and by whatever moves resident state between phases; tide's allocator's
+  // reclaimer only tries it (a phase in progress gives nothing back).
+  std::mutex residency_mutex_;
+  allocator::device::CachingAllocator* reclaimed_from_ = nullptr;
+  std::uint64_t reclaimer_ = 0;
   std::uint64_t headroom_cap_ = 0;
   PhaseReport report_;
   FrozenSlices frozen_;

@@ -71,6 +71,11 @@ struct Executor::GpuTask {
   CUdeviceptr grad = 0;      // where its gradient is on the GPU
   CUdeviceptr weights = 0;   // where the kernel leaves the new weights for the model
   bool grad_copied = false;  // its gradient is copied in (not kept on the GPU)
+  // Resident (runtime/residency.h): its state is updated in place in its device slot, not in
+  // the lane's buffer, and never copied out.
+  bool resident = false;
+  bool kernel_enqueued = false;  // its update will happen unless the device fails
+  CUdeviceptr state = 0;         // where its state is updated: its device slot, or the lane's
 };
 
 // One GPU buffer and the subgroups that use it in turn.
@@ -100,11 +105,12 @@ struct Executor::Phase {
   void set_up_gpu();
   bool start_next();
   GpuTask make_task(std::size_t lane);
-  void copy_state_in(const GpuTask& t);
+  void copy_state_in(GpuTask& t);
   void copy_grad_in(const GpuTask& t);
   void update_and_copy_out(GpuTask& t);
   void finish(GpuTask t);
   void abandon(const GpuTask& t, bool memory);
+  void complete_in_place(const GpuTask& t);
   void drop_waiting();
   bool any_waiting() const;
   void poll();
@@ -167,6 +173,7 @@ struct Executor::Phase {
   std::deque<GpuTask> in_flight;     // enqueued through the copy-out, in copy-out order
   std::vector<GpuTask> committed;
   std::vector<GpuTask> failed;  // started, never committed: redone on the CPU
+  Residency& residency = x.residency_;
 
   // Parameter writes: enqueued (confirmed at the join), and those that could not be enqueued.
   std::vector<std::size_t> written, unwritten;
@@ -222,9 +229,9 @@ void Executor::Phase::settle_copy_in(const GpuTask& t) {
     try {
       // (Weights outside the slot stay where they are: a queued copy that still reads them
       // feeds a GPU result that is never committed.)
-      float* fresh = state.take_spare(s);
-      std::memcpy(fresh, state.slot(s), state.slot_bytes(s));
-      x.buffers_.quarantine_slot(s, state.commit(s, fresh));
+      float* moved = state.take_spare(s);
+      std::memcpy(moved, state.slot(s), state.slot_bytes(s));
+      x.buffers_.quarantine_slot(s, state.commit(s, moved));
     } catch (...) {
       // No memory for it: updated where it is (only the stand-in still runs queued work).
     }
@@ -232,6 +239,18 @@ void Executor::Phase::settle_copy_in(const GpuTask& t) {
 }
 
 void Executor::Phase::to_cpu(std::size_t s) {
+  if (!residency.host_current(s)) {
+    // Resident: its state must come back to its pinned slot first, or it cannot be updated.
+    try {
+      if (!device_usable) throw std::runtime_error("the device failed earlier in the phase");
+      residency.to_host(s, *x.d2h_);
+    } catch (...) {
+      fault(std::current_exception());
+      report.not_updated.push_back(s);
+      return;
+    }
+  }
+  if (residency.resident(s)) residency.host_written(s);  // the CPU updates the pinned slot
   if (const CUdeviceptr g = x.offload_->device_gradient(s); g != 0 && gradients_on_gpu) {
     // Its gradient was kept on the GPU: bring it over first. The kernel never writes it.
     try {
@@ -308,6 +327,8 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   }
   const std::uint64_t slot = state.slot_bytes_for(largest);
   t.grad = t.grad_copied ? base + grad_at() : kept;
+  t.resident = report.planned.subgroups[t.subgroup].resident;
+  t.state = base;  // a resident subgroup's device slot, once it has one (copy_state_in)
   if (wb != 0) {
     t.weights = base + params_at();  // staged to the host by the copy-out
   } else if (!low) {
@@ -325,15 +346,28 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
 // The state's copy-in, once the lane's last copy-out is done (and, for fp32 weights, which are
 // the state itself, once they were written out). The gradients are in pinned memory already
 // (ready() waited for them).
-void Executor::Phase::copy_state_in(const GpuTask& t) {
+void Executor::Phase::copy_state_in(GpuTask& t) {
   Lane& lane = lanes[t.buffer];
   driver::Event* ev = &events[t.events];
+  const std::size_t s = t.subgroup;
+  if (t.resident) {
+    if (!residency.resident(s)) {
+      // Joining. Throws std::bad_alloc before anything is enqueued: it falls back to the CPU.
+      residency.attach(s,
+                       UpdateBuffer(x.buffers_.memory(), state.slot_bytes(s), x.compute_->get()));
+    }
+    t.state = residency.device_slot(s);
+    if (!low) t.weights = t.state;
+  }
   if (lane.copied_out) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
   if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
   ev[kH2dStart].record(*x.h2d_);
-  const std::size_t s = t.subgroup;
   const CUdeviceptr base = buffer[t.buffer].get();
-  if (bf16_master && !x.stale_params_[s]) {
+  if (t.resident) {
+    if (!residency.device_current(s)) {  // joining, or its pinned slot was written since
+      driver::copy_to_device_async(t.state, state.slot(s), state.slot_bytes(s), *x.h2d_);
+    }
+  } else if (bf16_master && !x.stale_params_[s]) {
     // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only
     // the compensation and the moments come over the link (2 bytes per parameter less).
     const std::vector<ParamSlice>& slices = state.spec(s).slices;
@@ -368,16 +402,19 @@ void Executor::Phase::copy_grad_in(const GpuTask& t) {
 void Executor::Phase::update_and_copy_out(GpuTask& t) {
   const std::size_t s = t.subgroup;
   const std::uint64_t n = state.params(s);
-  const CUdeviceptr base = buffer[t.buffer].get();
+  const CUdeviceptr base = t.state;  // the state's layout from here (the lane's, or resident)
+  const CUdeviceptr lane_base = buffer[t.buffer].get();
   Lane& lane = lanes[t.buffer];
   driver::Event* ev = &events[t.events];
   t.staging = model.take_staging(s);
-  try {
-    t.slot = state.take_spare(s);
-  } catch (...) {
-    free_staging(t);
-    t.staging = nullptr;
-    throw;
+  if (!t.resident) {
+    try {
+      t.slot = state.take_spare(s);
+    } catch (...) {
+      free_staging(t);
+      t.staging = nullptr;
+      throw;
+    }
   }
 
   x.compute_->wait(ev[kH2dEnd]);
@@ -389,7 +426,7 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
     sub.param_bf16 = base;
     sub.param_comp = base + 2 * n;
   } else {
-    sub.param = wb != 0 ? base + params_at() : base;
+    sub.param = wb != 0 ? lane_base + params_at() : base;
   }
   // The host slot's layout (runtime/optimizer_state.h).
   sub.exp_avg = base + state.moment_offset(n, 0);
@@ -411,13 +448,14 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   kernels::AdamHyper h = hyper;
   h.rounding_seed = state.rounding_seed();
   x.adam_->step({&sub, 1}, dtypes, h, counters.get() + 8 * t.position, *x.compute_);
+  t.kernel_enqueued = true;
   ev[kUpdateEnd].record(*x.compute_);
 
   x.d2h_->wait(ev[kUpdateEnd]);
   ev[kD2hStart].record(*x.d2h_);
-  driver::copy_to_host_async(t.slot, base, state.slot_bytes(s), *x.d2h_);
+  if (!t.resident) driver::copy_to_host_async(t.slot, base, state.slot_bytes(s), *x.d2h_);
   if (t.staging != nullptr) {
-    driver::copy_to_host_async(t.staging, base + params_at(), model.staging_bytes(s), *x.d2h_);
+    driver::copy_to_host_async(t.staging, lane_base + params_at(), model.staging_bytes(s), *x.d2h_);
   }
   driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
                              *x.d2h_);
@@ -449,6 +487,10 @@ void Executor::Phase::finish(GpuTask t) {
 // A started subgroup that will not complete on the GPU: updated on the CPU instead, from its
 // untouched state.
 void Executor::Phase::abandon(const GpuTask& t, bool memory) {
+  if (t.resident && t.kernel_enqueued && !residency.host_current(t.subgroup)) {
+    complete_in_place(t);  // its update is under way: it cannot be redone elsewhere
+    return;
+  }
   failed.push_back(t);
   settle_copy_in(t);
   if (memory) {
@@ -456,6 +498,24 @@ void Executor::Phase::abandon(const GpuTask& t, bool memory) {
   } else {
     roll_forward(t.subgroup);
   }
+}
+
+// A resident subgroup whose update was enqueued in place, then something after it failed: the
+// update completes there (its state is no longer the old one to redo it from). If the device
+// cannot be waited for, its state is lost with the device.
+void Executor::Phase::complete_in_place(const GpuTask& t) {
+  try {
+    if (!device_usable) throw std::runtime_error("the device failed during the phase");
+    x.compute_->synchronize();
+    driver::copy_to_host(host_counters + t.position, counters.get() + 8 * t.position, 8);
+  } catch (...) {
+    fault(std::current_exception());
+    device_usable = false;
+    failed.push_back(t);
+    report.not_updated.push_back(t.subgroup);
+    return;
+  }
+  commit(t);
 }
 
 void Executor::Phase::drop_waiting() {
@@ -558,7 +618,11 @@ void Executor::Phase::commit(const GpuTask& t) {
   const std::size_t s = t.subgroup;
   Lane& lane = lanes[t.buffer];
   lane.running.reset();
-  state.give_spare(s, state.commit(s, t.slot));
+  if (t.resident) {
+    residency.updated_on_device(s);
+  } else {
+    state.give_spare(s, state.commit(s, t.slot));
+  }
   report.nonfinite += host_counters[t.position];
   report.devices[s] = planner::Device::gpu;
   committed.push_back(t);
@@ -670,7 +734,7 @@ void Executor::Phase::join() {
     // Parameter writes that could not be enqueued: once more, synchronously.
     for (std::size_t s : unwritten) {
       try {
-        x.write_params(s);
+        x.write_params_locked(s);
       } catch (...) {
         fault(std::current_exception());
         report.unwritten.push_back(s);
@@ -692,6 +756,12 @@ void Executor::Phase::release(bool confirmed) {
   // gradients kept on the GPU count: they are part of what a plan places in the headroom.
   allocated_bytes = counters.size() + buffer.size() * buffer_bytes + x.buffers_.gradient_bytes();
   if (!confirmed) {
+    // Stale device slots: queued work may still use them.
+    for (std::size_t s = 0; s < state.size(); ++s) {
+      if (residency.resident(s) && !residency.device_current(s)) {
+        buffer.push_back(residency.take_slot(s));
+      }
+    }
     for (const GpuTask& t : failed) {
       if (t.slot != nullptr) x.buffers_.quarantine_slot(t.subgroup, t.slot);
       if (t.staging != nullptr) {
@@ -710,6 +780,9 @@ void Executor::Phase::release(bool confirmed) {
   for (const GpuTask& t : failed) {
     if (t.slot != nullptr) state.give_spare(t.subgroup, t.slot);
     free_staging(t);
+  }
+  for (std::size_t s = 0; s < state.size(); ++s) {
+    if (residency.resident(s) && !residency.device_current(s)) residency.drop(s);  // stale
   }
   x.buffers_.release_quarantine(state);
   if (host_counters != nullptr) state.arena().deallocate(host_counters, 8 * host_counter_count);
@@ -734,13 +807,21 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   } catch (...) {
     no_context = std::current_exception();
   }
+  const std::lock_guard lock(residency_mutex_);
   // Before anything changes: whatever fails here is rethrown, and nothing changed.
   (void)kernels::adam_coefficients(hyper);
   if (!ready_ || offload_->offloads() != ready_offloads_) ready(hyper);
   const bool prepared = prepared_.has_value();
   PhaseReport report;
   // Unprepared: the gradients were offloaded to host memory.
-  report.planned = prepared ? *prepared_ : plan_with(policy, headroom_bytes, false);
+  const std::uint64_t held = options_.residency && !prepared ? residency_held(headroom_bytes) : 0;
+  report.planned = prepared ? *prepared_ : plan_with(policy, headroom_bytes, false, held);
+  for (planner::SubgroupPlan& sub : report.planned.subgroups) {
+    // Frozen since the plan was prepared: its slices are saved from the pinned slot.
+    const auto s = static_cast<std::size_t>(&sub - report.planned.subgroups.data());
+    if (sub.resident && frozen_.any(s)) sub.resident = false;
+  }
+  end_unplanned_residency(report.planned);
   report.timings.assign(state_.size(), planner::SubgroupTiming{});
   report.devices.assign(state_.size(), planner::Device::cpu);
   report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
@@ -766,12 +847,16 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   w.subgroup_params = state_.sizes();
   w.footprint = fp;
   w.headroom_bytes = std::numeric_limits<std::uint64_t>::max() / 2;
-  std::vector<std::size_t> ran;
-  for (const GpuTask& t : phase.committed) ran.push_back(t.subgroup);
+  // Resident subgroups copied no state over the link: their times are not the model's copies,
+  // and refine nothing (ran lists them as GPU subgroups after the refinement).
+  std::vector<std::size_t> ran, resident_ran;
+  for (const GpuTask& t : phase.committed) (t.resident ? resident_ran : ran).push_back(t.subgroup);
   const std::size_t buffers_used = phase.lanes.size();
   report.ran = ran.empty() ? planner::all_cpu_plan(w, refiner_.rates())
                            : evaluate(w, refiner_.rates(), planner::Placement{ran, buffers_used});
   report.ran.headroom_bytes = report.planned.headroom_bytes;
+  std::vector<planner::SubgroupTiming> timings = report.timings;
+  for (std::size_t s : resident_ran) timings[s] = planner::SubgroupTiming{};
 
   if (phase.allocation_failed) {
     headroom_cap_ = std::max<std::uint64_t>(phase.allocated_bytes, 1);
@@ -780,9 +865,14 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
     if (headroom_cap_ >= headroom_bytes) headroom_cap_ = 0;
   }
   report.headroom_cap = headroom_cap_;
-  if (options_.refine && report.fault.empty()) {
-    refiner_.observe_phase(report.ran, fp, report.timings);
+  if (options_.refine && report.fault.empty()) refiner_.observe_phase(report.ran, fp, timings);
+  for (std::size_t s : resident_ran) {
+    report.ran.subgroups[s].device = planner::Device::gpu;
+    report.ran.subgroups[s].resident = true;
   }
+  offer_to_reclaim();
+  report.resident_subgroups = residency_.count();
+  report.resident_bytes = residency_.bytes();
   report_ = std::move(report);
   return report_;
 }

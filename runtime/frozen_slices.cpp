@@ -9,6 +9,11 @@ FrozenSlices::FrozenSlices(const OptimizerState& state) : flags_(state.size()) {
   for (std::size_t i = 0; i < state.size(); ++i) flags_[i].assign(state.spec(i).slices.size(), 0);
 }
 
+bool FrozenSlices::any(std::size_t subgroup) const {
+  const std::vector<char>& f = flags_.at(subgroup);
+  return std::any_of(f.begin(), f.end(), [](char x) { return x != 0; });
+}
+
 void FrozenSlices::set(std::size_t subgroup, std::size_t slice, bool frozen) {
   flags_.at(subgroup).at(slice) = frozen ? 1 : 0;
 }

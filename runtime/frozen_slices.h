@@ -23,6 +23,7 @@ class FrozenSlices {
   bool frozen(std::size_t subgroup, std::size_t slice) const {
     return flags_.at(subgroup).at(slice) != 0;
   }
+  bool any(std::size_t subgroup) const;  // some slice of the subgroup is frozen
 
   // What save() took: the frozen slices' state, in order, and their 8-bit moments' blocks.
   struct Saved {

@@ -79,7 +79,13 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
       }
     }
   }
-  return allocate_core(bytes, rounded, stream);
+  const bool reclaimable = has_reclaimers_.load(std::memory_order_acquire);
+  void* p = allocate_core(bytes, rounded, stream, false, !reclaimable);
+  if (p == nullptr && reclaimable) {
+    (void)reclaim(rounded);  // whatever it freed, this is the last try
+    p = allocate_core(bytes, rounded, stream);
+  }
+  return p;
 }
 
 void CachingAllocator::deallocate(void* ptr, std::size_t bytes, CUstream stream) {
@@ -128,11 +134,11 @@ void CachingAllocator::deallocate_from_headroom(void* ptr, std::size_t bytes, CU
 }
 
 void* CachingAllocator::allocate_core(std::size_t bytes, std::size_t rounded, CUstream stream,
-                                      bool from_headroom) {
+                                      bool from_headroom, bool last_try) {
   const std::lock_guard lock(mutex_);
   const PoolKind pool = rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
   Block* block = pools_[pool_index(pool)].best_fit(stream, rounded);
-  if (block == nullptr) block = allocate_slow_locked(bytes, rounded, pool, stream);
+  if (block == nullptr) block = allocate_slow_locked(bytes, rounded, pool, stream, last_try);
   if (block == nullptr) return nullptr;
   take_locked(block, rounded, bytes, stream);
   account_alloc_locked(block, bytes);

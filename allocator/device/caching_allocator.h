@@ -64,6 +64,14 @@ class CachingAllocator final : public DeviceMemoryResource {
   // buffers. Never goes through a thread's cache; give it back with deallocate_from_headroom().
   void* allocate_from_headroom(std::size_t bytes, CUstream stream);
   void deallocate_from_headroom(void* ptr, std::size_t bytes, CUstream stream);
+  // Who can give device memory back when an allocation would fail: tide's executor, for its
+  // resident optimizer state. Before allocate() reports out of memory, each reclaimer is called,
+  // without the allocator's lock, with the bytes wanted, and returns the bytes it freed; if any
+  // did, the allocation is tried once more. A reclaimer must not allocate from this allocator.
+  // Returns an id for remove_reclaimer, which waits for a call in progress to return.
+  using Reclaimer = std::function<std::uint64_t(std::uint64_t)>;
+  std::uint64_t add_reclaimer(Reclaimer reclaimer);
+  void remove_reclaimer(std::uint64_t id);
   // The block at `ptr` (allocated) is used on `stream` too: not reused before that stream's work
   // submitted until its free completes.
   void record_stream(void* ptr, CUstream stream);
@@ -118,8 +126,11 @@ class CachingAllocator final : public DeviceMemoryResource {
   struct Corrections;  // what the thread caches hold, subtracted from the core's counts
 
   // The front door and blocks (caching_allocator.cpp).
+  // `last_try`: out of memory is recorded (else the caller reclaims and tries again).
   void* allocate_core(std::size_t bytes, std::size_t rounded, CUstream stream,
-                      bool from_headroom = false);
+                      bool from_headroom = false, bool last_try = true);
+  // Asks the reclaimers for `bytes` (caching_allocator_reclaim.cpp); true if any freed some.
+  bool reclaim(std::size_t bytes);
   void deallocate_core(CUdeviceptr ptr, std::size_t bytes, bool from_cache);
   void deallocate_locked(CUdeviceptr ptr, std::size_t bytes, bool from_cache);
   Block* split_off_locked(Block* block, std::size_t offset);
@@ -156,7 +167,7 @@ class CachingAllocator final : public DeviceMemoryResource {
   // Requests larger than any device: records the out-of-memory and returns true.
   bool refuse_oversized(std::size_t bytes, CUstream stream);
   Block* allocate_slow_locked(std::size_t bytes, std::size_t rounded, PoolKind pool,
-                              CUstream stream);
+                              CUstream stream, bool last_try = true);
   void record_oom_locked(std::size_t bytes, std::size_t rounded, CUstream stream, bool limit_hit);
 
   // Statistics (caching_allocator_stats.cpp).
@@ -183,6 +194,12 @@ class CachingAllocator final : public DeviceMemoryResource {
   // Everything below; on a cache line of its own, apart from what the thread caches' lock-free
   // path reads (tracing_, blocks_with_uses_, the settings above), so that threads taking the lock
   // do not slow the others' small-block pairs.
+  // The reclaimers, apart from the rest: called without mutex_, under this one.
+  std::mutex reclaim_mutex_;
+  std::vector<std::pair<std::uint64_t, Reclaimer>> reclaimers_;
+  std::uint64_t next_reclaimer_ = 1;
+  std::atomic<bool> has_reclaimers_{false};
+
   alignas(64) mutable std::mutex mutex_;
   double memory_fraction_ = 1.0;
   std::uint64_t limit_ = 0;

@@ -24,7 +24,7 @@ bool CachingAllocator::refuse_oversized(std::size_t bytes, CUstream stream) {
 }
 
 Block* CachingAllocator::allocate_slow_locked(std::size_t bytes, std::size_t rounded, PoolKind pool,
-                                              CUstream stream) {
+                                              CUstream stream, bool last_try) {
   const driver::ContextScope scope(context_);
   BlockPool& free_blocks = pools_[pool_index(pool)];
   process_events_locked(stream);
@@ -40,7 +40,7 @@ Block* CachingAllocator::allocate_slow_locked(std::size_t bytes, std::size_t rou
   ++num_alloc_retries_;
   limit_hit = false;
   if (Block* b = grow_locked(rounded, pool, stream, &limit_hit)) return b;
-  record_oom_locked(bytes, rounded, stream, limit_hit);
+  if (last_try) record_oom_locked(bytes, rounded, stream, limit_hit);
   return nullptr;
 }
 

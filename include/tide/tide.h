@@ -950,13 +950,16 @@ typedef struct tide_step_result {
   uint64_t cpu_subgroups;          /* updated on the CPU, fallbacks included */
   uint64_t fallback_subgroups;     /* planned on the GPU but updated on the CPU: no GPU memory */
   uint64_t gpu_params;
-  uint64_t buffers_in_flight; /* GPU buffers in flight */
-  uint64_t gpu_bytes;         /* GPU memory the plan used: buffers and kept gradients */
-  uint64_t nonfinite;         /* elements left unchanged: non-finite gradient or update */
-  uint64_t headroom_cap;      /* cap on the next plans' headroom after a fallback; 0: none */
-  uint64_t rolled_forward;    /* GPU subgroups redone on the CPU after a fault */
-  uint64_t unwritten;         /* subgroups whose model parameters could not be written */
-  uint64_t not_updated;       /* subgroups that could not be updated */
+  uint64_t buffers_in_flight;  /* GPU buffers in flight */
+  uint64_t gpu_bytes;          /* GPU memory the plan used: buffers and kept gradients */
+  uint64_t nonfinite;          /* elements left unchanged: non-finite gradient or update */
+  uint64_t headroom_cap;       /* cap on the next plans' headroom after a fallback; 0: none */
+  uint64_t rolled_forward;     /* GPU subgroups redone on the CPU after a fault */
+  uint64_t unwritten;          /* subgroups whose model parameters could not be written */
+  uint64_t not_updated;        /* subgroups that could not be updated */
+  uint64_t resident_subgroups; /* after the step, subgroups whose state stays in device memory
+                                  (TIDE_RESIDENCY; counted among gpu_subgroups when updated) */
+  uint64_t resident_bytes;     /* device memory their state holds */
 } tide_step_result;
 
 static inline tide_step_result tide_step_result_default(void) {
@@ -1000,6 +1003,21 @@ TIDE_API tide_status tide_optimizer_set_frozen(tide_optimizer* optimizer, const 
  * allocates them again). Call after a step when the coming forward pass needs that memory: the
  * headroom is what the update phase may use, not the forward pass. */
 TIDE_API tide_status tide_optimizer_release_buffers(tide_optimizer* optimizer);
+
+/* Resident subgroups (TIDE_RESIDENCY, placement auto) keep their state in device memory across
+ * steps; their pinned buffers (tide_optimizer_buffers) are then a mirror. This makes every
+ * mirror current (a device-to-host copy; synchronous), for reading the state between steps.
+ * `written` nonzero: the caller may also write the buffers, which are then the state (the next
+ * step copies it in from there). TIDE_ERROR_CUDA when the device fails: the state since the last
+ * such call is then on the lost device only. No resident subgroup: returns at once. */
+TIDE_API tide_status tide_optimizer_sync_state(tide_optimizer* optimizer, int32_t written);
+
+/* Ends the residency of resident subgroups (their state goes back to their pinned buffers) and
+ * frees the device memory it held, the last subgroups first, until at least `max_bytes` were
+ * freed (UINT64_MAX: all). `freed` (optional): the bytes freed. Errors as
+ * tide_optimizer_sync_state. */
+TIDE_API tide_status tide_optimizer_evict(tide_optimizer* optimizer, uint64_t max_bytes,
+                                          uint64_t* freed);
 
 /* The last phase's plan as it ran: per subgroup device[i] (0 CPU, 1 GPU) and order[i] (its
  * position in its device's order); `summary` (may be NULL) holds its prediction. */

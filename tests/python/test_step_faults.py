@@ -12,6 +12,11 @@ torch.optim.AdamW's (a bias correction off by one step would be far outside it).
 
 The model is tiny and cut into a few subgroups (one parameter straddles three), so that every
 position of a step can be tried in a few seconds per placement.
+
+These sweeps run without resident state (TIDE_RESIDENCY=off): a resident subgroup's state is on
+the device, so reading the state after the step (the snapshots) is itself a copy a fault can hit,
+and a lost device loses it (the documented window). Resident state has its own test at the end:
+copy and allocation faults at every position of a step that updates it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ if torch.cuda.is_available():
 PLACEMENTS = ["cpu", "gpu", 2, "auto"]
 SUBGROUP = 160
 STEPS = 3  # the fault is in step 2; step 1 gives the moments values, step 3 checks what follows
+
+
+@pytest.fixture(autouse=True)
+def no_residency(monkeypatch, request):
+    if "resident" not in request.node.name:
+        monkeypatch.setenv("TIDE_RESIDENCY", "off")
 
 
 def make(dtype, placement, state_dtype=torch.float32, host=False):
@@ -184,3 +195,41 @@ def completes_exactly_or_not_at_all(standin, placement, dtype, state_dtype, host
             continue  # no gradient at step 2: tide's bias correction counts per bucket (docs/guide/optimizer.md)
         scale = theirs.abs().max().item() or 1.0
         assert (ours.detach().float() - theirs).abs().max().item() / scale < tolerance
+
+
+# Resident state (placement auto, TIDE_RESIDENCY=auto): steps 1 and 2 leave the subgroups the
+# forecast holds resident on the device; step 3 is run with a copy or an allocation failing at each of its
+# positions (the faults are disarmed before the state is read back). Each step completes exactly
+# (rolled forward on the CPU from the device's state) or not at all, and the next is exact too.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_resident_state_completes_exactly_or_not_at_all(standin, dtype):
+    def steps(n_steps, fault=None):
+        model, opt = make(dtype, "auto")
+        raised = None
+        for step in range(1, n_steps + 1):
+            backward(model, opt, step)
+            if step == 3 and fault is not None:
+                standin.arm(*fault)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                try:
+                    opt.step()
+                except Exception as error:  # noqa: BLE001
+                    raised = error.with_traceback(None)
+            standin.disarm()
+            if step == 2:
+                assert opt.last_plan["resident_subgroups"] > 0
+                counts = (standin.copies(), standin.allocations())
+            if step == 3 and fault is None:
+                counts = tuple(a - b for a, b in zip((standin.copies(), standin.allocations()),
+                                                     counts))
+            if step == 3 and raised is not None:
+                opt.step()  # not happened: the same step again
+        return snapshot(model, opt), raised, counts if fault is None else None
+
+    expected, _, (copies, allocations) = steps(4)
+    assert copies > 0
+    for fault in ([("fail_copy", n) for n in range(1, copies + 1)]
+                  + [("fail_alloc", n) for n in range(1, allocations + 1)]):
+        got, raised, _ = steps(4, fault)
+        assert same(got, expected), f"{fault}: raised {raised}"

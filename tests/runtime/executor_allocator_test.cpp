@@ -156,3 +156,70 @@ TEST_F(ExecutorAllocatorTest, KeptGradientsLeaveTheForwardPassItsRoom) {
 
 }  // namespace
 }  // namespace tide::runtime::testing
+
+namespace tide::runtime::testing {
+namespace {
+
+// Resident state under tide's allocator: an allocation that would fail because of it takes it
+// back home first (the executor's reclaimer), and succeeds; no out-of-memory is recorded, and
+// the state is intact in its pinned slots.
+TEST(ExecutorAllocatorResidency, AnAllocationThatWouldFailEvictsResidentStateInstead) {
+  const driver::CurrentContext context;
+  allocator::testing::DeviceStandin standin;
+  const std::uint64_t capacity = standin.capacity();
+  standin.set_capacity(64 * kMiB);
+  {
+    Model model(std::vector<std::uint64_t>(kSubgroups, kParams), 3);  // 6 MiB on the device
+    allocator::device::CachingAllocator& a = allocator::device::device_allocator(0);
+    // Iterations whose passes peaked at 16 MiB of activations (as many as the forecast's window,
+    // so that other tests' iterations are out of it): the held headroom forecast (what may be
+    // held through an iteration) has room for the whole state, 18 MiB.
+    for (int i = 0; i < 5; ++i) {
+      a.mark(allocator::telemetry::Mark::kForward);
+      void* activations = a.allocate(16 * kMiB, nullptr);
+      ASSERT_NE(activations, nullptr);
+      a.deallocate(activations, 16 * kMiB, nullptr);
+      a.mark(allocator::telemetry::Mark::kUpdate);
+      a.mark(allocator::telemetry::Mark::kIterationEnd);
+    }
+    ASSERT_GT(a.headroom().held_headroom, 30 * kMiB);
+
+    Reference ref(*model.state);
+    ExecutorOptions options;
+    options.rates = test_rates();
+    options.refine = false;
+    options.residency = true;
+    Executor executor(*model.state, options);
+    auto grads = model.make_gradients(1);
+    model.offload_all(executor);
+    const PhaseReport& r = executor.run(hyper(1), Policy::automatic_policy(), 40 * kMiB);
+    ref.step(grads, hyper(1));
+    ASSERT_EQ(r.resident_subgroups, kSubgroups);
+    executor.release_buffers();
+    const std::size_t ooms = a.ooms().size();
+
+    // The next forward pass needs more than the resident state leaves.
+    const std::uint64_t want = 48 * kMiB;
+    ASSERT_LT(driver::memory_info().free_bytes + (a.usage().reserved - a.usage().live), want);
+    void* big = a.allocate(want, nullptr);
+    ASSERT_NE(big, nullptr);
+    EXPECT_LT(executor.residency().count(), kSubgroups);
+    EXPECT_EQ(a.ooms().size(), ooms);
+    executor.sync_state(false);  // the evicted state is home; the rest comes with it
+    expect_matches(model, ref);
+    a.deallocate(big, want, nullptr);
+
+    // It rejoins when the memory is there again, and the steps go on exactly.
+    grads = model.make_gradients(2);
+    model.offload_all(executor);
+    executor.run(hyper(2), Policy::automatic_policy(), 40 * kMiB);
+    ref.step(grads, hyper(2));
+    executor.sync_state(false);
+    expect_matches(model, ref);
+  }
+  allocator::device::device_allocator(0).empty_cache();
+  standin.set_capacity(capacity);
+}
+
+}  // namespace
+}  // namespace tide::runtime::testing

@@ -97,6 +97,9 @@ class Bucket:
         self.step = 0  # update phases run: the bias correction's step number
         self.frozen: tuple[int, ...] = ()  # the parameters the executor leaves untouched
         self._views: list[dict[str, torch.Tensor]] | None = None
+        # Resident subgroups (TIDE_RESIDENCY) keep their state on the GPU after a step: the
+        # pinned buffers are a mirror, made current before the state is read or written here.
+        self.mirror_stale = False
         self._moved = False  # a step ran since the views were made
         self._moved_to: list | None = None  # where the step said the state is
         # 8-bit moments written (scatter) and not yet quantized (flush): per (subgroup, key), the
@@ -188,6 +191,19 @@ class Bucket:
                 new = torch.frombuffer(raw, dtype=old.dtype, count=old.numel())
                 old.untyped_storage()._swap_data_ptr_(new.untyped_storage())
 
+    def ensure_mirror(self) -> None:
+        """Makes the pinned buffers the state (a copy from the GPU when subgroups are resident
+        there): before tide.torch reads or writes them, or the program may through opt.state.
+        What is written there after it is what the next step updates."""
+        if self.mirror_stale:
+            self.executor.sync_state(written=True)
+            self.mirror_stale = False
+
+    def state_views(self, subgroup: int) -> dict[str, torch.Tensor]:
+        """A subgroup's views (see views), the pinned buffers made the state first."""
+        self.ensure_mirror()
+        return self.views[subgroup]
+
     def drop_views(self) -> None:
         self._views = None
 
@@ -218,7 +234,8 @@ class Bucket:
         return views
 
     def pinned(self, key: str, piece: _layout.Piece) -> torch.Tensor:
-        return self.views[piece.subgroup][key][piece.sub_offset:piece.sub_offset + piece.count]
+        return self.state_views(piece.subgroup)[key][piece.sub_offset:
+                                                     piece.sub_offset + piece.count]
 
     def read_master(self, i: int) -> None:
         """Master weights of parameter i from the parameter itself (bf16 master weights: its
@@ -286,7 +303,7 @@ class Bucket:
         held = self._pending.get((subgroup, key))
         if held is not None:
             return held[0]
-        views = self.views[subgroup]
+        views = self.state_views(subgroup)
         values = _quant8.dequantize(key, views[key], views[key + "_scale"])
         if pending:
             written = torch.zeros(views[key + "_scale"].numel(), dtype=torch.bool)
@@ -297,7 +314,7 @@ class Bucket:
         """8-bit moments written since the last flush are quantized into the pinned state (the
         blocks written, each once). Before anything reads the codes: a step, state_dict()."""
         for (subgroup, key), (values, written) in self._pending.items():
-            views = self.views[subgroup]
+            views = self.state_views(subgroup)
             codes, scales = views[key], views[key + "_scale"]
             for first, last in _runs(written):
                 begin, end = first * _quant8.BLOCK, min(last * _quant8.BLOCK, codes.numel())
@@ -314,7 +331,7 @@ class Bucket:
         for key in ("exp_avg", "exp_avg_sq"):
             codes, scales = [], []
             for piece in pieces:
-                views = self.views[piece.subgroup]
+                views = self.state_views(piece.subgroup)
                 codes.append(views[key][piece.sub_offset:piece.sub_offset + piece.count].clone())
                 scales.append(views[key + "_scale"][_touched(piece)].clone())
             out[key + "_q8"] = torch.cat(codes)
@@ -340,7 +357,7 @@ class Bucket:
             scales = entry[key + "_q8_scales"].detach().cpu().float()
             done_codes = done_scales = 0
             for piece in self.pieces[i]:
-                views = self.views[piece.subgroup]
+                views = self.state_views(piece.subgroup)
                 views[key][piece.sub_offset:piece.sub_offset + piece.count] = (
                     codes[done_codes:done_codes + piece.count])
                 touched = _touched(piece)

@@ -72,7 +72,7 @@ class StepResult(_lib.Versioned):
         (name, c.c_uint64) for name in (
             "gpu_subgroups", "cpu_subgroups", "fallback_subgroups", "gpu_params",
             "buffers_in_flight", "gpu_bytes", "nonfinite", "headroom_cap", "rolled_forward",
-            "unwritten", "not_updated")]
+            "unwritten", "not_updated", "resident_subgroups", "resident_bytes")]
 
 
 class PlanSummary(_lib.Versioned):
@@ -114,6 +114,8 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_set_gradients": [opt, p(c.c_uint64), c.c_size_t],
                 "tide_optimizer_step": [opt, p(StepRequest), p(StepResult)],
                 "tide_optimizer_release_buffers": [opt],
+                "tide_optimizer_sync_state": [opt, c.c_int32],
+                "tide_optimizer_evict": [opt, c.c_uint64, p(c.c_uint64)],
                 "tide_optimizer_last_plan": [opt, p(c.c_uint8), p(c.c_uint32), p(PlanSummary)],
                 "tide_optimizer_rates": [opt, p(Rates)],
                 "tide_optimizer_set_state_rounding": [opt, c.c_int32, c.c_uint64],
@@ -358,6 +360,17 @@ class Executor:
 
     def release_buffers(self) -> None:
         _lib.check(self._lib.tide_optimizer_release_buffers(self._handle))
+
+    def sync_state(self, written: bool = True) -> None:
+        """Resident subgroups' pinned buffers made current (tide_optimizer_sync_state); with
+        `written`, what is then written there is the state."""
+        _lib.check(self._lib.tide_optimizer_sync_state(self._handle, 1 if written else 0))
+
+    def evict(self, max_bytes: int = (1 << 64) - 1) -> int:
+        """Ends residency (tide_optimizer_evict) until `max_bytes` were freed; the bytes freed."""
+        freed = c.c_uint64(0)
+        _lib.check(self._lib.tide_optimizer_evict(self._handle, max_bytes, c.byref(freed)))
+        return freed.value
 
     def last_plan(self) -> tuple[list[int], PlanSummary]:
         device = (c.c_uint8 * self.subgroups)()

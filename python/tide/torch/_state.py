@@ -129,6 +129,7 @@ class ParamState(dict):
                   for key in keys}
         self._tensors = {key: local(t) for key, t in shown_.items()}
         self._dtensors = {key: t for key, t in shown_.items() if t is not self._tensors[key]}
+        del shown_  # refresh counts who holds the tensors: not this frame
         self._stale: set[str] = set()  # copies that do not hold the state as it is now
         self._versions: dict[str, int] = {}  # of each copy when it last matched the state
         self.refresh()
@@ -136,6 +137,7 @@ class ParamState(dict):
     # ---- what the program sees ----
 
     def __getitem__(self, key: Any) -> Any:
+        self._bucket.ensure_mirror()  # a view shows the pinned buffer: it must be the state
         if key in self._stale:
             self._copy_in(key)
         return dict.__getitem__(self, key)
@@ -159,6 +161,7 @@ class ParamState(dict):
         return dict(self.items())
 
     def pop(self, key: Any, *default: Any) -> Any:
+        self._bucket.ensure_mirror()
         if key in self._stale:
             self._copy_in(key)
         return dict.pop(self, key, *default)
@@ -199,6 +202,7 @@ class ParamState(dict):
         return key not in ("exp_avg", "exp_avg_sq") or not self._bucket.quantized
 
     def _copy_all_in(self) -> None:
+        self._bucket.ensure_mirror()
         for key in list(self._stale):
             self._copy_in(key)
 
@@ -221,6 +225,8 @@ class ParamState(dict):
         for key in self._tensors:  # no local name may hold a tensor here: it would count
             if key not in self._copied:
                 self._point(key)
+                if _references(self._tensors, key) > _UNHELD:
+                    self._bucket.ensure_mirror()  # the program holds the view: it shows the state
             elif _references(self._tensors, key) > _UNHELD or _shared(self._tensors[key]):
                 self._copy_in(key)  # the program holds it or a view of it: it shows the state
             else:
@@ -321,6 +327,32 @@ class StateEntries:
         """After a step: every entry shows the state as it is now."""
         for entry in self._entries.values():
             entry.refresh()
+        self._mirror_held_views()
+
+    def _mirror_held_views(self) -> None:
+        """With resident subgroups (the pinned buffers a mirror after the step): a tensor the
+        program derived from an entry's view (t[0], t.view(-1), a DeepSpeed narrow view) holds
+        the subgroup's storage, as only the entries' own tensors and tide's view should; then it
+        must show the state, and the mirror is made current."""
+        viewers: dict[tuple[int, int, str], int] = {}
+        buckets: dict[int, Bucket] = {}
+        for entry in self._entries.values():
+            bucket = entry._bucket
+            if not bucket.mirror_stale:
+                continue
+            buckets[id(bucket)] = bucket
+            subgroup = bucket.pieces[entry._index][0].subgroup
+            for key in entry._tensors:
+                if key not in entry._copied:
+                    at = (id(bucket), subgroup, _PINNED[key])
+                    viewers[at] = viewers.get(at, 0) + 1
+        for (bucket_id, subgroup, key), count in viewers.items():
+            bucket = buckets[bucket_id]
+            if not bucket.mirror_stale:
+                continue
+            view = bucket.views[subgroup][key]
+            if _storage_users(view) > _UNSHARED + count:
+                bucket.ensure_mirror()
 
     def take_writes(self, state: dict, buckets: list[Bucket],
                     load: Callable[[Bucket, int, int, dict], None]) -> None:

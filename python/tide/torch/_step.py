@@ -64,6 +64,8 @@ def _step_bucket(s: BucketStep, policy: _executor.PlacementPolicy | None,
         bucket.state_moved()  # not happened: where the state is, asked again when needed
         raise
     bucket.state_moved(result.buffer_list)  # its state may be in other buffers now (executor.h)
+    # Resident subgroups: the pinned buffers are a mirror now, made current when read.
+    bucket.mirror_stale = result.resident_subgroups > 0
     # The step counts advance with the committed state, and only then.
     bucket.step += 1
     committed(s)

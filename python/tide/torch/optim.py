@@ -616,6 +616,9 @@ class AdamW(torch.optim.Optimizer):
             # Faults the step handled: GPU subgroups redone on the CPU, weights written by torch.
             "rolled_forward_subgroups": sum(r["report"].rolled_forward for r in ran),
             "unwritten_subgroups": sum(r["report"].unwritten for r in ran),
+            # Subgroups whose state stays in device memory after the step (TIDE_RESIDENCY).
+            "resident_subgroups": sum(r["report"].resident_subgroups for r in ran),
+            "resident_bytes": sum(r["report"].resident_bytes for r in ran),
             "devices": ["gpu" if d else "cpu" for r in ran for d in r["devices"]],
             "t_start_ns": t_start,
             "t_end_ns": t_end,

@@ -1,0 +1,126 @@
+"""Resident subgroups through tide.torch (TIDE_RESIDENCY, docs/design/runtime.md#resident-subgroups):
+with placement auto, the state that fits stays on the (stand-in) device across steps, and
+everything that reads or writes the state sees it exactly as without residency: opt.state (also a
+tensor derived from it and held across steps), state_dict, load_state_dict, state surgery. The
+reference is the same optimizer with TIDE_RESIDENCY=off, bit for bit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import tide.torch as tt
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 48), torch.nn.ReLU(),
+                               torch.nn.Linear(48, 8)).to(DEVICE)
+
+
+def make_pair(monkeypatch, **kwargs):
+    """The same model and optimizer twice: resident (the default) and TIDE_RESIDENCY=off."""
+    made = []
+    for residency in ("auto", "off"):
+        monkeypatch.setenv("TIDE_RESIDENCY", residency)
+        model = make_model()
+        opt = tt.AdamW(list(model.parameters()), lr=1e-2, weight_decay=0.01,
+                       subgroup_size=1500, **kwargs)
+        made.append((model, opt))
+    monkeypatch.delenv("TIDE_RESIDENCY")
+    return made
+
+
+def train(pairs, steps: int, seed: int = 1) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(8, 32, generator=gen).to(DEVICE) for _ in range(steps)]
+    for x in xs:
+        for model, opt in pairs:
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+
+
+def same_state(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa["state"].keys() == sb["state"].keys()
+    for k in sa["state"]:
+        for key, value in sa["state"][k].items():
+            assert torch.equal(value, sb["state"][k][key]), (k, key)
+
+
+def same_weights(ma: torch.nn.Module, mb: torch.nn.Module) -> None:
+    for pa, pb in zip(ma.parameters(), mb.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_state_stays_resident_and_steps_are_exact(monkeypatch):
+    (ma, oa), (mb, ob) = pairs = make_pair(monkeypatch)
+    train(pairs, 6)
+    assert oa.last_plan["resident_subgroups"] == len(oa._buckets[0].sizes) > 1
+    assert oa.last_plan["resident_bytes"] > 0
+    assert ob.last_plan["resident_subgroups"] == 0
+    same_weights(ma, mb)
+    same_state(oa, ob)
+
+
+def test_a_view_held_across_steps_shows_the_state(monkeypatch):
+    (ma, oa), (mb, ob) = pairs = make_pair(monkeypatch)
+    train(pairs, 3)
+    pa, pb = next(ma.parameters()), next(mb.parameters())
+    held = oa.state[pa]["exp_avg"][0:4]     # derived from the entry's tensor: shares its storage
+    entry = oa.state[pa]["exp_avg_sq"]      # the entry's own tensor, held
+    for _ in range(3):
+        train(pairs, 1)
+        assert torch.equal(held, ob.state[pb]["exp_avg"][0:4])
+        assert torch.equal(entry, ob.state[pb]["exp_avg_sq"])
+    same_weights(ma, mb)
+
+
+def test_state_surgery_between_steps_is_the_state(monkeypatch):
+    (ma, oa), (mb, ob) = pairs = make_pair(monkeypatch)
+    train(pairs, 3)
+    for opt, model in ((oa, ma), (ob, mb)):
+        for p in model.parameters():
+            opt.state[p]["exp_avg"].mul_(0.5)
+            opt.state[p]["exp_avg_sq"].zero_()
+    train(pairs, 3)
+    same_weights(ma, mb)
+    same_state(oa, ob)
+
+
+def test_load_state_dict_and_resume_are_exact(monkeypatch):
+    (ma, oa), (mb, ob) = pairs = make_pair(monkeypatch)
+    train(pairs, 3)
+    saved = copy.deepcopy(ob.state_dict())      # from the non-resident one
+    saved_weights = copy.deepcopy(mb.state_dict())
+    train(pairs, 2)                             # the resident one moves on...
+    ma.load_state_dict(saved_weights)           # ...and is rolled back to step 3
+    oa.load_state_dict(saved)
+    mb.load_state_dict(saved_weights)
+    ob.load_state_dict(saved)
+    train(pairs, 3, seed=7)
+    same_weights(ma, mb)
+    same_state(oa, ob)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, "q8"])
+def test_other_state_formats_are_exact_when_resident(monkeypatch, state_dtype):
+    (ma, oa), (mb, ob) = pairs = make_pair(monkeypatch, state_dtype=state_dtype)
+    train(pairs, 5)
+    assert oa.last_plan["resident_subgroups"] > 0
+    same_weights(ma, mb)
+    same_state(oa, ob)
+
+
+def test_residency_knob_is_strict(monkeypatch):
+    monkeypatch.setenv("TIDE_RESIDENCY", "yes")
+    model = make_model()
+    with pytest.raises(Exception, match="TIDE_RESIDENCY"):
+        tt.AdamW(list(model.parameters()), lr=1e-2)

@@ -1,0 +1,273 @@
+// Resident subgroups (runtime/residency.h): placement "auto" keeps the state of the subgroups
+// the held memory allows on the device across phases. Their updates copy no state over the link
+// and give the reference's bits; the pinned slots are a mirror made current by sync_state; the
+// set follows the memory (joins, leaves, stays within the hysteresis band); and faults keep the
+// step contract: a failed copy or allocation is completed on the CPU from the device's state, a
+// lost device loses only what was never mirrored, and says so.
+#include <cstring>
+#include <limits>
+
+#include "allocator/memory_resource.h"
+#include "tests/runtime/executor_fixture.h"
+
+namespace tide::runtime::testing {
+namespace {
+
+using Faults = allocator::testing::DeviceStandin;
+
+constexpr std::uint64_t kHeadroom = std::uint64_t{1} << 30;
+const std::vector<std::uint64_t> kSizes = {3000, 4096, 777, 10000, 2048};
+
+ExecutorOptions resident_options(allocator::DeviceMemoryResource& memory) {
+  ExecutorOptions options;
+  options.rates = test_rates();
+  options.refine = false;
+  options.residency = true;
+  options.memory = &memory;  // a given resource: the headroom is what may be held
+  return options;
+}
+
+struct ResidencyTest : ::testing::Test {
+  Faults faults;
+  allocator::DriverResource memory;
+  void TearDown() override {
+    faults.fail_copy(0);
+    faults.fail_alloc(0);
+    faults.device_lost(0);
+  }
+};
+
+std::uint64_t state_bytes(const OptimizerState& state) {
+  std::uint64_t b = 0;
+  for (std::size_t s = 0; s < state.size(); ++s) b += state.slot_bytes(s);
+  return b;
+}
+
+TEST_F(ResidencyTest, ResidentStepsCopyNoStateAndGiveTheReferenceBits) {
+  const driver::CurrentContext context;
+  Model model(kSizes, /*split_every=*/2);
+  Reference ref(*model.state);
+  Executor executor(*model.state, resident_options(memory));
+  const Policy policy = Policy::automatic_policy();
+  for (int step = 1; step <= 4; ++step) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    faults.reset_stats();
+    const PhaseReport& report = executor.run(hyper(step), policy, kHeadroom);
+    const tide_standin_stats stats = faults.stats();
+    ref.step(grads, hyper(step));
+    ASSERT_TRUE(report.fault.empty()) << report.fault;
+    EXPECT_EQ(report.resident_subgroups, kSizes.size());
+    for (std::size_t s = 0; s < kSizes.size(); ++s) {
+      EXPECT_TRUE(report.planned.subgroups[s].resident) << s;
+      EXPECT_EQ(report.devices[s], planner::Device::gpu) << s;
+    }
+    std::uint64_t grad_bytes = 0;
+    for (std::uint64_t n : kSizes) grad_bytes += 2 * n;
+    if (step == 1) {
+      // Joining: the state comes in from the pinned slots once, with the gradients.
+      EXPECT_EQ(stats.bytes_h2d, grad_bytes + state_bytes(*model.state));
+    } else {
+      EXPECT_EQ(stats.bytes_h2d, grad_bytes);  // the gradients only
+    }
+    // No state goes out: the non-finite counters only.
+    EXPECT_LE(stats.bytes_d2h, 8 * kSizes.size());
+    // The pinned slots are a mirror: current only once synced.
+    executor.sync_state(/*written=*/false);
+    expect_matches(model, ref);
+  }
+}
+
+TEST_F(ResidencyTest, WritesToTheSyncedMirrorAreTheState) {
+  const driver::CurrentContext context;
+  Model model(kSizes);
+  Executor executor(*model.state, resident_options(memory));
+  const Policy policy = Policy::automatic_policy();
+  model.make_gradients(1);
+  model.offload_all(executor);
+  executor.run(hyper(1), policy, kHeadroom);
+  ASSERT_EQ(executor.last_report().resident_subgroups, kSizes.size());
+  // A program's state surgery between steps: through the mirror, made current and writable.
+  executor.sync_state(/*written=*/true);
+  for (std::size_t s = 0; s < kSizes.size(); ++s) {
+    for (std::uint64_t e = 0; e < kSizes[s]; ++e) {
+      static_cast<float*>(model.state->exp_avg(s))[e] = 0;
+      model.state->param(s)[e] *= 0.5f;
+    }
+  }
+  Reference ref(*model.state);
+  ref.copy = std::vector<std::vector<std::uint16_t>>(kSizes.size());
+  for (std::size_t s = 0; s < kSizes.size(); ++s) ref.copy[s].resize(kSizes[s]);
+  auto grads = model.make_gradients(2);
+  model.offload_all(executor);
+  executor.run(hyper(2), policy, kHeadroom);
+  ref.step(grads, hyper(2));
+  executor.sync_state(false);
+  expect_matches(model, ref);
+}
+
+TEST_F(ResidencyTest, TheSetFollowsTheHeldMemoryWithHysteresis) {
+  const driver::CurrentContext context;
+  Model model({4096, 4096, 4096, 4096});
+  Reference ref(*model.state);
+  ExecutorOptions options = resident_options(memory);
+  options.residency_hysteresis = 0.2;
+  Executor executor(*model.state, options);
+  const Policy policy = Policy::automatic_policy();
+  const std::uint64_t slot = model.state->slot_bytes(0);
+  const std::uint64_t working = slot + 4096 * 4;  // a lane
+  // Room for exactly three slots with the working memory: the join limit (80%) admits two.
+  const std::uint64_t three = 3 * slot + working;
+  auto step_with = [&](int step, std::uint64_t headroom) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    const PhaseReport& report = executor.run(hyper(step), policy, headroom);
+    ref.step(grads, hyper(step));
+    EXPECT_TRUE(report.fault.empty()) << report.fault;
+    return report.resident_subgroups;
+  };
+  EXPECT_EQ(step_with(1, three), 2u);
+  EXPECT_EQ(step_with(2, three), 2u);                   // steady: no churn
+  EXPECT_EQ(step_with(3, 4 * slot + working), 3u);      // grows while under the join limit
+  EXPECT_EQ(step_with(4, 3 * slot + working), 3u);      // still fits all of it: stays
+  EXPECT_EQ(step_with(5, 3 * slot + working - 1), 2u);  // no longer fits: the last one leaves
+  EXPECT_EQ(step_with(6, slot), 0u);                    // nothing fits: all leave
+  expect_matches(model, ref);                           // every state is back in its pinned slot
+  EXPECT_EQ(executor.residency().bytes(), 0u);
+}
+
+TEST_F(ResidencyTest, FixedPlacementsAndFrozenSlicesKeepNothingResident) {
+  const driver::CurrentContext context;
+  Model model(kSizes, /*split_every=*/2);
+  Reference ref(*model.state);
+  Executor executor(*model.state, resident_options(memory));
+  for (const Policy& policy : {Policy::all_gpu(), Policy::every(2), Policy::all_cpu()}) {
+    model.make_gradients(1);
+    model.offload_all(executor);
+    const PhaseReport& report = executor.run(hyper(1), policy, kHeadroom);
+    EXPECT_EQ(report.resident_subgroups, 0u) << policy_name(policy);
+  }
+  // Subgroup 0 has three slices: one frozen keeps it out, the others join.
+  executor.set_frozen(0, 1, true);
+  model.make_gradients(2);
+  model.offload_all(executor);
+  const PhaseReport& report = executor.run(hyper(2), Policy::automatic_policy(), kHeadroom);
+  EXPECT_FALSE(report.planned.subgroups[0].resident);
+  EXPECT_EQ(report.resident_subgroups, kSizes.size() - 1);
+}
+
+// A copy that fails in a resident phase: no further GPU work, the subgroups not started are
+// completed on the CPU from their device state (copied back first), with the same bits.
+TEST_F(ResidencyTest, AFailedCopyIsCompletedOnTheCpuFromTheDeviceState) {
+  const driver::CurrentContext context;
+  for (std::uint64_t n : {1, 3, 6}) {
+    Model model(kSizes);
+    Reference ref(*model.state);
+    Executor executor(*model.state, resident_options(memory));
+    const Policy policy = Policy::automatic_policy();
+    auto grads = model.make_gradients(1);
+    model.offload_all(executor);
+    executor.run(hyper(1), policy, kHeadroom);
+    ref.step(grads, hyper(1));
+    ASSERT_EQ(executor.last_report().resident_subgroups, kSizes.size());
+    grads = model.make_gradients(2);
+    model.offload_all(executor);
+    faults.fail_copy(n);
+    const PhaseReport& report = executor.run(hyper(2), policy, kHeadroom);
+    faults.fail_copy(0);
+    ref.step(grads, hyper(2));
+    EXPECT_FALSE(report.fault.empty()) << "copy " << n;
+    EXPECT_GT(report.rolled_forward, 0u) << "copy " << n;
+    EXPECT_TRUE(report.not_updated.empty()) << "copy " << n;
+    // And the next step, from where the CPU left the state.
+    grads = model.make_gradients(3);
+    model.offload_all(executor);
+    EXPECT_TRUE(executor.run(hyper(3), policy, kHeadroom).fault.empty());
+    ref.step(grads, hyper(3));
+    executor.sync_state(false);
+    expect_matches(model, ref);
+  }
+}
+
+TEST_F(ResidencyTest, NoMemoryForAJoiningSlotFallsBackToTheCpu) {
+  const driver::CurrentContext context;
+  // Step 1 holds two subgroups (a lane of the largest, 160000 bytes, and 95000 for slots: the
+  // join limit admits the first two, 85152 bytes); step 2 has room for all, and an allocation
+  // fails: whichever it is (a buffer, a joining subgroup's slot), what it was for is updated on
+  // the CPU, exactly; the resident ones stay resident.
+  bool joining_failed = false;
+  for (std::uint64_t n = 1; n <= 4; ++n) {
+    Model model(kSizes);
+    Reference ref(*model.state);
+    Executor executor(*model.state, resident_options(memory));
+    const Policy policy = Policy::automatic_policy();
+    for (int step = 1; step <= 3; ++step) {
+      auto grads = model.make_gradients(step);
+      model.offload_all(executor);
+      if (step == 2) faults.fail_alloc(n);
+      const PhaseReport& report =
+          executor.run(hyper(step), policy, step == 1 ? 160000 + 95000 : kHeadroom);
+      faults.fail_alloc(0);
+      ref.step(grads, hyper(step));
+      EXPECT_TRUE(report.not_updated.empty());
+      EXPECT_TRUE(report.fault.empty()) << report.fault;
+      if (step == 1) EXPECT_EQ(report.resident_subgroups, 2u);
+      if (step == 2 && report.fallback_subgroups > 0 && report.resident_subgroups >= 2 &&
+          report.resident_subgroups < kSizes.size()) {
+        joining_failed = true;
+      }
+    }
+    executor.sync_state(false);
+    expect_matches(model, ref);
+  }
+  EXPECT_TRUE(joining_failed);
+}
+
+// A device lost between steps with resident state: the state since the last mirror is on it
+// only. The step cannot complete those subgroups and says so (not_updated); the others are
+// updated; and evicting or syncing then fails loudly instead of serving a stale mirror.
+TEST_F(ResidencyTest, ALostDeviceLosesOnlyTheUnmirroredStateAndSaysSo) {
+  const driver::CurrentContext context;
+  Model model(kSizes);
+  ExecutorOptions options = resident_options(memory);
+  Executor executor(*model.state, options);
+  const Policy policy = Policy::automatic_policy();
+  model.make_gradients(1);
+  model.offload_all(executor);
+  executor.run(hyper(1), policy, kHeadroom);
+  ASSERT_EQ(executor.last_report().resident_subgroups, kSizes.size());
+  model.make_gradients(2);
+  model.offload_all(executor);
+  executor.ready(hyper(2));  // the gradients are in pinned memory: the step can begin
+  faults.device_lost(1);
+  const PhaseReport& report = executor.run(hyper(2), policy, kHeadroom);
+  EXPECT_FALSE(report.fault.empty());
+  EXPECT_EQ(report.not_updated.size(), kSizes.size());
+  EXPECT_ANY_THROW(executor.sync_state(false));
+  EXPECT_ANY_THROW(executor.evict());
+}
+
+TEST_F(ResidencyTest, EvictBringsEveryStateHomeAndFreesItsMemory) {
+  const driver::CurrentContext context;
+  Model model(kSizes);
+  Reference ref(*model.state);
+  Executor executor(*model.state, resident_options(memory));
+  auto grads = model.make_gradients(1);
+  model.offload_all(executor);
+  executor.run(hyper(1), Policy::automatic_policy(), kHeadroom);
+  ref.step(grads, hyper(1));
+  const std::uint64_t in_use = faults.bytes_in_use();
+  const std::uint64_t held = executor.residency().bytes();
+  ASSERT_GT(held, 0u);
+  EXPECT_GE(executor.evict(model.state->slot_bytes(4)), model.state->slot_bytes(4));
+  EXPECT_FALSE(executor.residency().resident(4));  // the last one first
+  EXPECT_TRUE(executor.residency().resident(0));
+  EXPECT_GT(executor.evict(), 0u);
+  EXPECT_EQ(executor.residency().bytes(), 0u);
+  EXPECT_EQ(executor.evict(), 0u);  // nothing left
+  EXPECT_EQ(faults.bytes_in_use(), in_use - held);
+  expect_matches(model, ref);  // without a sync: the pinned slots hold the state again
+}
+
+}  // namespace
+}  // namespace tide::runtime::testing
