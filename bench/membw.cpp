@@ -28,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "planner/host_memory.h"
+
 namespace {
 
 // Compiled for the widest vector unit this CPU has (the library itself never does this; a
@@ -48,13 +50,11 @@ TIDE_MEMBW_CLONES void update_kernel(float* __restrict a, const float* __restric
   for (std::size_t i = 0; i < n; ++i) a[i] = a[i] * s + b[i];
 }
 
+// The pass `tide calibrate` measures host memory with (planner/host_memory.h), here compiled for
+// each vector unit.
 TIDE_MEMBW_CLONES void adam_kernel(float* __restrict a, float* __restrict b, float* __restrict c,
                                    const float* __restrict d, float s, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    a[i] = a[i] * s + d[i];
-    b[i] = b[i] * s + d[i];
-    c[i] = c[i] * s + d[i];
-  }
+  tide::planner::host_memory_pass(a, b, c, d, s, n);
 }
 
 // The same in blocks of 128 elements per buffer: bursts of 8 lines of each buffer at a time, as

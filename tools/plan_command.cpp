@@ -184,7 +184,7 @@ std::string rates_json(const ResolvedRates& resolved, const Footprint& base) {
   for (const RateInfo& info : rate_infos()) {
     out += json::quote(info.key) + ":" +
            json::quote(source_name(resolved.source[static_cast<std::size_t>(info.kind)])) +
-           (info.kind == RateKind::gpu_update ? "" : ",");
+           (&info == &rate_infos().back() ? "" : ",");
   }
   out += "},\"cpu_update_factors\":{";
   bool first = true;
