@@ -83,9 +83,10 @@
 // What it leaves out, on purpose: per-launch latencies (microseconds against tens of
 // milliseconds per subgroup of 1e8), the upload of the last CPU subgroup's weights after its
 // update (w·s / B_h: under 1% of the phase with subgroups of 1e8), the order in which the link
-// serves copy-ins and uploads (the flow above), and a slowdown of copies by the CPU update (the
-// contention is charged to the CPU, whose rate while copies run is measured). Measured subgroup
-// times refine the rates (planner/refine.h), which absorbs what the formulas miss.
+// serves copy-ins and uploads (the flow above), and a slowdown of copies by the CPU update other
+// than through host memory (the rest of the contention, cores and caches, is charged to the CPU,
+// whose rate while copies run is measured). Measured subgroup times refine the rates
+// (planner/refine.h), which absorbs what the formulas miss.
 // ---------------------------------------------------------------------------------------------
 #pragma once
 
