@@ -28,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "planner/host_memory.h"
+
 namespace {
 
 // Compiled for the widest vector unit this CPU has (the library itself never does this; a
@@ -58,17 +60,12 @@ TIDE_MEMBW_CLONES void adam_kernel(float* __restrict a, float* __restrict b, flo
 }
 
 // The same in blocks of 128 elements per buffer: bursts of 8 lines of each buffer at a time, as
-// the CPU Adam kernel reads them.
+// the CPU Adam kernel reads them. The pass `tide calibrate` measures host memory with
+// (planner/host_memory.h), here compiled for each vector unit.
 TIDE_MEMBW_CLONES void adam_burst_kernel(float* __restrict a, float* __restrict b,
                                          float* __restrict c, const float* __restrict d, float s,
                                          std::size_t n) {
-  constexpr std::size_t kBlock = 128;
-  for (std::size_t i = 0; i < n; i += kBlock) {
-    const std::size_t end = std::min(n, i + kBlock);
-    for (std::size_t j = i; j < end; ++j) a[j] = a[j] * s + d[j];
-    for (std::size_t j = i; j < end; ++j) b[j] = b[j] * s + d[j];
-    for (std::size_t j = i; j < end; ++j) c[j] = c[j] * s + d[j];
-  }
+  tide::planner::host_memory_pass(a, b, c, d, s, n);
 }
 
 struct Args {

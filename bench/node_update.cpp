@@ -282,6 +282,7 @@ int main(int argc, char** argv) {
   MeasureOptions m;
   m.params = std::uint64_t{4} << 20;
   if (s.scalar) m.cpu_isa = kernels::CpuIsa::kScalar;
+  m.host_memory_bytes = std::uint64_t{64} << 20;  // 256 MiB in all: past the caches, quickly
   auto measure = [&](const RankBarrier& barrier) {
     const auto context = open_device(gbps);
     barrier();

@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
   m.params = std::uint64_t{8} << 20;
   m.cpu_threads = 1;
   if (scalar) m.cpu_isa = kernels::CpuIsa::kScalar;
+  m.host_memory_bytes = std::uint64_t{64} << 20;  // 256 MiB in all: past the caches, quickly
   const std::uint64_t device_memory = std::uint64_t{80} << 30;
   for (std::uint64_t size : subgroup_sizes) {
     const auto n = static_cast<std::size_t>(std::max(1.0, total / static_cast<double>(size)));

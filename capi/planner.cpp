@@ -18,6 +18,7 @@ namespace tide::capi {
 using planner::Rates;
 
 Rates rates_from_c(const tide_rates& r) {
+  // tide_rates (a fixed ABI) has no host memory rates: the built-in ones stand in (Rates').
   return Rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
                r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
 }

@@ -277,6 +277,12 @@ std::span<const Knob> knobs() {
        "scheduler: GPU to host copy bandwidth while a host to GPU copy also runs", &gbps},
       {"TIDE_RATE_GPU_UPDATE", "a number of params/s from 1e3 to 1e15",
        "scheduler: GPU (fused Adam kernel) update rate", &params_per_s},
+      {"TIDE_RATE_HOST_MEMORY_GBPS", "a number of GB/s from 0.001 to 1e5",
+       "scheduler: host memory bandwidth, per rank, the CPU update alone", &gbps},
+      {"TIDE_RATE_HOST_MEMORY_CONTENDED_GBPS", "a number of GB/s from 0.001 to 1e5",
+       "scheduler: host memory bandwidth, per rank, shared by the CPU update and copies in both "
+       "directions",
+       &gbps},
       {"TIDE_ALLOC_MEMORY_FRACTION", "a number greater than 0 and at most 1",
        "device caching allocator: cap on the device memory it holds, as a fraction of the "
        "device's (as torch.cuda.set_per_process_memory_fraction) (default: no cap)",

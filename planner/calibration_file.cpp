@@ -199,6 +199,12 @@ Calibration parse_calibration(std::string_view text, std::string_view origin) {
   for (const RateInfo& info : rate_infos()) {
     const std::string where = Reader::path("rates", info.key);
     const json::Value* value = rates.find(info.key);
+    if (value == nullptr && info.optional_in_file) {
+      // A file from before this rate: the built-in default stands in for it.
+      calibration.rates.*info.member = builtin_rates().*info.member;
+      calibration.rate_missing[static_cast<std::size_t>(info.kind)] = true;
+      continue;
+    }
     if (value == nullptr) reader.fail(where, "missing");
     if (value->kind() != json::Value::Kind::number || !(value->number() > 0)) {
       reader.fail(where, "must be a number > 0 (" +

@@ -22,8 +22,10 @@
 //       "d2h_bytes_per_s": 25e9,
 //       "h2d_duplex_bytes_per_s": 23e9,
 //       "d2h_duplex_bytes_per_s": 23e9,
-//       "gpu_update_params_per_s": 5e10
-//     },
+//       "gpu_update_params_per_s": 5e10,
+//       "host_memory_bytes_per_s": 1.2e11,            // optional (files before them: the
+//       "host_memory_contended_bytes_per_s": 1.1e11   // built-in defaults), CPU alone and
+//     },                                              // CPU with both copy directions
 //     "ranks": [                    // optional (tide calibrate --ranks N): one entry per rank of
 //       {"cpu_update_params_per_s": 5.1e8,       // ranks_per_host, what each measured while all
 //        "memory_bytes_per_s": 9.8e9}, ...       // updated (and copied memory) at once, on its
@@ -43,6 +45,7 @@
 // (when XDG_CACHE_HOME is an absolute path), else $HOME/.cache/tide/calibration.json.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -83,6 +86,9 @@ struct Calibration {
   Rates rates;
   std::vector<RankRates> ranks;         // empty, or machine.ranks_per_host entries
   CpuUpdateFactors cpu_update_factors;  // 0 for a format not measured
+  // Rates the file lacks (RateInfo::optional_in_file), by RateKind: `rates` has the built-in
+  // default there. Written files always have every rate.
+  std::array<bool, kRateCount> rate_missing{};
 
   bool operator==(const Calibration&) const = default;
 };

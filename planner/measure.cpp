@@ -21,6 +21,7 @@
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/dtype.h"
+#include "planner/host_memory.h"
 
 namespace tide::planner {
 namespace {
@@ -151,10 +152,12 @@ double best_of(int repeats, F&& once) {
 // CPU update shares host memory bandwidth with in an update phase. The `bytes` at `host` are split
 // in two: host→GPU copies read the first half (into `d_in`, on s1) while GPU→host copies write the
 // second (from `d_out`, on s2), so that the two never touch the same bytes at once. An error of
-// the copies is thrown once f() returned.
+// the copies is thrown once f() returned. `copied`, if given, counts the bytes the copies moved
+// (both directions, each time both are done).
 template <typename F>
 auto while_copying(void* host, driver::DeviceBuffer& d_in, driver::DeviceBuffer& d_out,
-                   std::uint64_t bytes, driver::Stream& s1, driver::Stream& s2, F&& f) {
+                   std::uint64_t bytes, driver::Stream& s1, driver::Stream& s2, F&& f,
+                   std::atomic<std::uint64_t>* copied = nullptr) {
   const std::uint64_t half = bytes / 2;
   auto* in = static_cast<std::byte*>(host);
   std::byte* out = in + half;
@@ -169,6 +172,7 @@ auto while_copying(void* host, driver::DeviceBuffer& d_in, driver::DeviceBuffer&
         driver::copy_to_host_async(out, d_out.get(), half, s2);
         s1.synchronize();
         s2.synchronize();
+        if (copied != nullptr) copied->fetch_add(2 * half);
       }
     } catch (...) {
       copy_error = std::current_exception();
@@ -399,6 +403,31 @@ Rates measure_rates(const MeasureOptions& options) {
                                          [&] { return best_of(options.repeats, cpu_once); });
   r.cpu_update_contended = std::min(r.cpu_update, nd / contended);
   report(RateKind::cpu_update_contended);
+
+  // Host memory: the Adam-pattern pass alone, then while copies run in both directions, its
+  // bytes and the copies' over the pass's time (no higher than alone, as the CPU update).
+  {
+    HostMemoryPass pass(options.host_memory_bytes, options.cpu_threads);
+    pass.run();  // warm
+    r.host_memory = pass.bytes() / best_of(options.repeats, [&] { return pass.run(); });
+    report(RateKind::host_memory);
+    std::atomic<std::uint64_t> copied{0};
+    const double busiest = while_copying(
+        b.state, d_in, d_out, bytes, s1, s2,
+        [&] {
+          double best = 0;
+          for (int i = 0; i < options.repeats; ++i) {
+            const std::uint64_t before = copied.load();
+            const double seconds = pass.run();
+            const auto moved = static_cast<double>(copied.load() - before);
+            best = std::max(best, (pass.bytes() + moved) / seconds);
+          }
+          return best;
+        },
+        &copied);
+    r.host_memory_contended = std::min(r.host_memory, busiest);
+    report(RateKind::host_memory_contended);
+  }
 
   // The fused kernel over the subgroup in device memory.
   {

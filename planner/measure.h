@@ -9,6 +9,8 @@
 //   h2d, d2h              one copy of the state (12 bytes per parameter) from/to pinned memory
 //   h2d_duplex, d2h_duplex  both directions at once, on two streams
 //   gpu_update            the fused Adam kernel over the subgroup in device memory
+//   host_memory           the Adam-pattern pass of planner/host_memory.h on the CPU pool
+//   host_memory_contended the same while copies run in both directions: its bytes and theirs
 // and, apart (measure_cpu_formats), the CPU update of each state format against fp32 state's.
 // The driver context must be current on the calling thread.
 #pragma once
@@ -30,6 +32,9 @@ namespace tide::planner {
 struct MeasureOptions {
   std::uint64_t params = std::uint64_t{1} << 22;  // per buffer: 4 Mi parameters, 48 MiB of state
   int repeats = 3;
+  // Each of the host memory pass's four buffers (planner/host_memory.h): together far larger
+  // than a last-level cache.
+  std::uint64_t host_memory_bytes = std::uint64_t{128} << 20;
   // The CPU update's threads (0: the whole pool) and instruction set (nullopt: the widest), as
   // the executor will run it (ExecutorOptions::cpu_threads, cpu_isa).
   unsigned cpu_threads = 0;

@@ -14,7 +14,8 @@ int measured_ranks_per_host(const ResolvedRates& resolved) {
 ResolvedRates share_for_node(ResolvedRates resolved, int ranks_per_node) {
   if (ranks_per_node < 1) throw std::invalid_argument("share_for_node: ranks_per_node < 1");
   const double scale = static_cast<double>(measured_ranks_per_host(resolved)) / ranks_per_node;
-  for (RateKind kind : {RateKind::cpu_update, RateKind::cpu_update_contended}) {
+  for (RateKind kind : {RateKind::cpu_update, RateKind::cpu_update_contended, RateKind::host_memory,
+                        RateKind::host_memory_contended}) {
     const RateSource source = resolved.source[static_cast<std::size_t>(kind)];
     if (source == RateSource::builtin || source == RateSource::calibration) {
       rate_of(resolved.rates, kind) *= scale;

@@ -18,8 +18,8 @@ inline constexpr int kBuiltinRanksPerHost = 4;
 // The ranks per host `resolved`'s CPU rates were measured with.
 int measured_ranks_per_host(const ResolvedRates& resolved);
 
-// `resolved` with its built-in and calibrated CPU update rates shared out to `ranks_per_node`
-// ranks (>= 1).
+// `resolved` with its built-in and calibrated CPU update and host memory rates shared out to
+// `ranks_per_node` ranks (>= 1).
 ResolvedRates share_for_node(ResolvedRates resolved, int ranks_per_node);
 
 // resolve_rates(nullopt), shared out to this process's node when torchrun says it has company

@@ -111,12 +111,39 @@ double PerformanceModel::link_side(double gpu_params, double cpu_params, bool du
   return bytes / (duplex ? rates_.h2d_duplex : rates_.h2d);
 }
 
-double PerformanceModel::phase(double cpu_params, double gpu_side, double link_side) const {
-  return std::max({cpu_side(cpu_params, gpu_side), gpu_side, link_side});
+double PerformanceModel::contended_host_memory_rate() const {
+  return std::min(rates_.host_memory_contended, rates_.host_memory);
+}
+
+double PerformanceModel::host_side(double gpu_params, double cpu_params, double gpu_side) const {
+  const double c = footprint_.cpu_host_bytes_per_param();
+  const double gpu_bytes = gpu_params * footprint_.gpu_host_bytes_per_param();
+  if (!(cpu_params > 0) || !(gpu_params > 0) || !(gpu_side > 0)) {
+    return (cpu_params * c + gpu_bytes) / rates_.host_memory;
+  }
+  const double r_cc = contended_cpu_rate();
+  const double b_mc = contended_host_memory_rate();
+  const double overlap = std::min(gpu_side, cpu_params / r_cc);
+  // The overlap's bytes; the copies' taken at most at B_mc (so that a longer GPU side never
+  // shortens the phase: see the header).
+  const double bytes =
+      c * r_cc * overlap + std::min(gpu_bytes * overlap / gpu_side, b_mc * overlap);
+  const double stretched = std::max(overlap, bytes / b_mc);
+  const double gpu_end = stretched + (gpu_side - overlap);
+  const double tail_rate = std::max(b_mc, std::min(c * rates_.cpu_update, rates_.host_memory));
+  const double cpu_end = stretched + c * (cpu_params - r_cc * overlap) / tail_rate;
+  return std::max(gpu_end, cpu_end);
+}
+
+double PerformanceModel::phase(double cpu_params, double gpu_params, double gpu_side,
+                               double link_side) const {
+  return std::max({cpu_side(cpu_params, gpu_side), gpu_side, link_side,
+                   host_side(gpu_params, cpu_params, gpu_side)});
 }
 
 double PerformanceModel::all_cpu(double params) const {
-  return std::max(params / rates_.cpu_update, link_side(0, params, false));
+  return std::max(
+      {params / rates_.cpu_update, link_side(0, params, false), host_side(0, params, 0)});
 }
 
 }  // namespace tide::planner

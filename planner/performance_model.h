@@ -48,14 +48,45 @@
 // copies, alone otherwise): T_link = (a·W_g + w·W_c) / B_h(2), W_g the GPU subgroups' parameters.
 // It binds when the uploads alone come close to filling the link (a fast CPU, a slow link).
 //
-// Phase. T = max(T_cpu, T_gpu, T_link); all-CPU: max(W / r_c, w·W / B_h) (W all parameters).
+// Host memory. The CPU update and the GPU subgroups' copies move their bytes through the same
+// host DRAM: c per CPU subgroup parameter (read and write the state, read the gradient, write
+// the weight copy: 28 for fp32 state, Footprint::cpu_update_host_bytes_per_param) and w more
+// when the DMA reads the weights to upload, a + b per GPU subgroup parameter (what it copies in
+// and out). DRAM gives B_m bytes/s to the CPU alone and B_mc (taken ≤ B_m) in all while the
+// copies run in both directions (their traffic interleaved with the CPU's costs it row
+// switches). While both sides run, for O = min(T_gpu, W_c/r_cc), they ask for
+//     X_o = (c+w)·r_cc·O + min((a+b)·W_g·O/T_gpu, B_mc·O)        bytes
+// and when that is more than B_mc·O both slow down by the same ratio: the overlap stretches to
+//     S = max(O, X_o / B_mc)
+// and each side does the rest at its own pace after it (the CPU's tail at its rate alone, at
+// most B_m/(c+w), at least B_mc/(c+w)):
+//     T_host = max(S + T_gpu − O,  S + (c+w)·(W_c − r_cc·O) / max(B_mc, min((c+w)·r_c, B_m)))
+// all-CPU: (c+w)·W_c / B_m; all-GPU: (a+b)·W_g / B_m.
+//
+// Why each side slowed and not a max-term of all bytes over the budget: a max-term is a lower
+// bound that assumes host memory can serve the two sides in any proportion until both end
+// together, and the planner, minimising, picks exactly the placements where it is loosest (a
+// short CPU side, then copies alone that leave host memory idle): on the simulated host-bound
+// machine of tests/planner/refine_test.cpp its plan (32 of 50 subgroups on the GPU) ran 9%
+// slower than all-CPU, predicted 17% faster. Slowing
+// both sides by the oversubscription ratio is what a memory controller that serves requests
+// in turn does. The two caps keep T_host non-decreasing in T_gpu (a copy demand above B_mc alone
+// would make a slower GPU side shorten the overlap's stretch; a compute-bound CPU tail, slower
+// than B_mc/(c+w), is charged to T_cpu instead), so the phase stays monotone in the buffers and
+// the planner's search exact (planner.cpp). It is why interleaving buys little on a host whose
+// CPU update alone nearly fills B_m: every GPU subgroup still moves a + b of host memory (24
+// bytes against the CPU's 30 with fp32 state), and at B_mc < B_m the overlap costs host time.
+//
+// Phase. T = max(T_cpu, T_gpu, T_link, T_host); all-CPU: max(W / r_c, w·W / B_h, (c+w)·W / B_m)
+// (W all parameters).
 //
 // What it leaves out, on purpose: per-launch latencies (microseconds against tens of
 // milliseconds per subgroup of 1e8), the upload of the last CPU subgroup's weights after its
 // update (w·s / B_h: under 1% of the phase with subgroups of 1e8), the order in which the link
-// serves copy-ins and uploads (the flow above), and a slowdown of copies by the CPU update (the
-// contention is charged to the CPU, whose rate while copies run is measured). Measured subgroup
-// times refine the rates (planner/refine.h), which absorbs what the formulas miss.
+// serves copy-ins and uploads (the flow above), and a slowdown of copies by the CPU update other
+// than through host memory (the rest of the contention, cores and caches, is charged to the CPU,
+// whose rate while copies run is measured). Measured subgroup times refine the rates
+// (planner/refine.h), which absorbs what the formulas miss.
 // ---------------------------------------------------------------------------------------------
 #pragma once
 
@@ -185,6 +216,19 @@ struct Footprint {
   // The GPU update stays memory-bound (HBM bandwidth against its arithmetic): the bytes' ratio.
   double gpu_update_scale() const { return update_rate_scale(); }
   std::uint64_t upload_bytes_per_param() const { return weight_bytes_per_param; }
+  // Host DRAM bytes per parameter. A CPU update reads and writes the state, reads the gradient
+  // and writes the weight copy (fp32 state 2·12 + 2 + 2 = 28; bf16 moments 20; 8-bit moments
+  // 16.06; bf16 master 26, 18 with bf16 moments: the weights are in the state), and the DMA then
+  // reads the weights it uploads; a GPU subgroup's copies read what they copy in and write what
+  // they copy out.
+  double cpu_update_host_bytes_per_param() const {
+    return 2.0 * state_copy_bytes_per_param() + gradient_bytes_per_param +
+           (weights_in_state ? 0u : weight_bytes_per_param);
+  }
+  double cpu_host_bytes_per_param() const {
+    return cpu_update_host_bytes_per_param() + static_cast<double>(upload_bytes_per_param());
+  }
+  double gpu_host_bytes_per_param() const { return h2d_bytes_per_param() + d2h_bytes_per_param(); }
   // One buffer holds the state and what is copied in: with 8-bit moments, the state slot's
   // layout (runtime/optimizer_state.h: fp32 weights, each moment's codes from a
   // kQuantBlock-byte boundary, then the scales).
@@ -252,8 +296,15 @@ class PerformanceModel {
   // `duplex` when the GPU side overlaps its copies (D ≥ 2 and at least two GPU subgroups).
   double link_side(double gpu_params, double cpu_params, bool duplex) const;
 
-  // max(T_cpu, T_gpu, T_link).
-  double phase(double cpu_params, double gpu_side, double link_side) const;
+  // T_host: the phase as host memory lets it end, both sides slowed by the same ratio while
+  // together they ask more than it gives (never shorter when `gpu_side` is longer).
+  double host_side(double gpu_params, double cpu_params, double gpu_side) const;
+  // The host memory rates as the model uses them (the contended one never above the free one).
+  double host_memory_rate() const { return rates_.host_memory; }
+  double contended_host_memory_rate() const;
+
+  // max(T_cpu, T_gpu, T_link, T_host).
+  double phase(double cpu_params, double gpu_params, double gpu_side, double link_side) const;
   double all_cpu(double params) const;
 
   // Per-subgroup stage times, in seconds.

@@ -121,7 +121,9 @@ Plan evaluate(const Workload& workload, const Rates& rates, const Placement& pla
   p.cpu_side_s = model.cpu_side(static_cast<double>(plan.cpu_params), gpu_side);
   p.link_s = model.link_side(static_cast<double>(plan.gpu_params),
                              static_cast<double>(plan.cpu_params), duplex);
-  p.phase_s = std::max({p.cpu_side_s, gpu_side, p.link_s});
+  p.host_s = model.host_side(static_cast<double>(plan.gpu_params),
+                             static_cast<double>(plan.cpu_params), gpu_side);
+  p.phase_s = std::max({p.cpu_side_s, gpu_side, p.link_s, p.host_s});
   p.all_cpu_s = model.all_cpu(static_cast<double>(plan.cpu_params + plan.gpu_params));
   return plan;
 }

@@ -58,10 +58,11 @@ struct SubgroupPlan {
 };
 
 struct Prediction {
-  double phase_s = 0;     // max(cpu_side_s, gpu_side_s, link_s)
+  double phase_s = 0;     // max(cpu_side_s, gpu_side_s, link_s, host_s)
   double cpu_side_s = 0;  // the CPU workers' busy time
   double gpu_side_s = 0;  // copy-in of the first GPU subgroup to copy-out of the last
   double link_s = 0;      // the host→GPU link's busy time: copy-ins and CPU weight uploads
+  double host_s = 0;      // host memory's busy time: the CPU updates' and the copies' bytes
   double all_cpu_s = 0;   // the same phase with every subgroup on the CPU
   double speedup() const { return phase_s > 0 ? all_cpu_s / phase_s : 1.0; }
 };

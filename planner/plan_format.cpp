@@ -56,8 +56,8 @@ std::string plan_table(const Plan& plan) {
   const Prediction& p = plan.predicted;
   out << printf_string(
       "update phase     %.3f s predicted (CPU side %.3f s, GPU side %.3f s, host-to-GPU link "
-      "%.3f s)%s\n",
-      p.phase_s, p.cpu_side_s, p.gpu_side_s, p.link_s,
+      "%.3f s, host memory %.3f s)%s\n",
+      p.phase_s, p.cpu_side_s, p.gpu_side_s, p.link_s, p.host_s,
       plan.optimal ? ", optimal under the model" : "");
   out << printf_string("all-CPU          %.3f s predicted; speed-up %.2fx\n", p.all_cpu_s,
                        p.speedup());
@@ -75,7 +75,8 @@ std::string plan_json(const Plan& plan) {
       << ",\"predicted\":{\"phase_s\":" << json::number(p.phase_s)
       << ",\"cpu_side_s\":" << json::number(p.cpu_side_s)
       << ",\"gpu_side_s\":" << json::number(p.gpu_side_s)
-      << ",\"link_s\":" << json::number(p.link_s) << ",\"all_cpu_s\":" << json::number(p.all_cpu_s)
+      << ",\"link_s\":" << json::number(p.link_s) << ",\"host_s\":" << json::number(p.host_s)
+      << ",\"all_cpu_s\":" << json::number(p.all_cpu_s)
       << ",\"speedup\":" << json::number(p.speedup())
       << "},\"gpu_order\":" << json_list(plan.gpu_order)
       << ",\"cpu_order\":" << json_list(plan.cpu_order) << ",\"subgroups\":[";

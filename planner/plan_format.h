@@ -11,7 +11,7 @@ namespace tide::planner {
 // the GPU share, memory and predicted times against all-CPU.
 std::string plan_table(const Plan& plan);
 
-// A JSON object: the plan's totals, "predicted" {phase_s, cpu_side_s, gpu_side_s, link_s,
+// A JSON object: the plan's totals, "predicted" {phase_s, cpu_side_s, gpu_side_s, link_s, host_s,
 // all_cpu_s, speedup}, "gpu_order", "cpu_order" and "subgroups" (one object per subgroup, by
 // index).
 std::string plan_json(const Plan& plan);

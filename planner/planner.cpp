@@ -41,14 +41,14 @@ double phase_of(const PerformanceModel& model, std::vector<double>& scratch,
                 std::span<const std::uint64_t> order, double gpu_params, double cpu_params,
                 std::size_t buffers) {
   const bool duplex = buffers >= 2 && order.size() >= 2;
-  return model.phase(cpu_params, model.gpu_side(order, buffers, cpu_params, scratch),
+  return model.phase(cpu_params, gpu_params, model.gpu_side(order, buffers, cpu_params, scratch),
                      model.link_side(gpu_params, cpu_params, duplex));
 }
 
 // The best time of GPU subgroups `order` (sizes, pipeline order) over 1..dmax buffers. From D = 2
 // up the GPU side only shrinks with D (and the phase never shrinks when the GPU side grows; the
-// link's time does not depend on D), so the best is D = 1 or D = dmax; `buffers` is dmax in the
-// second case, see fewest_buffers().
+// link's time does not depend on D, host memory's only grows with the GPU side), so the best is D =
+// 1 or D = dmax; `buffers` is dmax in the second case, see fewest_buffers().
 Timing time_of(const PerformanceModel& model, std::vector<double>& scratch,
                std::span<const std::uint64_t> order, double gpu_params, double cpu_params,
                std::size_t dmax) {
@@ -59,7 +59,7 @@ Timing time_of(const PerformanceModel& model, std::vector<double>& scratch,
     t.buffers = dmax;
     // One buffer serialises everything; its closed form (a lower bound with uploads, up to
     // rounding, hence the margin) says when it cannot win without running the recurrence.
-    const double serial = model.phase(cpu_params, model.serial_gpu_side(gpu_params),
+    const double serial = model.phase(cpu_params, gpu_params, model.serial_gpu_side(gpu_params),
                                       model.link_side(gpu_params, cpu_params, false));
     if (serial * (1 - 1e-9) > t.time) return t;
   }

@@ -4,7 +4,8 @@
 // What it searches, and why that is enough:
 // - The model's time depends on a placement only through the multiset of GPU subgroup sizes, their
 //   order in the GPU pipeline, and the buffer count D: the CPU side (and the weight uploads it
-//   puts on the host-to-GPU link) sees only its total, and subgroups of equal size are
+//   puts on the host-to-GPU link, and the bytes both sides move through host memory) sees only
+//   its total, and subgroups of equal size are
 //   interchangeable. So subgroups are grouped by size, and a candidate
 //   is a count per size.
 // - For a fixed GPU order, the phase time is non-increasing in D from D = 2 up (more buffers only

@@ -59,6 +59,9 @@ ResolvedRates resolve_rates(const std::optional<std::filesystem::path>& calibrat
     resolved.calibration_path = *path;
     resolved.rates = resolved.calibration->rates;
     resolved.source.fill(RateSource::calibration);
+    for (std::size_t i = 0; i < kRateCount; ++i) {
+      if (resolved.calibration->rate_missing[i]) resolved.source[i] = RateSource::builtin;
+    }
   }
 
   const auto overridden = apply_env_overrides(resolved.rates);

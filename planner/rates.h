@@ -12,6 +12,10 @@
 
 namespace tide::planner {
 
+// The built-in host memory rates, per rank (builtin_rates() says why).
+inline constexpr double kBuiltinHostMemory = 120e9;
+inline constexpr double kBuiltinHostMemoryContended = 110e9;
+
 struct Rates {
   double cpu_update = 0;            // params/s: all CPU update threads, no copies running
   double cpu_update_contended = 0;  // params/s: the same while copies run (shared host memory)
@@ -20,6 +24,13 @@ struct Rates {
   double h2d_duplex = 0;            // bytes/s: host → GPU while a GPU → host copy also runs
   double d2h_duplex = 0;            // bytes/s: GPU → host while a host → GPU copy also runs
   double gpu_update = 0;            // params/s: the fused Adam kernel
+  // bytes/s through host DRAM (reads + writes): the CPU update threads alone, and everything
+  // (CPU threads and both copy directions' DMA) while copies run in both directions. The CPU
+  // update and the copies of GPU subgroups share it (performance_model.h, "Host memory").
+  // Unlike the others they default to the built-in rates': rates put together before they
+  // existed (tests, tide_rates of the C ABI) get a host memory that binds only a fast CPU.
+  double host_memory = kBuiltinHostMemory;
+  double host_memory_contended = kBuiltinHostMemoryContended;
 
   bool operator==(const Rates&) const = default;
 };
@@ -33,8 +44,10 @@ enum class RateKind : std::size_t {
   h2d_duplex,
   d2h_duplex,
   gpu_update,
+  host_memory,
+  host_memory_contended,
 };
-inline constexpr std::size_t kRateCount = 7;
+inline constexpr std::size_t kRateCount = 9;
 
 struct RateInfo {
   RateKind kind;
@@ -49,9 +62,11 @@ struct RateInfo {
   double scale;
   double min_given;  // the accepted range of the knob and flag, in `unit`
   double max_given;
+  // Added after calibration files existed: a file without it takes the built-in default.
+  bool optional_in_file = false;
 };
 
-// The seven rates, in RateKind order.
+// The rates, in RateKind order.
 std::span<const RateInfo, kRateCount> rate_infos();
 const RateInfo& rate_info(RateKind kind);
 

@@ -35,6 +35,74 @@ bool RateRefiner::observe(RateKind kind, double amount, double seconds) {
   return true;
 }
 
+namespace {
+
+bool measured(double seconds) { return seconds > 0 && std::isfinite(seconds); }
+
+// When the plan has both sides running: until the shorter one ends.
+double overlap_end(const Plan& plan) {
+  return std::min(plan.predicted.gpu_side_s, plan.predicted.cpu_side_s);
+}
+
+}  // namespace
+
+RateRefiner::HostTraffic RateRefiner::traffic_of(const Plan& plan, const Footprint& footprint,
+                                                 std::span<const SubgroupTiming> timings) const {
+  HostTraffic traffic;
+  const PerformanceModel model(rates_, footprint);
+  const std::size_t g = plan.gpu_order.size();
+  const bool duplex = plan.buffers >= 2 && g >= 2;
+  const bool any_gpu = !plan.gpu_order.empty();
+  for (std::size_t i = 0; i < timings.size(); ++i) {
+    const SubgroupPlan& sub = plan.subgroups[i];
+    const SubgroupTiming& t = timings[i];
+    const double params = static_cast<double>(sub.params);
+    if (sub.device == Device::cpu) {
+      if (!measured(t.cpu_update_s)) continue;
+      if (any_gpu && sub.end_s <= plan.predicted.gpu_side_s) {
+        traffic.contended_params += params;
+        traffic.contended_s += t.cpu_update_s;
+      } else if (!any_gpu || sub.start_s >= plan.predicted.gpu_side_s) {
+        traffic.free_params += params;
+        traffic.free_s += t.cpu_update_s;
+      }
+    } else if (sub.end_s <= overlap_end(plan) && measured(t.h2d_s) && measured(t.d2h_s)) {
+      traffic.h2d_bytes += params * footprint.h2d_bytes_per_param();
+      traffic.h2d_s += t.h2d_s;
+      traffic.d2h_bytes += params * footprint.d2h_bytes_per_param();
+      traffic.d2h_s += t.d2h_s;
+      // What the plan had them take, at the rates it was made with.
+      traffic.h2d_planned_s += sub.h2d_end_s - sub.start_s;
+      traffic.d2h_planned_s += model.d2h_time(params, duplex && sub.position + 1 != g);
+    }
+  }
+  if (!duplex || traffic.contended_s <= 0 || traffic.h2d_s <= 0 || traffic.d2h_s <= 0) {
+    return traffic;
+  }
+  const double cpu_bytes = footprint.cpu_host_bytes_per_param();
+  const double cpu_rate = traffic.contended_params / traffic.contended_s;
+  // The copies' bytes over the overlap as it ran: the plan's, stretched as its copies were.
+  const double copy_bytes = traffic.h2d_bytes + traffic.d2h_bytes;
+  const double planned = overlap_end(plan);
+  if (!(planned > 0) || traffic.h2d_planned_s <= 0 || traffic.d2h_planned_s <= 0) {
+    return traffic;
+  }
+  const double h2d_ratio = traffic.h2d_s / traffic.h2d_planned_s;
+  const double d2h_ratio = traffic.d2h_s / traffic.d2h_planned_s;
+  const double overlap = planned * std::max({1.0, h2d_ratio, d2h_ratio});
+  traffic.moved = cpu_bytes * cpu_rate + copy_bytes / overlap;
+  // Both sides well below their rates in the plan at once: host memory held them back.
+  const double cpu_planned = model.contended_cpu_rate();
+  traffic.saturated = cpu_rate < kSaturatedFraction * cpu_planned &&
+                      h2d_ratio * kSaturatedFraction > 1 && d2h_ratio * kSaturatedFraction > 1;
+  if (traffic.saturated) {
+    // Host memory slowed both by the same ratio (the model's assumption): the smallest of their
+    // slowdowns against the plan is host memory's, and the rest of one side's is its own rate's.
+    traffic.slowdown = std::min({cpu_planned / cpu_rate, h2d_ratio, d2h_ratio});
+  }
+  return traffic;
+}
+
 std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footprint,
                                        std::span<const SubgroupTiming> timings) {
   if (timings.size() != plan.subgroups.size()) {
@@ -56,6 +124,11 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
   // and the flow's share of the link, which is what its link's rate is measured on.
   const UploadFlow flow =
       PerformanceModel(rates_, footprint).upload_flow(static_cast<double>(plan.cpu_params));
+  // When host memory was full, the CPU update and the copies ran slower than their own rates by
+  // the ratio of what they asked to what it gave: their times count divided by it (the model
+  // charges the slowdown to host memory, performance_model.h).
+  const HostTraffic traffic = traffic_of(plan, footprint, timings);
+  const double own = 1.0 / traffic.slowdown;
   for (std::size_t i = 0; i < timings.size(); ++i) {
     const SubgroupPlan& sub = plan.subgroups[i];
     const SubgroupTiming& t = timings[i];
@@ -65,29 +138,49 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
       // runs after; one that straddles the end of the GPU side measures neither.
       const double gpu_end = plan.predicted.gpu_side_s;
       if (g > 0 && sub.end_s <= gpu_end) {
-        used +=
-            observe(RateKind::cpu_update_contended, params * cpu_fp32_equivalent, t.cpu_update_s);
+        used += observe(RateKind::cpu_update_contended, params * cpu_fp32_equivalent,
+                        t.cpu_update_s * own);
       } else if (g == 0 || sub.start_s >= gpu_end) {
         used += observe(RateKind::cpu_update, params * cpu_fp32_equivalent, t.cpu_update_s);
       }
       continue;
     }
+    used += observe(RateKind::gpu_update, params * gpu_fp32_equivalent, t.gpu_update_s);
     const bool first = sub.position == 0;
     const bool last = sub.position + 1 == g;
     const RateKind h2d_kind = duplex && !first ? RateKind::h2d_duplex : RateKind::h2d;
+    // The copy's own time: without host memory's slowdown (1 unless it was full).
+    const double copy_own = sub.end_s <= overlap_end(plan) ? own : 1.0;
     double shared = 0;  // seconds of the copy-in that shared the link with the uploads
     if (flow.rate > 0 && sub.h2d_end_s > sub.start_s && t.h2d_s > 0) {
       const double overlap = std::clamp(std::min(sub.h2d_end_s, flow.end) - sub.start_s, 0.0,
                                         sub.h2d_end_s - sub.start_s);
-      shared = t.h2d_s * overlap / (sub.h2d_end_s - sub.start_s);
+      shared = t.h2d_s * copy_own * overlap / (sub.h2d_end_s - sub.start_s);
     }
     const double link = rate_of(rates_, h2d_kind);
     used +=
         observe(h2d_kind, params * h2d_bytes + PerformanceModel::upload_share(flow, link) * shared,
-                t.h2d_s);
-    used += observe(RateKind::gpu_update, params * gpu_fp32_equivalent, t.gpu_update_s);
+                t.h2d_s * copy_own);
     used += observe(duplex && !last ? RateKind::d2h_duplex : RateKind::d2h, params * d2h_bytes,
-                    t.d2h_s);
+                    t.d2h_s * copy_own);
+  }
+  return used + observe_host_memory(traffic, footprint);
+}
+
+std::size_t RateRefiner::observe_host_memory(const HostTraffic& traffic,
+                                             const Footprint& footprint) {
+  std::size_t used = 0;
+  const double cpu_bytes = footprint.cpu_host_bytes_per_param();
+  // Alone: the CPU side moved at least this much, so host memory can.
+  if (traffic.free_s > 0) {
+    const double moved = cpu_bytes * traffic.free_params / traffic.free_s;
+    if (moved > rates_.host_memory) used += observe(RateKind::host_memory, moved, 1.0);
+  }
+  // While copies ran in both directions (traffic_of): the CPU side's bytes per second and the
+  // copies' (each direction over its busy time; in the pipeline's steady state they run all
+  // along). Full, what moved is host memory's rate; otherwise it gave at least that much.
+  if (traffic.saturated || traffic.moved > rates_.host_memory_contended) {
+    used += observe(RateKind::host_memory_contended, traffic.moved, 1.0);
   }
   return used;
 }

@@ -8,12 +8,23 @@
 // wild, moves a rate by at most a factor m^w (1.5 at first, 1.5^0.2 ≈ 1.08 later with the
 // defaults); noise that is symmetric in log space averages out; a run of consistent
 // measurements still gets anywhere, m^w per observation.
+//
+// Host memory bandwidth is not timed by any one subgroup: a phase gives what its CPU subgroups
+// and its copies moved through host memory per second (their bytes over their measured times,
+// performance_model.h's c + w and a + b). That is a lower bound of the rate, which can only
+// raise it, except when, while copies run, the CPU update and both copies fall below
+// kSaturatedFraction of their rates in the plan at once: then host memory was full, what moved
+// is its contended rate, and the CPU update's and the copies' times count divided by the least
+// of the sides' slowdowns (performance_model.h charges a common slowdown to host memory, not to
+// them; what one side slowed more is its own rate's). So a host whose memory binds is learnt
+// from the first phases that interleave, without a calibration file, in the same clamped steps.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <span>
 
+#include "planner/performance_model.h"
 #include "planner/plan.h"
 #include "planner/rates.h"
 
@@ -51,12 +62,38 @@ class RateRefiner {
   std::size_t observe_phase(const Plan& plan, const Footprint& footprint,
                             std::span<const SubgroupTiming> timings);
 
+  // While copies run in both directions, the CPU update below this fraction of its free rate
+  // and both copies below it of their duplex rates: host memory is taken to be what held them
+  // back (observe_phase). A smaller fall is the copies' other costs (cores, caches), which the
+  // contended CPU rate holds, or one side's own rate being lower than the model has it.
+  static constexpr double kSaturatedFraction = 0.8;
+
   const Rates& rates() const { return rates_; }
   std::uint64_t observations(RateKind kind) const {
     return counts_[static_cast<std::size_t>(kind)];
   }
 
  private:
+  // What one phase moved through host memory, from its measured subgroups.
+  struct HostTraffic {
+    double free_params = 0;  // CPU subgroups after the GPU side, and their seconds
+    double free_s = 0;
+    double contended_params = 0;  // CPU subgroups while it ran
+    double contended_s = 0;
+    double h2d_bytes = 0;  // the GPU subgroups' copies, and their seconds
+    double h2d_s = 0;
+    double d2h_bytes = 0;
+    double d2h_s = 0;
+    double h2d_planned_s = 0;  // the same copies' seconds in the plan
+    double d2h_planned_s = 0;
+    double moved = 0;        // bytes/s through host memory while both sides ran; 0: unknown
+    bool saturated = false;  // both sides fell below kSaturatedFraction of their rates
+    double slowdown = 1;     // when saturated: the least of the sides' against the plan
+  };
+  HostTraffic traffic_of(const Plan& plan, const Footprint& footprint,
+                         std::span<const SubgroupTiming> timings) const;
+  std::size_t observe_host_memory(const HostTraffic& traffic, const Footprint& footprint);
+
   Rates rates_;
   RefineOptions options_;
   std::array<std::uint64_t, kRateCount> counts_{};

@@ -38,7 +38,10 @@ the rates, one rank's share (the slowest's). It also measures the CPU update of 
 in rounds of one update of each (with --ranks, all ranks at once), and writes the factors the
 planner applies to the CPU update rate for that format; without --ranks, once more while copies
 run in both directions, for the factors of the CPU update rate while copying (a memory-bound
-format loses more to the copies than a compute-bound one).
+format loses more to the copies than a compute-bound one). Host memory bandwidth is measured
+with an Adam-like pass over four buffers of 128 MiB (512 MiB with --long) on the CPU update's
+threads, alone and while copies run in both directions (the pass's bytes and the copies'); with
+--ranks, each rank's share.
 
 options:
   --long                 a longer, steadier measurement (32 Mi parameters, 5 repeats; about a
@@ -72,6 +75,10 @@ void share_measured_rates(Calibration& c, std::vector<RankRates> per_rank) {
   for (double* copy : {&c.rates.h2d, &c.rates.d2h, &c.rates.h2d_duplex, &c.rates.d2h_duplex}) {
     *copy = std::min(*copy, slowest.memory);
   }
+  // This process measured host memory with the whole node's cores: the ranks share it.
+  const auto ranks = static_cast<double>(per_rank.size());
+  c.rates.host_memory /= ranks;
+  c.rates.host_memory_contended /= ranks;
   std::printf("%zu ranks at once, per rank:\n", per_rank.size());
   for (std::size_t i = 0; i < per_rank.size(); ++i) {
     std::printf("  rank %zu  CPU update %s, memory copy %s\n", i,
@@ -165,6 +172,7 @@ int calibrate_command(int argc, char** argv) {
     } else if (arg == "--long") {
       options.params = std::uint64_t{32} << 20;
       options.repeats = 5;
+      options.host_memory_bytes = std::uint64_t{512} << 20;
     } else if (arg == "--params") {
       options.params = parse_count("--params", value_of(i, argc, argv), 1024);
       if (options.params > (std::uint64_t{1} << 31)) {

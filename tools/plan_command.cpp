@@ -65,7 +65,8 @@ workload:
 
 rates (per rank): built-in defaults, then the calibration file, then TIDE_RATE_* variables, then
 these flags. The CPU update rates of the first two are shared out to --ranks-per-node ranks from
-the ranks they were measured with (the file's ranks_per_host; built-in: 4): x measured/planned.
+the ranks they were measured with (the file's ranks_per_host; built-in: 4): x measured/planned,
+and so are the host memory rates.
   --calibration FILE       the calibration file (default: TIDE_CALIBRATION_FILE, else
                            $XDG_CACHE_HOME/tide/calibration.json or ~/.cache/tide/calibration.json,
                            if it exists)
@@ -76,6 +77,10 @@ the ranks they were measured with (the file's ranks_per_host; built-in: 4): x me
   --h2d-duplex-gbps R      host to GPU while GPU to host also runs, GB/s
   --d2h-duplex-gbps R      GPU to host while host to GPU also runs, GB/s
   --gpu-update R           GPU update, params/s
+  --host-memory-gbps R     host memory bandwidth, the CPU update alone, GB/s
+  --host-memory-contended-gbps R
+                           host memory bandwidth, the CPU update and copies in both directions
+                           together, GB/s
 
 the whole iteration (optional; both or neither of the first two):
   --forward-seconds S      the forward pass's GPU compute per iteration, seconds
@@ -184,7 +189,7 @@ std::string rates_json(const ResolvedRates& resolved, const Footprint& base) {
   for (const RateInfo& info : rate_infos()) {
     out += json::quote(info.key) + ":" +
            json::quote(source_name(resolved.source[static_cast<std::size_t>(info.kind)])) +
-           (info.kind == RateKind::gpu_update ? "" : ",");
+           (&info == &rate_infos().back() ? "" : ",");
   }
   out += "},\"cpu_update_factors\":{";
   bool first = true;

@@ -42,9 +42,19 @@ constexpr const char* kDocumented = R"({
     "d2h_bytes_per_s": 25e9,
     "h2d_duplex_bytes_per_s": 23e9,
     "d2h_duplex_bytes_per_s": 23e9,
-    "gpu_update_params_per_s": 5e10
+    "gpu_update_params_per_s": 5e10,
+    "host_memory_bytes_per_s": 1.2e11,
+    "host_memory_contended_bytes_per_s": 1.1e11
   }
 })";
+
+// A file written before the host memory rates: the documented one without them.
+std::string without_host_memory() {
+  std::string text = kDocumented;
+  const auto cut = text.find(",\n    \"host_memory_bytes_per_s\"");
+  const auto end = text.find("\n  }", cut);
+  return text.erase(cut, end - cut);
+}
 
 class CalibrationFile : public ::testing::Test {
  protected:
@@ -128,6 +138,52 @@ TEST_F(CalibrationFile, RoundTripsThroughTextAndDisk) {
   save_calibration(path, changed);
   EXPECT_EQ(load_calibration(path), changed);
   EXPECT_EQ(std::distance(fs::directory_iterator(path.parent_path()), fs::directory_iterator()), 1);
+}
+
+// The host memory rates round trip; a file from before them loads with the built-in ones, and
+// resolve_rates says they are the built-in defaults, not the file's.
+TEST_F(CalibrationFile, HostMemoryRatesRoundTripAndOldFilesLoad) {
+  Calibration c = sample();
+  c.rates.host_memory = 96e9;
+  c.rates.host_memory_contended = 71.5e9;
+  const std::string text = format_calibration(c);
+  EXPECT_NE(text.find("\"host_memory_bytes_per_s\": 96000000000"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"host_memory_contended_bytes_per_s\": 71500000000"), std::string::npos)
+      << text;
+  EXPECT_EQ(parse_calibration(text, "text"), c);
+  save_calibration(dir_ / "new.json", c);
+  const ResolvedRates fresh = resolve_rates(dir_ / "new.json");
+  EXPECT_EQ(fresh.rates.host_memory, 96e9);
+  EXPECT_EQ(fresh.source[static_cast<std::size_t>(RateKind::host_memory)], RateSource::calibration);
+
+  const std::string old = without_host_memory();
+  ASSERT_EQ(old.find("host_memory"), std::string::npos) << old;
+  const Calibration loaded = parse_calibration(old, "old");
+  EXPECT_EQ(loaded.rates, builtin_rates());
+  EXPECT_TRUE(loaded.rate_missing[static_cast<std::size_t>(RateKind::host_memory)]);
+  EXPECT_FALSE(loaded.rate_missing[static_cast<std::size_t>(RateKind::h2d)]);
+  const ResolvedRates r = resolve_rates(write("old.json", old));
+  EXPECT_EQ(r.rates.host_memory_contended, builtin_rates().host_memory_contended);
+  EXPECT_EQ(r.source[static_cast<std::size_t>(RateKind::host_memory_contended)],
+            RateSource::builtin);
+  EXPECT_EQ(r.source[static_cast<std::size_t>(RateKind::cpu_update)], RateSource::calibration);
+  // Written again, the file has them.
+  Calibration rewritten = loaded;
+  rewritten.rate_missing = {};
+  EXPECT_NE(format_calibration(rewritten).find("host_memory_bytes_per_s"), std::string::npos);
+  // The rates that were always there are still required, and a bad host memory rate is refused.
+  std::string no_h2d = old;
+  no_h2d.erase(no_h2d.find("\"h2d_bytes_per_s\": 25e9,"), 25);
+  EXPECT_THROW(parse_calibration(no_h2d, "old"), CalibrationError);
+  std::string bad = kDocumented;
+  bad.replace(bad.find("1.2e11"), 6, "-1");
+  try {
+    parse_calibration(bad, "bad");
+    ADD_FAILURE() << "a negative host memory rate accepted";
+  } catch (const CalibrationError& e) {
+    EXPECT_NE(std::string(e.what()).find("rates.host_memory_bytes_per_s"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(CalibrationFile, OptionalMembersMayBeLeftOut) {
@@ -467,6 +523,9 @@ TEST_F(CalibrationFile, NodeRatesShareTheCpuRates) {
   EXPECT_DOUBLE_EQ(four.rates.cpu_update_contended, c.rates.cpu_update_contended / 2);
   EXPECT_EQ(four.rates.h2d, c.rates.h2d);
   EXPECT_EQ(four.rates.gpu_update, c.rates.gpu_update);
+  // Host memory is the node's too.
+  EXPECT_DOUBLE_EQ(four.rates.host_memory, c.rates.host_memory / 2);
+  EXPECT_DOUBLE_EQ(four.rates.host_memory_contended, c.rates.host_memory_contended / 2);
   EXPECT_DOUBLE_EQ(share_for_node(two, 1).rates.cpu_update, 2 * c.rates.cpu_update);
   EXPECT_EQ(share_for_node(two, 2).rates, two.rates);
   ResolvedRates given = two;

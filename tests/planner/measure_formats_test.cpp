@@ -2,10 +2,13 @@
 // state's, alone and while copies run, from the slowest rank's measurements.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <vector>
 
 #include "driver/context.h"
+#include "planner/host_memory.h"
 #include "planner/measure.h"
 
 namespace tide::planner {
@@ -56,6 +59,30 @@ TEST(MeasureFormats, MeasuresEachFormatWhileCopying) {
   EXPECT_GT(r.fp32, 0);
   for (double x : r.format) EXPECT_GT(x, 0);
   EXPECT_THROW(measure_cpu_formats_while_copying(100, 1), std::invalid_argument);
+}
+
+// Host memory bandwidth (tide calibrate): the Adam-like pass alone, then with copies in both
+// directions counted with it; never higher than alone. Loose bounds: any machine, loaded or not.
+TEST(MeasureHostMemory, AloneAndWhileCopying) {
+  const double alone = measure_host_memory(std::uint64_t{8} << 20, 2);
+  EXPECT_GT(alone, 1e8);
+  EXPECT_LT(alone, 1e13);
+  EXPECT_THROW(measure_host_memory(1000, 1), std::invalid_argument);
+  EXPECT_THROW(measure_host_memory(std::uint64_t{8} << 20, 0), std::invalid_argument);
+
+  const driver::CurrentContext context;
+  MeasureOptions options;
+  options.params = 65536;
+  options.repeats = 2;
+  options.host_memory_bytes = std::uint64_t{8} << 20;
+  std::vector<RateKind> reported;
+  options.progress = [&](RateKind kind, double) { reported.push_back(kind); };
+  const Rates r = measure_rates(options);
+  EXPECT_GT(r.host_memory, 1e8);
+  EXPECT_GT(r.host_memory_contended, 0);
+  EXPECT_LE(r.host_memory_contended, r.host_memory);
+  EXPECT_NE(std::find(reported.begin(), reported.end(), RateKind::host_memory_contended),
+            reported.end());
 }
 
 }  // namespace

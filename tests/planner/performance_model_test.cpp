@@ -108,9 +108,9 @@ TEST(PerformanceModel, CpuIsContendedWhileTheGpuSideRuns) {
   EXPECT_DOUBLE_EQ(model.cpu_side(1e9, 3), 2.0);
   // 1 s contended (0.5e9 done), the remaining 1.5e9 at the free rate.
   EXPECT_DOUBLE_EQ(model.cpu_side(2e9, 1), 2.5);
-  EXPECT_DOUBLE_EQ(model.phase(2e9, 1, 0), 2.5);
-  EXPECT_DOUBLE_EQ(model.phase(0.1e9, 3, 0), 3.0);
-  EXPECT_DOUBLE_EQ(model.phase(0.1e9, 3, 3.5), 3.5);  // the link's time binds
+  EXPECT_DOUBLE_EQ(model.phase(2e9, 0, 1, 0), 2.5);
+  EXPECT_DOUBLE_EQ(model.phase(0.1e9, 0, 3, 0), 3.0);
+  EXPECT_DOUBLE_EQ(model.phase(0.1e9, 0, 3, 3.5), 3.5);  // the link's time binds
   EXPECT_DOUBLE_EQ(model.all_cpu(3e9), 3.0);
 }
 
@@ -399,6 +399,91 @@ TEST(Evaluate, GpuBytesSaturates) {
   p.buffers = std::size_t{1} << 40;
   p.buffer_bytes = std::uint64_t{1} << 40;
   EXPECT_EQ(p.gpu_bytes(), std::numeric_limits<std::uint64_t>::max());
+}
+
+// Host memory: 28 bytes per CPU-updated parameter with fp32 state (read and write p, m, v, read
+// the bf16 gradient, write the bf16 weights) and 2 more when the DMA reads the weights to upload
+// them; what a GPU subgroup copies in and out. Each format from its layout.
+TEST(PerformanceModel, HostBytesPerParameterFollowTheStateLayout) {
+  const Footprint fp32;
+  EXPECT_DOUBLE_EQ(fp32.cpu_update_host_bytes_per_param(), 28.0);
+  EXPECT_DOUBLE_EQ(fp32.cpu_host_bytes_per_param(), 30.0);
+  EXPECT_DOUBLE_EQ(fp32.gpu_host_bytes_per_param(), 24.0);  // gradients kept on the GPU
+  Footprint host_gradients = fp32;
+  host_gradients.gradients_on_gpu = false;
+  EXPECT_DOUBLE_EQ(host_gradients.gpu_host_bytes_per_param(), 26.0);
+  EXPECT_DOUBLE_EQ(fp32.in_format(UpdateFormat::bf16_moments).cpu_update_host_bytes_per_param(),
+                   20.0);
+  EXPECT_DOUBLE_EQ(fp32.in_format(UpdateFormat::q8_moments).cpu_update_host_bytes_per_param(),
+                   2 * (6 + 8.0 / 256) + 4);
+  // bf16 master weights: the state's 12 bytes (bf16 weights, their compensation, fp32 moments)
+  // each way and the gradient; no weight copy.
+  EXPECT_DOUBLE_EQ(fp32.in_format(UpdateFormat::bf16_master).cpu_update_host_bytes_per_param(),
+                   26.0);
+  EXPECT_DOUBLE_EQ(
+      fp32.in_format(UpdateFormat::bf16_master_bf16_moments).cpu_update_host_bytes_per_param(),
+      18.0);
+  // A GPU subgroup with bf16 master weights copies in 2 bytes fewer (they are on the GPU).
+  EXPECT_DOUBLE_EQ(fp32.in_format(UpdateFormat::bf16_master).gpu_host_bytes_per_param(), 22.0);
+}
+
+Rates host_bound_rates() {
+  Rates r = round_rates();
+  r.host_memory = 25e9;
+  r.host_memory_contended = 20e9;
+  return r;
+}
+
+TEST(PerformanceModel, HostMemoryBindsWhenBothSidesOversubscribeIt) {
+  const Footprint f;  // fp32 state: 30 bytes per CPU parameter, 24 per GPU one
+  const PerformanceModel model(host_bound_rates(), f);
+  // 1e9 on the CPU at 0.5e9/s while a GPU side of 2 s copies 1e9: 30 GB and 24 GB of host
+  // memory at 20 GB/s take 2.7 s, longer than either side.
+  EXPECT_DOUBLE_EQ(model.cpu_side(1e9, 2), 2.0);
+  EXPECT_DOUBLE_EQ(model.host_side(1e9, 1e9, 2), 2.7);
+  EXPECT_DOUBLE_EQ(model.phase(1e9, 1e9, 2, 0), 2.7);
+  // The CPU side outlasts the GPU side: 1e9 CPU parameters in its 2 s, with the copies, at
+  // 20 GB/s (2.7 s: both slowed), the other 2e9 after it at 25 GB/s alone.
+  EXPECT_DOUBLE_EQ(model.host_side(1e9, 3e9, 2), 54e9 / 20e9 + 60e9 / 25e9);
+  // The GPU side outlasts the CPU's: the overlap (1e9 CPU parameters in 2 s, a third of the
+  // copies of a 6 s GPU side) stretched by the ratio, then the copies' 4 s at their own pace.
+  EXPECT_DOUBLE_EQ(model.host_side(3e9, 1e9, 6), (30e9 + 24e9) / 20e9 + 4);
+  // All-CPU and all-GPU: the rate alone.
+  EXPECT_DOUBLE_EQ(model.all_cpu(2e9), 60e9 / 25e9);
+  EXPECT_DOUBLE_EQ(model.host_side(1e9, 0, 2), 24e9 / 25e9);
+  // Never shorter with a longer GPU side (the planner's search relies on it).
+  double previous = 0;
+  for (double side = 0.1; side < 10; side *= 1.3) {
+    const double t = model.host_side(1e9, 3e9, side);
+    EXPECT_GE(t, previous);
+    previous = t;
+  }
+  // Ample host memory: the other terms, as before.
+  Rates ample = host_bound_rates();
+  ample.host_memory = ample.host_memory_contended = 1e15;
+  EXPECT_DOUBLE_EQ(PerformanceModel(ample, f).phase(1e9, 1e9, 2, 0), 2.0);
+  EXPECT_DOUBLE_EQ(PerformanceModel(ample, f).all_cpu(2e9), 2.0);
+}
+
+TEST(PerformanceModel, ContendedHostMemoryNeverExceedsItAlone) {
+  Rates r = host_bound_rates();
+  r.host_memory_contended = 50e9;  // a noisy calibration
+  const PerformanceModel model(r, Footprint{});
+  EXPECT_DOUBLE_EQ(model.contended_host_memory_rate(), 25e9);
+  EXPECT_DOUBLE_EQ(model.host_side(1e9, 1e9, 2), 54e9 / 25e9);
+}
+
+// The plan's prediction carries the host term, and a placement bound by it says so.
+TEST(PerformanceModel, PredictionHasTheHostTerm) {
+  Workload w;
+  w.subgroup_params.assign(4, 500'000'000);
+  w.headroom_bytes = 100'000'000'000;
+  const Plan p = evaluate(w, host_bound_rates(), Placement{{0, 2}, 2});
+  EXPECT_GT(p.predicted.host_s, 0.0);
+  EXPECT_GE(p.predicted.host_s, p.predicted.cpu_side_s);
+  EXPECT_GE(p.predicted.host_s, p.predicted.gpu_side_s);
+  EXPECT_DOUBLE_EQ(p.predicted.phase_s, p.predicted.host_s);
+  EXPECT_DOUBLE_EQ(p.predicted.all_cpu_s, 2e9 * 30 / 25e9);
 }
 
 }  // namespace

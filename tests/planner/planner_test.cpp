@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <numeric>
 #include <random>
 
@@ -33,6 +34,9 @@ Rates random_rates(std::mt19937_64& rng) {
   r.h2d_duplex = r.h2d * uniform(rng, 0.5, 1.0);
   r.d2h_duplex = r.d2h * uniform(rng, 0.5, 1.0);
   r.gpu_update = uniform(rng, 0.5e9, 1e11);
+  // From hosts whose memory never binds to ones whose CPU update alone nearly fills it.
+  r.host_memory = uniform(rng, 20e9, 300e9);
+  r.host_memory_contended = r.host_memory * uniform(rng, 0.5, 1.0);
   return r;
 }
 
@@ -315,6 +319,51 @@ TEST(Planner, NoBetterThanOrEqualToEveryFixedInterleaving) {
       if (!fixed) continue;
       EXPECT_TRUE(fixed->fits());
       EXPECT_LE(p.predicted.phase_s, fixed->predicted.phase_s * (1 + 1e-12)) << "K = " << k;
+    }
+  }
+}
+
+// The published setting (50 subgroups of 1e8, 48 GB of headroom) on hosts whose memory binds:
+// the CPU update alone nearly fills it (2.2e9 × 30 = 66 of 80 GB/s). With copies running beside
+// it, 70 GB/s in all: interleaving still pays, less than with ample host memory, and host memory
+// sets the phase. 56 GB/s: the two sides slow each other more than the GPU side takes off the
+// CPU's, and the planner puts no subgroup on the GPU where the link and the CPU alone would have
+// it put 22. Never predicted slower than all-CPU or any fixed K.
+TEST(Planner, FewerGpuSubgroupsWhenHostMemoryBinds) {
+  Workload w;
+  w.subgroup_params.assign(50, 100'000'000);
+  w.headroom_bytes = 48'000'000'000;
+  Rates ample = builtin_rates();
+  ample.host_memory = ample.host_memory_contended = 1e15;
+  const Plan free = plan(w, ample);
+  EXPECT_EQ(free.gpu_subgroups(), 22u);
+  for (const double contended : {70e9, 56e9}) {
+    SCOPED_TRACE("host memory with copies " + std::to_string(contended / 1e9) + " GB/s");
+    Rates bound = builtin_rates();
+    bound.host_memory = 80e9;
+    bound.host_memory_contended = contended;
+    const Plan p = plan(w, bound);
+    EXPECT_TRUE(p.optimal);
+    // The ample plan's placement on this host: host memory binds it, later than predicted.
+    const Plan same = evaluate(w, bound, Placement{free.gpu_order, free.buffers});
+    EXPECT_GT(same.predicted.host_s, same.predicted.cpu_side_s);
+    EXPECT_GT(same.predicted.host_s, same.predicted.gpu_side_s);
+    EXPECT_GT(same.predicted.phase_s, free.predicted.phase_s * 1.2);
+    EXPECT_LE(p.predicted.phase_s, same.predicted.phase_s);
+    EXPECT_LE(p.predicted.phase_s, p.predicted.all_cpu_s);
+    for (std::size_t k = 1; k <= 50; ++k) {
+      const auto fixed = plan_interleaved(w, bound, k);
+      if (!fixed) continue;
+      EXPECT_LE(p.predicted.phase_s, fixed->predicted.phase_s * (1 + 1e-12)) << "K = " << k;
+    }
+    if (contended == 70e9) {
+      EXPECT_GT(p.gpu_subgroups(), 0u);
+      EXPECT_LE(p.gpu_subgroups(), free.gpu_subgroups());
+      EXPECT_DOUBLE_EQ(p.predicted.phase_s, p.predicted.host_s);
+      EXPECT_LT(p.predicted.phase_s, p.predicted.all_cpu_s);
+    } else {
+      EXPECT_EQ(p.gpu_subgroups(), 0u);
+      EXPECT_DOUBLE_EQ(p.predicted.phase_s, p.predicted.all_cpu_s);
     }
   }
 }

@@ -100,6 +100,36 @@ TEST_F(RateKnobs, EveryKnobRejectsBadValuesNamingItself) {
   }
 }
 
+// Host memory bandwidth, in GB/s like the copies: per rank, alone and with copies running.
+TEST_F(RateKnobs, HostMemoryKnobsTakeGigabytesPerSecond) {
+  Rates rates = builtin_rates();
+  EXPECT_EQ(rates.host_memory, kBuiltinHostMemory);
+  EXPECT_LE(rates.host_memory_contended, rates.host_memory);
+  // A default that an H100-class node's CPU update alone (30 bytes per parameter) does not fill.
+  EXPECT_GT(rates.host_memory, 30 * rates.cpu_update);
+  setenv("TIDE_RATE_HOST_MEMORY_GBPS", "96", 1);
+  setenv("TIDE_RATE_HOST_MEMORY_CONTENDED_GBPS", "80.5", 1);
+  const auto overridden = apply_env_overrides(rates);
+  EXPECT_EQ(rates.host_memory, 96e9);
+  EXPECT_EQ(rates.host_memory_contended, 80.5e9);
+  EXPECT_TRUE(overridden[static_cast<std::size_t>(RateKind::host_memory)]);
+  EXPECT_TRUE(overridden[static_cast<std::size_t>(RateKind::host_memory_contended)]);
+  setenv("TIDE_RATE_HOST_MEMORY_GBPS", "96e9", 1);  // bytes/s where GB/s are expected
+  Rates again = builtin_rates();
+  try {
+    apply_env_overrides(again);
+    ADD_FAILURE() << "96e9 GB/s accepted";
+  } catch (const config::EnvError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "TIDE_RATE_HOST_MEMORY_GBPS=\"96e9\" is not valid: TIDE_RATE_HOST_MEMORY_GBPS accepts "
+            "a number from 0.001"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(format_rate(RateKind::host_memory, 96e9), "96.0 GB/s");
+}
+
 TEST(Rates, ValidateNamesTheBadRate) {
   Rates r = builtin_rates();
   EXPECT_NO_THROW(validate(r, "here"));
