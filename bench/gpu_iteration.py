@@ -474,13 +474,13 @@ def worker(args) -> int:
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             record = run_case(torch, tt, case, args, args.device)
-            if group.get("fraction"):
-                record["memory_fraction"] = round(group["fraction"], 4)
         except Exception as e:  # noqa: BLE001 - reported; the group's other cases still run
             oom = "out of memory" in str(e).lower() or type(e).__name__ == "OutOfMemoryError"
             record = {**case, "error": repr(e)[:500], "oom": oom,
                       "traceback": traceback.format_exc()[-2000:]}
             failed = failed or not (oom and case.get("capped"))
+        if group.get("fraction"):
+            record["memory_fraction"] = round(group["fraction"], 4)
         say(record)
         import gc
         gc.collect()
@@ -550,8 +550,8 @@ def run_group(group: dict, args, argv: list[str], timeout: float | None) -> tupl
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), *argv, "--worker",
            json.dumps({k: group[k] for k in ("allocator", "cases", "fraction", "bandwidth")
                        if k in group})]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
+    # In this process's group: a limit that ends the group (make gpu-check's) ends it too.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = p.communicate(timeout=timeout)
         why = "" if p.returncode == 0 else f"exit {p.returncode}"
