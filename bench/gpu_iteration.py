@@ -141,6 +141,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--time-cap must be positive, not {args.time_cap}")
     if args.loss_rtol <= 0:
         raise ValueError(f"--loss-rtol must be positive, not {args.loss_rtol}")
+    known = [c["case"] for g in groups(None) for c in g["cases"]]
+    unknown = [c for c in args.cases.split(",") if c and c not in known]
+    if unknown:
+        raise ValueError(f"--cases: no case named {', '.join(unknown)} (the cases: "
+                         f"{', '.join(known)})")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -604,6 +609,15 @@ def main(argv: list[str] | None = None) -> int:
     total_bytes = None
     worker_argv = [a for a in argv]
     failed = False
+    shown = [0]  # records printed so far; the bandwidth line goes first, once a group has run
+
+    def flush() -> None:
+        if shown[0] == 0 and records:
+            emit({"case": "bandwidth", **bandwidth})
+        for r in records[shown[0]:]:
+            emit({k: v for k, v in r.items() if k != "peak_device_bytes"})
+        shown[0] = len(records) or shown[0]
+
     for group in groups(residency_reason()):
         cases = [c for c in group["cases"] if not wanted or c["case"] in wanted]
         if not cases:
@@ -640,9 +654,10 @@ def main(argv: list[str] | None = None) -> int:
                 records.append({**c, "not_run" if why == "time cap" else "error":
                                 why or "the worker printed no line for it"})
         failed = failed or (bool(why) and why != "time cap")
-    emit({"case": "bandwidth", **bandwidth})
-    for r in records:
-        emit({k: v for k, v in r.items() if k not in ("peak_device_bytes",)})
+        flush()  # each group's lines as soon as it ends: a run cut from outside keeps them
+    if not records:
+        emit({"case": "bandwidth", **bandwidth})
+    flush()
     summary = summarize(records, args.loss_rtol)
     summary.update(bandwidth)
     summary["seconds"] = round(time.monotonic() - started, 1)

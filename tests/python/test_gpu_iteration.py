@@ -54,6 +54,7 @@ def test_without_a_gpu_it_prints_one_skipped_line_and_exits_0():
     (["--memory-fraction", "1.5"], "--memory-fraction must be in (0, 1]"),
     (["--time-cap", "-3"], "--time-cap must be positive"),
     (["--loss-rtol", "0"], "--loss-rtol must be positive"),
+    (["--cases", "tide_auto,tide_3"], "--cases: no case named tide_3 (the cases: torch_gpu,"),
 ])
 def test_bad_arguments_are_refused_with_the_value(bench, capsys, args, message):
     with pytest.raises(SystemExit) as e:
