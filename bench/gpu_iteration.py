@@ -5,7 +5,7 @@ The model is a bf16 decoder-only transformer (pre-norm blocks of causal self-att
 MLP, learned positions, the LM head tied to the embedding): by default 8 blocks of d_model 2048,
 sequence 1024, batch 8, vocabulary 2048, about 4.1e8 parameters (--blocks, --d-model, --seq,
 --batch; --smoke for a tiny one). Every configuration trains it from the same initial weights on
-the same batches (a learnable pattern, so that the loss falls) with the same AdamW
+the same batches (arithmetic sequences of tokens: something to learn) with the same AdamW
 hyperparameters, and each step is timed whole: forward, backward, optimizer step, zero_grad, with
 torch.cuda.synchronize() before the forward and around the step, so that the update phase is
 timed on its own too. The configurations:
@@ -35,16 +35,18 @@ tide's allocator must be installed before CUDA starts, and torch's cases need to
 cases run in a few fresh subprocesses (this script with --worker), each group with its
 environment; the parent measures the host memory bandwidth (a 1 GiB CPU tensor copy on all
 threads, read plus written bytes per second) before them, and the first worker the pinned copy
-bandwidth each way (1 GiB). --time-cap SECONDS bounds the whole run: groups that would start
-after it are reported as not run.
+bandwidth each way (1 GiB). The groups run most wanted first (torch's two, tide's placements,
+tide auto without residency, then the capped ones); --time-cap SECONDS bounds the whole run: a
+group still running at the cap is ended, and its unfinished cases and the groups after it are
+reported as not run. Each group's lines are printed when it ends.
 
 JSON lines: one per case (median iteration and update-phase seconds over --steps after --warmup,
-every step's loss, peak device memory, tide's last plan), then a summary: tide auto's speedup over
+every step's loss, the steps' peak device memory, tide's last plan), then a summary: tide auto's speedup over
 torch_offload (target >= 2.5), tide auto over the floor (target <= 1.3 when the state fits, as it
 does uncapped), capped tide auto over the best capped fixed placement (target <= 1.03), and the
 largest relative difference of any configuration's losses from the floor's (all must agree
-within --loss-rtol). Every line carries the machine (GPU, CPU, torch, date, commit) and the
-bandwidths. Without a GPU it prints one line {"skipped": ...} and exits 0 (--device cpu rehearses
+within --loss-rtol). Every line carries the machine (GPU, CPU, torch, date, commit); the
+bandwidths have a line of their own and are repeated in the summary. Without a GPU it prints one line {"skipped": ...} and exits 0 (--device cpu rehearses
 the whole flow on the CPU over tide's host stand-in driver, for tests; its figures mean nothing).
 Exit status 1 when a case failed or the losses disagree; missed targets are reported, not failed.
 """
