@@ -187,3 +187,19 @@ def test_the_flow_rehearsed_on_the_cpu():
     assert s["losses_agree"] is True and s["max_rel_loss_diff"] <= s["loss_rtol"]
     assert s["tide_auto_speedup_over_torch_offload"] > 0 and s["tide_auto_over_floor"] > 0
     assert s["not_run"] == ["capped_tide_auto"] and s["failed"] == []
+
+
+def test_a_spent_time_cap_runs_nothing_and_says_so():
+    """Under 5 s left, no group starts: every case is reported as not run, the summary too, and
+    that is not a failure (gpu-check's step passes with what fitted)."""
+    r = run("--device", "cpu", "--smoke", "--time-cap", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [json.loads(l) for l in r.stdout.splitlines()]
+    cases = [l for l in lines if l["case"] not in ("bandwidth", "summary")]
+    assert len(cases) == 12 and all(l["not_run"] for l in cases)
+    # (The residency-off cases may say first that this build lacks the knob.)
+    assert {l["not_run"] for l in cases if not l["capped"] and l.get("residency") != "off"} == \
+        {"time cap"}
+    summary = lines[-1]
+    assert summary["case"] == "summary" and len(summary["not_run"]) == 12
+    assert summary["failed"] == [] and summary["losses_agree"] is None
