@@ -567,6 +567,110 @@ def headline_table(runs: list[dict], results_link: str = "docs/results.md") -> l
     return out
 
 
+# ---- whole iterations on a real GPU (bench/gpu_iteration.py, from a gpu-check report) ----------
+
+GPU_ITERATION = "gpu_iteration"
+GPU_ITERATION_NONE = ("No real-GPU run of `bench/gpu_iteration.py` (whole training iterations: "
+                      "tide against a no-offload floor and plain-torch offload) has been recorded "
+                      "yet.")
+# The summary's ratios: (key, what it is).
+GPU_ITERATION_RATIOS = [
+    ("tide_auto_speedup_over_torch_offload", "plain-torch offload / tide auto (speedup)"),
+    ("tide_auto_over_floor", "tide auto / no-offload floor"),
+    ("capped_auto_over_best_fixed", "capped: tide auto / best fixed placement"),
+    ("tide_auto_residency_off_over_floor", "tide auto, TIDE\\_RESIDENCY=off / floor"),
+    ("capped_auto_residency_off_over_best_fixed",
+     "capped: tide auto, TIDE\\_RESIDENCY=off / best fixed"),
+]
+
+
+def _gpu_iteration_provenance(run: dict, summary: dict) -> str:
+    """Machine, date, commit and the bandwidths measured beside the run (the bench's own machine
+    record when it has one, else the report's)."""
+    m = summary.get("machine") or {}
+    c = run["capture"]
+    where = "; ".join(x for x in (m.get("gpu"), f"{m['cpu']}, {m.get('cores', '?')} cores"
+                                  if m.get("cpu") else None) if x) or c["machine"]
+    date, commit = m.get("date") or c["date"], (m.get("commit") or c["commit"])[:10]
+    bw = [f"host memory bandwidth {_fmt(summary['host_memory_gbps'])} GB/s (copy, read + written)"
+          if isinstance(summary.get("host_memory_gbps"), (int, float)) else
+          "host memory bandwidth not measured"]
+    if isinstance(summary.get("h2d_gbps"), (int, float)):
+        bw.append(f"pinned copies {_fmt(summary['h2d_gbps'])} GB/s to the GPU, "
+                  f"{_fmt(summary.get('d2h_gbps'))} GB/s back")
+    return (f"{escape(where)}; {escape(date)}; commit `{commit}`; " + "; ".join(bw) +
+            (f"; torch {escape(m['torch'])}" if m.get("torch") else ""))
+
+
+def _target(text: str) -> str:
+    """">= 2.5" as "≥ 2.5" (no Markdown to escape)."""
+    return escape(text.replace(">=", "≥").replace("<=", "≤"))
+
+
+def gpu_iteration_lines(runs: list[dict], compact: bool = False) -> list[str]:
+    """The whole-iteration results of every gpu_iteration run (compact: README's short form)."""
+    found = [r for r in runs if r["name"] == GPU_ITERATION]
+    if not found:
+        return [GPU_ITERATION_NONE]
+    lines: list[str] = []
+    for run in found:
+        records = [r for r in run["records"] if "case" in r]
+        summary = next((r for r in records if r["case"] == "summary"), {})
+        bandwidth = next((r for r in records if r["case"] == "bandwidth"), {})
+        summary = {**bandwidth, **summary}
+        cases = [r for r in records if r["case"] not in ("summary", "bandwidth")]
+        size = summary.get("size") or {}
+        model = (f"{_fmt(summary['params'])} parameters ({size.get('blocks')} blocks of d\\_model "
+                 f"{size.get('d_model')}, sequence {size.get('seq')}, batch {size.get('batch')}), "
+                 f"median of {summary.get('steps')} steps after {summary.get('warmup')} warm-up"
+                 if summary.get("params") else "")
+        lines += [f"{_gpu_iteration_provenance(run, summary)}. From `docs/results/{run['file']}`"
+                  + (f"; {model}." if model else "."), ""]
+        floor = next((r.get("iteration_s") for r in cases if r["case"] == "torch_gpu"), None)
+        if compact:
+            lines += ["| configuration | iteration (ms) | / floor |", "| --- | --- | --- |"]
+        else:
+            lines += ["| configuration | placement | memory cap | iteration (ms) | update phase (ms) "
+                      "| / floor | peak device (GiB) | note |",
+                      "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in cases:
+            it = r.get("iteration_s")
+            ms = _fmt(round(it * 1e3, 1)) if isinstance(it, (int, float)) else "–"
+            over = (_fmt(round(it / floor, 3)) if isinstance(it, (int, float)) and floor else "–")
+            if compact:
+                if isinstance(it, (int, float)):
+                    lines.append(f"| {escape(r['case'])} | {ms} | {over} |")
+                continue
+            up = r.get("update_s")
+            plan = r.get("plan") or {}
+            note = (f"not run: {r['not_run']}" if r.get("not_run") else
+                    ("out of memory" if r.get("oom") else f"failed: {r['error']}")
+                    if r.get("error") else
+                    ", ".join(f"{k} {v}" for k, v in plan.items()))
+            cap = _fmt(r["memory_fraction"]) if r.get("memory_fraction") else (
+                "capped" if r.get("capped") else "none")
+            lines.append(
+                f"| {escape(r['case'])} | {escape(str(r.get('placement', '')))} | {cap} | {ms} | "
+                f"{_fmt(round(up * 1e3, 1)) if isinstance(up, (int, float)) else '–'} | {over} | "
+                f"{_fmt(r['peak_device_gib']) if 'peak_device_gib' in r else '–'} | {escape(note)} |")
+        lines += ["", "| ratio | value | target | met |", "| --- | --- | --- | --- |"]
+        for key, what in GPU_ITERATION_RATIOS:
+            if summary.get(key) is None and key + "_target" not in summary:
+                continue
+            met = summary.get(key + "_met")
+            lines.append(f"| {what} | {_fmt(summary[key]) if summary.get(key) is not None else '–'}"
+                         f" | {_target(summary.get(key + '_target', ''))} | "
+                         f"{'–' if met is None else _fmt(met)} |")
+        if summary.get("max_rel_loss_diff") is not None:
+            lines += ["", f"Losses: largest relative difference from "
+                          f"{escape(str(summary.get('loss_reference')))}'s "
+                          f"{_fmt(summary['max_rel_loss_diff'])} (tolerance "
+                          f"{_fmt(summary.get('loss_rtol'))}): "
+                          f"{'they agree' if summary.get('losses_agree') else 'they DISAGREE'}."]
+        lines.append("")
+    return lines[:-1]
+
+
 def gen_results(folder: pathlib.Path) -> str:
     runs = load_results(folder)
     lines = [header("results", "scripts/gen_docs.py results"), "", "# Results", "",
@@ -587,18 +691,25 @@ def gen_results(folder: pathlib.Path) -> str:
              "**Real-GPU results** come from `make gpu-check`'s report: copy",
              "`out/gpu-check/report.json` to `docs/results/gpu-check-MACHINE.json` and run",
              "`scripts/gen_docs.py results`; its benchmark steps (`bench-gpu_update_phase`,",
-             "`bench-gpu_allocator_replay`) and the example's figures are shown below with the",
-             "report's machine, date and commit.", ""]
+             "`bench-gpu_allocator_replay`, `bench-gpu_iteration`) and the example's figures are",
+             "shown below with the report's machine, date and commit.", ""]
     gpu = [r for r in runs if r.get("gpu")]
     if not gpu:
         lines += ["No real-GPU report is committed yet: the figures below are from machines",
                   "without a GPU, over the host stand-in driver (its copies are host memcpys and",
                   "its GPU kernels run on the CPU, so they measure tide's own code, not a GPU).", ""]
     lines += ["## Summary", ""] + headline_table(runs, "#how-to-refresh") + [""]
+    lines += ["## Whole iterations on a real GPU", "",
+              "`bench/gpu_iteration.py` ([what it measures](benchmarks.md#whole-iterations-on-a-real-gpu)),",
+              "from `make gpu-check`'s report: seconds per training iteration of a bf16 transformer",
+              "under each configuration, and over the no-offload floor (`torch_gpu`: fp32 master",
+              "weights and Adam state on the GPU).", ""] + gpu_iteration_lines(runs) + [""]
     picture = timeline_lines(folder, "tide_memory.png")
     if picture:
         lines += ["## Memory timeline", ""] + picture + [""]
     for run in runs:
+        if run["name"] == GPU_ITERATION:
+            continue  # its own section above
         c = run["capture"]
         lines += [f"## {escape(run['name'])}", "",
                   f"From `docs/results/{run['file']}`: {_provenance(c)}.",
@@ -630,7 +741,12 @@ def _between(text: str, begin: str, end: str, lines: list[str]) -> str:
 
 
 def readme_with_results(readme: str, folder: pathlib.Path) -> str:
-    readme = _between(readme, README_BEGIN, README_END, headline_table(load_results(folder)))
+    runs = load_results(folder)
+    table = headline_table(runs) + [
+        "", "**Whole training iterations on a real GPU** (`bench/gpu_iteration.py` in "
+        "`make gpu-check`; every configuration and ratio: [Results](docs/results.md)):", ""]
+    readme = _between(readme, README_BEGIN, README_END,
+                      table + gpu_iteration_lines(runs, compact=True))
     return _between(readme, TIMELINE_BEGIN, TIMELINE_END,
                     timeline_lines(folder, "docs/tide_memory.png"))
 

@@ -97,3 +97,45 @@ def test_no_measured_number_typed_into_the_readme(repo):
 
 def test_readme_is_short(repo):
     assert len((repo / "README.md").read_text().splitlines()) <= 250
+
+
+FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "gpu_check_report_synthetic.json"
+
+
+def test_gpu_iteration_table_from_a_report(gen_docs, tmp_path):
+    """bench/gpu_iteration.py's lines in a gpu-check report (a synthetic fixture: made-up numbers,
+    for rendering only) become a table on the results page and a short one in README's results
+    section, with the machine, date, commit and the bandwidths beside them."""
+    (tmp_path / "gpu-check-synthetic.json").write_text(FIXTURE.read_text())
+    page = gen_docs.gen_results(tmp_path)
+    section = page.split("## Whole iterations on a real GPU", 1)[1].split("\n## ", 1)[0]
+    assert gen_docs.GPU_ITERATION_NONE not in page
+    assert "SYNTHETIC-GPU (test fixture, not a measurement); SYNTHETIC-CPU, 16 cores" in section
+    assert "2000-01-01T00:00:00+00:00; commit `0000000syn`" in section
+    assert "host memory bandwidth 100 GB/s" in section and "50 GB/s to the GPU, 40 GB/s back" in section
+    assert "| tide\\_auto | auto | none | 125 | 30 | 1.25 | 9 | gpu\\_subgroups 3, cpu\\_subgroups 1 |" \
+        in section
+    assert "| capped\\_tide\\_auto | auto | 0.0625 | 200 |" in section
+    assert "| capped\\_tide\\_gpu | gpu | capped | – | – | – | – | out of memory |" in section
+    assert "not run: this build of tide has no TIDE\\_RESIDENCY knob" in section
+    assert "| plain-torch offload / tide auto (speedup) | 4 | ≥ 2.5 | yes |" in section
+    assert "| capped: tide auto / best fixed placement | 0.8 | ≤ 1.03 | yes |" in section
+    assert "0.001667 (tolerance 0.02): they agree" in section
+    # Shown once, in its own section, not again as a generic table.
+    assert page.count("## gpu\\_iteration") == 0 and page.count("| tide\\_auto |") == 1
+    readme = "# x\n\n" + gen_docs.README_BEGIN + "\n" + gen_docs.README_END + "\n" + \
+        gen_docs.TIMELINE_BEGIN + "\n" + gen_docs.TIMELINE_END + "\n"
+    readme = gen_docs.readme_with_results(readme, tmp_path)
+    assert "| tide\\_auto | 125 | 1.25 |" in readme and "| torch\\_offload | 500 | 5 |" in readme
+    assert "host memory bandwidth 100 GB/s" in readme and "commit `0000000syn`" in readme
+    assert "capped\\_tide\\_gpu" not in readme  # the README's table: the cases that ran
+
+
+def test_without_a_gpu_iteration_run_the_readme_says_so(gen_docs, repo, tmp_path):
+    """No numbers are invented: with no report, the page and README say no run is recorded."""
+    page = gen_docs.gen_results(tmp_path)
+    assert gen_docs.GPU_ITERATION_NONE in page
+    recorded = any(r["name"] == "gpu_iteration"
+                   for r in gen_docs.load_results(repo / "docs" / "results"))
+    readme = (repo / "README.md").read_text()
+    assert (gen_docs.GPU_ITERATION_NONE in readme) is not recorded

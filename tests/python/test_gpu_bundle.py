@@ -169,7 +169,7 @@ def test_the_steps_fit_eight_minutes():
     assert sum(gpu_check.STEPS.values()) <= gpu_check.BUDGET <= 8 * 60 - 15  # 15 s: the report
     steps = gpu_check.Steps({}, gpu_check.BUDGET, 1)
     after = sum(gpu_check.STEPS[n] for n in ("example", "bench-gpu_update_phase",
-                                             "bench-gpu_allocator_replay"))
+                                             "bench-gpu_allocator_replay", "bench-gpu_iteration"))
     # The Python suite gets what the steps before it left, the others their own limits...
     assert abs(steps.left("pytest") - (gpu_check.BUDGET - after)) < 1
     assert steps.left("example") == gpu_check.STEPS["example"]
@@ -197,3 +197,30 @@ def test_a_cuda_context_error_in_any_log_fails_its_step(tmp_path, monkeypatch):
     assert [s["status"] for s in steps] == ["passed", "failed (CUDA context errors in its log)",
                                             "passed"]
     assert len(steps[1]["figures"]["context_errors"]) == 2
+
+
+def test_the_check_runs_whole_iterations_within_their_step():
+    """bench/gpu_iteration.py is a step of the check (the last), with fewer steps than its default
+    and a time cap inside what is left of the step's limit when it starts, so that it prints its
+    summary before the check would end it."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert list(gpu_check.STEPS)[-1] == "bench-gpu_iteration"
+    source = (SCRIPTS / "gpu_check.py").read_text()
+    assert '"gpu_iteration")' in source and (REPO / "bench" / "gpu_iteration.py").is_file()
+    steps = gpu_check.Steps({}, gpu_check.BUDGET, 1)
+    options = gpu_check.bench_options(steps, "gpu_iteration")
+    assert options[:4] == ["--steps", "3", "--warmup", "1"]
+    cap = float(options[options.index("--time-cap") + 1])
+    assert 0 < cap <= gpu_check.STEPS["bench-gpu_iteration"] - gpu_check.GPU_ITERATION_MARGIN
+    steps.deadline -= gpu_check.BUDGET - 30  # 30 s of the budget left: the cap follows it
+    options = gpu_check.bench_options(steps, "gpu_iteration")
+    assert float(options[options.index("--time-cap") + 1]) <= 30 - gpu_check.GPU_ITERATION_MARGIN
+    # The options are the bench's own: it parses them.
+    spec = importlib.util.spec_from_file_location("gpu_iteration",
+                                                  REPO / "bench" / "gpu_iteration.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    parsed = bench.parse_args(options)
+    assert (parsed.steps, parsed.warmup, parsed.time_cap) == (3, 1, float(options[-1]))
