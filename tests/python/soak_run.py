@@ -18,6 +18,7 @@ import time
 import warnings
 
 import torch
+from tide.torch import allocator as tide_allocator
 
 from standin_faults import differences
 
@@ -42,11 +43,14 @@ class Config:
     # optimizer's first step grows its pinned arena), "fsdp2" (fsdp_workers' model, sharded).
     model: str = "net"
     subgroup: int = 160
+    # Two param groups (weight decay and none), hence two buckets, which one step must update
+    # together or not at all.
+    two_groups: bool = False
 
     def describe(self):
         return (f"placement={self.placement!r} dtype={self.dtype} state_dtype={self.state_dtype} "
                 f"master_dtype={self.master_dtype} host_params={self.host} model={self.model} "
-                f"subgroup_size={self.subgroup}")
+                f"subgroup_size={self.subgroup} two_groups={self.two_groups}")
 
     @property
     def pins_at_steps(self):
@@ -125,6 +129,7 @@ def soak(config, make, standin, seed, steps, where):
     ref_model, ref_opt = make(config)
     per_step = None  # what a fault-free step counts of copies, allocations, ... driver calls
     per_first_step = None  # the same for a fresh optimizer's first step
+    per_cold_step = None  # the same for a step after the device memory cache was emptied
     fresh = True  # the optimizer has not stepped yet
     completed = 0
 
@@ -172,7 +177,16 @@ def soak(config, make, standin, seed, steps, where):
             grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
             before = snapshot(model, opt)
 
-            typical = (per_first_step if fresh else per_step) or {}
+            cold = "fail_alloc" in event
+            if cold:
+                # Device memory is allocated where a step needs more than tide's caching
+                # allocator holds: never in a steady step (its buffers are kept). So the
+                # attempt comes after the cache was emptied (as torch.cuda.empty_cache()
+                # between steps does), and the step allocates its buffers again.
+                for bucket in opt._buckets:
+                    bucket.executor.release_buffers()
+                tide_allocator.empty_cache()
+            typical = (per_cold_step if cold else per_first_step if fresh else per_step) or {}
             fault = []  # (kind, n): the n-th copy, allocation, ... driver call of the step fails
             if event == "device_lost_between":
                 fault = [("device_lost", 1)]
@@ -195,6 +209,9 @@ def soak(config, make, standin, seed, steps, where):
             standin.disarm()
             if standin.stat("injected_faults") > injected:
                 counts[f"{event} fired"] += 1
+            elif cold and raised is None:
+                # Armed beyond the step's last allocation: it counted a whole cold step.
+                per_cold_step = {k: counters(standin)[k] - start[k] for k in start}
             if fault:
                 for bucket in opt._buckets:
                     bucket.executor.release_buffers()

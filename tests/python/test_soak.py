@@ -94,6 +94,7 @@ CONFIGS = [
     Config("k2-bf16-params", 2, torch.bfloat16),
     Config("k2-bf16-masters", 2, torch.bfloat16, torch.float32, torch.bfloat16),
     Config("gpu-host-params", "gpu", host=True),
+    Config("k2-two-buckets", 2, two_groups=True),
     # Pinning faults: a first step grows the pinned arena (its spare slots) when the state filled
     # the arena's first chunk, which Net's 624 parameters never do.
     Config("k2-wide-pinning", 2, model="wide", subgroup=WIDE_SUBGROUP),
@@ -126,8 +127,12 @@ def make(config, weights=None, state=None):
     # The wide model's slots and spares are direct buffers from the arena's chunks (not
     # jemalloc's size classes), so that the state leaves no room for a first step's spares.
     direct = {"TIDE_PINNED_DIRECT": "16K"} if config.model == "wide" else {}
+    params = list(model.parameters())
+    if config.two_groups:
+        # In the parameters' order, which the state dict's indices follow.
+        params = [{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0}]
     with environment(direct):
-        opt = tt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1,
+        opt = tt.AdamW(params, lr=1e-2, weight_decay=0.1,
                        subgroup_size=config.subgroup, placement=config.placement,
                        state_dtype=config.state_dtype, master_dtype=config.master_dtype,
                        host_params=config.host)
