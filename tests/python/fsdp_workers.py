@@ -646,17 +646,16 @@ class SoakNet:
 
 def scenario_soak(rank: int, world: int, out: str, result: dict) -> None:
     """The fault soak's FSDP2 configuration (test_soak.test_soak_fsdp2; SOAK_RUN says which
-    configuration, seed, attempts and where, as a literal): both ranks draw the same schedule,
-    so that events that make a fresh model (a lost device) come on both, and backward's
-    collectives stay in step."""
+    configuration, its placement and subgroup size, the seed, attempts and where, as a literal):
+    both ranks draw the same schedule, so that events that make a fresh model (a lost device)
+    come on both, and backward's collectives stay in step."""
     import soak_run
     import tide.torch as tt
     from standin_faults import Standin
 
-    name, seed, steps, where = ast.literal_eval(os.environ["SOAK_RUN"])
-    config = soak_run.Config(name, 2, host=True, model="fsdp2", subgroup=8)
-
-    made = []
+    name, placement, subgroup, seed, steps, where = ast.literal_eval(os.environ["SOAK_RUN"])
+    # host: what FSDP2's CPUOffloadPolicy makes of the shards, which tide finds by itself.
+    config = soak_run.Config(name, placement, host=True, model="fsdp2", subgroup=subgroup)
 
     def make(config, weights=None, state=None):
         model = SoakNet(rank, world)
@@ -668,13 +667,11 @@ def scenario_soak(rank: int, world: int, out: str, result: dict) -> None:
                        placement=config.placement)
         if state is not None:
             opt.load_state_dict(state)
-        made.append(opt)
+        # What the soak steps: the shards in host memory, where FSDP2 keeps them.
+        result["host_resident_elements"] = sum(sum(b.sizes) for b in opt._buckets if b.host)
         return model, opt
 
     make(config)  # loads tide over the stand-in (CPU mode)
     standin = Standin()
     standin.disarm()
     result["counts"] = soak_run.soak(config, make, standin, seed, steps, f"{where}, rank {rank}")
-    # What the soak stepped: the shards in host memory, where FSDP2 keeps them.
-    result["host_resident_elements"] = max(opt.last_plan["host_resident_elements"]
-                                           for opt in made if opt.last_plan)

@@ -121,7 +121,8 @@ def soak(config, make, standin, seed, steps, where):
     an AssertionError naming `where` and the attempt."""
     # Per kind: how often the schedule drew it, and how often it fired (the step met it: an
     # armed fault beyond the step's last copy, say, fails nothing).
-    counts = {kind: 0 for kind in FAULTS} | {f"{kind} fired": 0 for kind in FAULTS if kind != "none"}
+    counts = {kind: 0 for kind in FAULTS}
+    counts |= {f"{kind} fired": 0 for kind in FAULTS if kind != "none"}
     counts |= {"nonfinite": 0, "load_state_dict": 0, "attempts": 0, "completed": 0, "raised": 0,
                "completed_after_fault": 0, "fresh_optimizers": 0}
 

@@ -216,7 +216,8 @@ def test_soak_fsdp2(standin, totals, record_property, tmp_path, config):
 
     seed = SEED * 1000 + CONFIGS.index(config)
     where = describe(config, seed)
-    os.environ["SOAK_RUN"] = repr((config.name, seed, FSDP_STEPS, where))
+    os.environ["SOAK_RUN"] = repr((config.name, config.placement, config.subgroup, seed,
+                                   FSDP_STEPS, where))
     try:
         results = fsdp_workers.launch("soak", tmp_path, world=2, timeout_s=600.0)
     finally:
