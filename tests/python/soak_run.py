@@ -208,7 +208,8 @@ def soak(config, make, standin, seed, steps, where):
                 diff = differences(snapshot(model, opt), now)
                 assert not diff, f"{at}, {fault}: written after step() ended: {diff}"
             standin.disarm()
-            if standin.stat("injected_faults") > injected:
+            fired = standin.stat("injected_faults") > injected
+            if fired:
                 counts[f"{event} fired"] += 1
             elif cold and raised is None:
                 # Armed beyond the step's last allocation: it counted a whole cold step.
@@ -237,9 +238,12 @@ def soak(config, make, standin, seed, steps, where):
             else:
                 fresh = False
                 counts["completed"] += 1
-                if fault and (opt.last_plan["rolled_forward_subgroups"]
-                              or opt.last_plan["fallback_subgroups"]):
+                moved = (opt.last_plan["rolled_forward_subgroups"]
+                         + opt.last_plan["fallback_subgroups"])
+                if fault and moved:
                     counts["completed_after_fault"] += 1
+                # The subgroups that found no pinned memory were updated on the CPU.
+                assert not (event == "fail_pin" and fired and not moved), (at, opt.last_plan)
                 for p, g in zip(ref_model.parameters(), grads):
                     p.grad = g
                 ref_opt.step()
