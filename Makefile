@@ -91,10 +91,12 @@ test-pip-install: bootstrap
 	@TIDE_TEST_PIP_INSTALL=1 CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
 	  $(PY) -m pytest -q -s tests/python/test_packaging.py -k pip_install
 
-# The fault soak with a larger budget (make test runs it with the module's default, 48 steps).
+# The fault soak with a larger budget (make test runs it with the module's defaults, 48 steps,
+# 24 for the FSDP2 configuration's two ranks).
 soak: build
 	@echo "== fault soak: SOAK_STEPS=$(SOAK_STEPS) SOAK_SEED=$(SOAK_SEED)"
-	@SOAK_STEPS=$(SOAK_STEPS) SOAK_SEED=$(SOAK_SEED) $(PY) -m pytest -q -s tests/python/test_soak.py
+	@SOAK_STEPS=$(SOAK_STEPS) SOAK_FSDP_STEPS=$(SOAK_STEPS) SOAK_SEED=$(SOAK_SEED) \
+	  $(PY) -m pytest -q -s tests/python/test_soak.py
 
 # The build's own output goes to stderr: stdout is the benchmarks' JSON lines only.
 bench:

@@ -103,6 +103,12 @@ int tide_standin_fail_copy(uint64_t n) {
   return 0;
 }
 
+int tide_standin_fail_launch(uint64_t n) {
+  if (int r = require_init(); r != 0) return r;
+  tide::standin::arm_launch_failure(n);
+  return 0;
+}
+
 int tide_standin_device_lost(uint64_t n) {
   if (int r = require_init(); r != 0) return r;
   tide::standin::arm_device_lost(n);

@@ -57,6 +57,11 @@ Trigger& pin_trigger() {
   return *trigger;
 }
 
+Trigger& launch_trigger() {
+  static auto* trigger = new Trigger;
+  return *trigger;
+}
+
 Trigger& call_trigger() {
   static auto* trigger = new Trigger;
   return *trigger;
@@ -91,6 +96,12 @@ bool inject_pin_failure() {
   return true;
 }
 
+bool inject_launch_failure() {
+  if (!launch_trigger().hit()) return false;
+  count(Counter::kInjectedFaults);
+  return true;
+}
+
 bool inject_copy_failure() {
   if (!copy_trigger().hit()) return false;
   count(Counter::kInjectedFaults);
@@ -101,6 +112,7 @@ void arm_alloc_failure(std::uint64_t n) { alloc_trigger().arm(n); }
 void arm_copy_failure(std::uint64_t n) { copy_trigger().arm(n); }
 void arm_device_lost(std::uint64_t n) { call_trigger().arm(n); }
 void arm_pin_failure(std::uint64_t n) { pin_trigger().arm(n); }
+void arm_launch_failure(std::uint64_t n) { launch_trigger().arm(n); }
 
 void arm_from_environment(std::uint64_t fail_alloc, std::uint64_t fail_copy,
                           std::uint64_t device_lost) {

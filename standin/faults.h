@@ -1,6 +1,6 @@
 // Fault injection (TIDE_STANDIN_FAIL_ALLOC, _FAIL_COPY, _DEVICE_LOST and the control API, which
-// also arms host pinning failures), and the
-// check every exported entry point starts with.
+// also arms host pinning and kernel launch failures), and the check every exported entry point
+// starts with.
 #pragma once
 
 #include <cuda.h>
@@ -23,12 +23,15 @@ bool inject_alloc_failure();
 bool inject_copy_failure();
 // The same for one host pinning (cuMemHostRegister or cuMemHostAlloc).
 bool inject_pin_failure();
+// The same for one kernel launch (cuLaunchKernel).
+bool inject_launch_failure();
 
 // Arm: the nth event counted from now fails (0 disarms).
 void arm_alloc_failure(std::uint64_t n);
 void arm_copy_failure(std::uint64_t n);
 void arm_device_lost(std::uint64_t n);
 void arm_pin_failure(std::uint64_t n);
+void arm_launch_failure(std::uint64_t n);
 // Arm from TIDE_STANDIN_*, at cuInit: the nth event of the process (0: off).
 void arm_from_environment(std::uint64_t fail_alloc, std::uint64_t fail_copy,
                           std::uint64_t device_lost);

@@ -18,6 +18,7 @@
 #include "standin/contexts.h"
 #include "standin/copies.h"
 #include "standin/device_faults.h"
+#include "standin/faults.h"
 #include "standin/holds.h"
 #include "standin/pending_uses.h"
 #include "standin/recording.h"
@@ -288,6 +289,8 @@ CUresult launch_kernel(CUfunction function, const unsigned grid[3], const unsign
     for (const kernels::KernelRange& range : ranges) used.push_back({range.address, range.bytes});
     use = std::make_shared<PendingUse>(std::move(used), "a launch of " + kernel.name());
   }
+  // Armed launch failures come after every check, so only a launch that would have run fails.
+  if (inject_launch_failure()) return CUDA_ERROR_LAUNCH_FAILED;
   op.device = stream->context().device();
   op.stream = stream->id();
   stream->submit([kernel, shape, bytes, ranges, use, recorded = record_submission(op)]() mutable {

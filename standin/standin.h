@@ -85,6 +85,11 @@ TIDE_STANDIN_API int tide_standin_device_lost(uint64_t n);
  * CUDA_ERROR_OUT_OF_MEMORY, as a real driver's does when the host cannot lock more memory
  * (RLIMIT_MEMLOCK, memory pressure); n = 0 disarms. */
 TIDE_STANDIN_API int tide_standin_fail_pin(uint64_t n);
+/* The nth kernel launch (cuLaunchKernel, either default-stream flavour, with valid arguments)
+ * from now fails with CUDA_ERROR_LAUNCH_FAILED, returned by the launch call, which then enqueues
+ * nothing (the kernel does not run; the stream stays usable), as a real launch that the driver
+ * refuses; n = 0 disarms. tide_standin_busy is not a launch. */
+TIDE_STANDIN_API int tide_standin_fail_launch(uint64_t n);
 
 /* Simulated copy bandwidth in GB/s (1e9 bytes/s) for copies that start from now on; 0 means no
  * simulated limit (memcpy speed). Replaces TIDE_STANDIN_H2D_GBPS and TIDE_STANDIN_D2H_GBPS. */

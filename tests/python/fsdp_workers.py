@@ -10,9 +10,12 @@ would).
 
 from __future__ import annotations
 
+import ast
 import datetime
+import multiprocessing
 import os
 import signal
+import socket
 import time
 import traceback
 
@@ -158,6 +161,40 @@ def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(scenario: str, out, world: int = 2, timeout_s: float = 120.0,
+           killed: int | None = None) -> list[dict]:
+    """Runs `scenario` on `world` processes; returns each rank's result (None for rank `killed`,
+    which must die of SIGKILL). Processes still alive after `timeout_s` are killed and the test
+    fails."""
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=run, args=(r, world, port, scenario, str(out)))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    hung = []
+    for rank, p in enumerate(procs):
+        p.join(timeout_s)
+        if p.is_alive():
+            hung.append(rank)
+            p.kill()
+            p.join()
+    assert not hung, f"ranks {hung} of {scenario!r} still ran after {timeout_s} s"
+    if killed is not None:
+        assert procs[killed].exitcode == -9, procs[killed].exitcode
+    for rank, p in enumerate(procs):
+        if rank != killed:
+            assert (out / f"rank{rank}.pt").exists(), f"rank {rank} died (exit code {p.exitcode})"
+    return [None if r == killed else torch.load(out / f"rank{r}.pt", weights_only=False)
+            for r in range(world)]
 
 
 def run(rank: int, world: int, port: int, scenario: str, out: str) -> None:
@@ -585,3 +622,56 @@ def scenario_modified(rank: int, world: int, out: str, result: dict) -> None:
             runs[kind] = {"weights": full(model), "counts": counts}
         runs["elements"] = [p.to_local().numel() for p in model.parameters()]
         result[path] = runs
+
+
+class SoakNet:
+    """The sharded model (CPUOffloadPolicy: host-resident fp32 shards) as the soak's loop
+    (soak_run) takes a model: its parameters and a loss per step, on this rank's batch. `gain`'s
+    gradient is not averaged over ranks: each rank's check is of its own shards and replays its
+    own gradients, and an all-reduce outside backward would only be one more collective to keep
+    in step."""
+
+    def __init__(self, rank: int, world: int):
+        self.module = sharded("offload")
+        self.rank, self.world = rank, world
+
+    def parameters(self):
+        # In the optimizer's order (its param groups'), which its state dict's indices follow.
+        return iter([p for group in groups(self.module) for p in group["params"]])
+
+    def loss(self, step: int) -> torch.Tensor:
+        x, y = batch(step, self.rank, self.world)
+        return torch.nn.functional.mse_loss(self.module(x), y)
+
+
+def scenario_soak(rank: int, world: int, out: str, result: dict) -> None:
+    """The fault soak's FSDP2 configuration (test_soak.test_soak_fsdp2; SOAK_RUN says which
+    configuration, its placement and subgroup size, the seed, attempts and where, as a literal):
+    both ranks draw the same schedule, so that events that make a fresh model (a lost device)
+    come on both, and backward's collectives stay in step."""
+    import soak_run
+    import tide.torch as tt
+    from standin_faults import Standin
+
+    name, placement, subgroup, seed, steps, where = ast.literal_eval(os.environ["SOAK_RUN"])
+    # host: what FSDP2's CPUOffloadPolicy makes of the shards, which tide finds by itself.
+    config = soak_run.Config(name, placement, host=True, model="fsdp2", subgroup=subgroup)
+
+    def make(config, weights=None, state=None):
+        model = SoakNet(rank, world)
+        if weights is not None:
+            with torch.no_grad():
+                for p, w in zip(model.parameters(), weights):
+                    local(p).copy_(local(w))
+        opt = tt.AdamW(groups(model.module), lr=1e-2, subgroup_size=config.subgroup,
+                       placement=config.placement)
+        if state is not None:
+            opt.load_state_dict(state)
+        # What the soak steps: the shards in host memory, where FSDP2 keeps them.
+        result["host_resident_elements"] = sum(sum(b.sizes) for b in opt._buckets if b.host)
+        return model, opt
+
+    make(config)  # loads tide over the stand-in (CPU mode)
+    standin = Standin()
+    standin.disarm()
+    result["counts"] = soak_run.soak(config, make, standin, seed, steps, f"{where}, rank {rank}")

@@ -37,6 +37,7 @@ class Standin:
     def __init__(self):
         self.lib = ctypes.CDLL(os.environ["TIDE_CUDA_DRIVER"])
         for name in ("tide_standin_fail_copy", "tide_standin_fail_alloc",
+                     "tide_standin_fail_launch", "tide_standin_fail_pin",
                      "tide_standin_device_lost"):
             getattr(self.lib, name).argtypes = [ctypes.c_uint64]
         self.lib.tide_standin_stat.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64)]
@@ -52,6 +53,12 @@ class Standin:
     def allocations(self):
         return self.stat("device_allocs") + self.stat("mem_creates")
 
+    def launches(self):
+        return self.stat("kernel_launches")
+
+    def pinnings(self):
+        return self.stat("host_registers") + self.stat("host_allocs")
+
     def calls(self):
         return self.stat("driver_calls")
 
@@ -59,7 +66,7 @@ class Standin:
         assert getattr(self.lib, f"tide_standin_{kind}")(n) == 0
 
     def disarm(self):
-        for kind in ("fail_copy", "fail_alloc", "device_lost"):
+        for kind in ("fail_copy", "fail_alloc", "fail_launch", "fail_pin", "device_lost"):
             self.arm(kind, 0)
 
 

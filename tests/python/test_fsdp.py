@@ -15,10 +15,8 @@ suite.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import re
-import socket
 
 import pytest
 
@@ -34,38 +32,10 @@ BF16_BOUND = 5e-2
 WORLD = 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(scenario: str, out, timeout_s: float = 120.0, killed: int | None = None
            ) -> list[dict]:
-    """Runs `scenario` on WORLD processes; returns each rank's result (None for rank `killed`,
-    which must die of SIGKILL). Processes still alive after `timeout_s` are killed and the test
-    fails."""
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=fsdp_workers.run, args=(r, WORLD, port, scenario, str(out)))
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    hung = []
-    for rank, p in enumerate(procs):
-        p.join(timeout_s)
-        if p.is_alive():
-            hung.append(rank)
-            p.kill()
-            p.join()
-    assert not hung, f"ranks {hung} of {scenario!r} still ran after {timeout_s} s"
-    if killed is not None:
-        assert procs[killed].exitcode == -9, procs[killed].exitcode
-    for rank, p in enumerate(procs):
-        if rank != killed:
-            assert (out / f"rank{rank}.pt").exists(), f"rank {rank} died (exit code {p.exitcode})"
-    return [None if r == killed else torch.load(out / f"rank{r}.pt", weights_only=False)
-            for r in range(WORLD)]
+    """`scenario` on WORLD processes (fsdp_workers.launch)."""
+    return fsdp_workers.launch(scenario, out, WORLD, timeout_s, killed)
 
 
 def no_errors(results: list[dict]) -> None:

@@ -150,6 +150,42 @@ TEST_F(KernelsTest, ParametersAreCopiedAtLaunch) {
   EXPECT_EQ(g_last_grid.shared_bytes, 128u);
 }
 
+// An armed launch failure fails the nth valid launch from the arming, once: the call returns the
+// error and the kernel never runs; launches refused for their arguments are not counted.
+TEST_F(KernelsTest, TheNthLaunchFailsOnceAndRunsNothing) {
+  CUfunction f = nullptr;
+  ASSERT_EQ(cuModuleGetFunction(&f, module_, "standin_test_record"), CUDA_SUCCESS);
+  Stream stream;
+  std::uint64_t out[3] = {};
+  auto launch = [&](int i) {
+    RecordParams params{reinterpret_cast<std::uint64_t>(&out[i]), 100u + i};
+    void* args[] = {&params};
+    return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream.get(), args, nullptr);
+  };
+  const tide_standin_stats before = stats();
+  ASSERT_EQ(tide_standin_fail_launch(2), 0);
+  ASSERT_EQ(launch(0), CUDA_SUCCESS);
+  RecordParams unused{0, 0};
+  void* args[] = {&unused};
+  EXPECT_EQ(cuLaunchKernel(f, 0, 1, 1, 1, 1, 1, 0, stream.get(), args, nullptr),
+            CUDA_ERROR_INVALID_VALUE);  // not a launch: the second one is still to come
+  EXPECT_EQ(launch(1), CUDA_ERROR_LAUNCH_FAILED);
+  EXPECT_EQ(launch(2), CUDA_SUCCESS);  // once only, and the stream stays usable
+  ASSERT_EQ(cuStreamSynchronize(stream.get()), CUDA_SUCCESS);
+  EXPECT_EQ(out[0], 100u);
+  EXPECT_EQ(out[1], 0u);
+  EXPECT_EQ(out[2], 102u);
+  const tide_standin_stats after = stats();
+  EXPECT_EQ(after.kernel_launches - before.kernel_launches, 2u);
+  EXPECT_EQ(after.injected_faults - before.injected_faults, 1u);
+
+  ASSERT_EQ(tide_standin_fail_launch(1), 0);
+  ASSERT_EQ(tide_standin_fail_launch(0), 0);  // disarmed
+  EXPECT_EQ(launch(1), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamSynchronize(stream.get()), CUDA_SUCCESS);
+  EXPECT_EQ(out[1], 101u);
+}
+
 TEST_F(KernelsTest, ParametersMayComeAsOneBuffer) {
   CUfunction f = nullptr;
   ASSERT_EQ(cuModuleGetFunction(&f, module_, "standin_test_record"), CUDA_SUCCESS);

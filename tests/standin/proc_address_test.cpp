@@ -202,10 +202,10 @@ TEST(ProcAddress, OnlyDriverAndControlFunctionsAreExported) {
   for (const char* control :
        {"tide_standin_get_stats", "tide_standin_stat", "tide_standin_reset_stats",
         "tide_standin_fail_alloc", "tide_standin_fail_copy", "tide_standin_device_lost",
-        "tide_standin_fail_pin", "tide_standin_set_bandwidth", "tide_standin_device_memory",
-        "tide_standin_set_capacity", "tide_standin_register_kernel", "tide_standin_set_hmm",
-        "tide_standin_record", "tide_standin_recorded", "tide_standin_hold", "tide_standin_release",
-        "tide_standin_busy"}) {
+        "tide_standin_fail_pin", "tide_standin_fail_launch", "tide_standin_set_bandwidth",
+        "tide_standin_device_memory", "tide_standin_set_capacity", "tide_standin_register_kernel",
+        "tide_standin_set_hmm", "tide_standin_record", "tide_standin_recorded", "tide_standin_hold",
+        "tide_standin_release", "tide_standin_busy"}) {
     expected.insert(control);
   }
   EXPECT_EQ(exported, expected);
