@@ -40,7 +40,11 @@
 //                           the same pipeline (Twin-Flow-style; the real Twin-Flow keeps that
 //                           fraction's state resident on the GPU, which is not simulated)
 //   tide                    the same with each update phase planned from the headroom tide's
-//                           allocator forecasts at zero_grad(), every iteration
+//                           allocator forecasts at zero_grad(), every iteration, and resident
+//                           subgroups where memory allows (ExecutorOptions::residency, as
+//                           TIDE_RESIDENCY's default): none at the published ratios, whose state
+//                           does not fit
+//   tide_no_residency       tide without resident subgroups (published and fits variants)
 // Static configurations (dos, twin_flow) plan with a headroom measured once, before the rounds
 // (tide's forecast then); every configuration runs through its own executor.
 //
@@ -55,6 +59,25 @@
 // iterations' extra memory unused, or does not fit at all and runs on the CPU). A round is one
 // iteration in each state. ZeRO-Offload-style is left out there (its update uses no GPU memory).
 //
+// Variant "fits": the optimizer state fits the memory free through the whole iteration. The
+// device has 32 B/param instead of 16 (the other variants give the extra 16 B/param to memory
+// outside tide's allocator, so that their free memory is the published one), with the published
+// weights, context buffers, activations and outside memory: the update phase has 25.6 B/param
+// free and the held headroom (what stays free through forward and backward) is about 19 B/param,
+// room for 12 B/param of fp32 state, the resident subgroups' kept bf16 gradients (2) and a lane.
+// Configurations: "no_offload", the floor: the state on the GPU, no gradient offload, and an
+// update that is the GPU Adam's time over all parameters (timed stream work, P / the GPU's rate),
+// no copies; zero_offload and zero_offload_published as above; dos_k2 for reference; "tide" (its
+// state becomes resident in its first iterations, before the rounds: the allocator must have
+// seen an iteration) and tide_no_residency. Its targets (issue 28): tide / no_offload <= 1.15 and
+// zero_offload / tide >= 3 (both ZeRO-Offload-style lines are compared). The stand-in's device
+// memory is host memory and its device-to-device copies a CPU memcpy: the state copied in on
+// joining costs real CPU time once (before the rounds), the resident subgroups' gradients kept on
+// the GPU during backward cost a memcpy each, and so does writing their new bf16 weights to the
+// model after each resident update; their state crosses no link. Every line has
+// "resident_subgroups" (after the best round's update) and "resident_subgroups_min" (over the
+// rounds); resident state is evicted at the end of each variant.
+//
 // Each line also has the performance model's prediction of every phase (forward: the layers'
 // compute; backward: planner/iteration_model.h; update: the plan the executor's planner, the one
 // `tide plan` runs, makes for that headroom with the rates measured at the start) and measured
@@ -65,6 +88,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,6 +131,9 @@ constexpr std::size_t kSubgroups = 50;
 constexpr int kLayers = 25;
 // Device memory, bytes per parameter (80 GB, 10 GB, 6 GB, 30 GB, 48 GB free in the update).
 constexpr double kCapacity = 16, kParamBytes = 2, kHeld = 1.2, kActivations = 6, kFree = 9.6;
+// The simulated device's capacity: the "fits" variant's (the other variants' 16 B/param are
+// shaped by memory outside tide's allocator, 16 B/param more of it).
+constexpr double kFitsCapacity = 32;
 constexpr double kMargin = 0.02;  // TIDE_HEADROOM_MARGIN's default
 
 using bench::sleeping_adam;
@@ -123,7 +150,9 @@ double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-enum class Offload { async, blocking, blocking_published };
+// none: no gradient offload and the update on the GPU over all parameters, state on the GPU
+// (the "fits" variant's floor).
+enum class Offload { async, blocking, blocking_published, none };
 
 struct Config {
   std::string name;
@@ -133,6 +162,7 @@ struct Config {
   // A static configuration's headroom: the one tide saw in this memory state before the rounds
   // (0: the first, roomy one; 1: the tight one of the varying variant).
   std::size_t planned_for = 0;
+  bool residency = false;  // ExecutorOptions::residency
 };
 
 // One iteration: its phases, what its update phase ran, and the headroom it was planned with.
@@ -142,6 +172,8 @@ struct Measured {
   std::size_t gpu_subgroups = 0, buffers = 0, fallback = 0;
   std::uint64_t headroom = 0, headroom_used = 0;  // headroom_used: the plan's GPU bytes
   std::uint64_t headroom_cap = 0;  // the executor's cap on later plans after a fallback (0: none)
+  std::size_t resident = 0;        // resident subgroups after the update phase
+  planner::Plan planned;           // the executor's plan (with its resident subgroups)
 };
 
 // The model's memory and work on the "GPU", and the optimizer state on the host.
@@ -150,6 +182,7 @@ struct Iteration {
   std::vector<LayerTimes> layers;  // forward order
   double link = 0;                 // bytes/s each way
   double blocking_published_link = 0;
+  double gpu_rate = 0;  // the GPU Adam's params/s
 };
 
 class Trainer {
@@ -192,6 +225,7 @@ class Trainer {
     // gradients are); a static configuration keeps its gradients within its update headroom.
     const allocator::telemetry::HeadroomForecast forecast = allocator_.headroom();
     m.headroom = config.static_headroom ? static_headroom : forecast.headroom;
+    const bool none = config.offload == Offload::none;
     if (config.offload == Offload::async)
       executor.prepare(config.policy, config.static_headroom ? m.headroom : forecast.held_headroom);
     allocator_.mark(telemetry_mark::kForward);
@@ -213,7 +247,9 @@ class Trainer {
       // cost a GPU does not have, and the Adam kernels take as long whatever the values).
       void* grad = allocate(count * 2);
       allocator_.deallocate(acts[l], activation, compute_.get());
-      if (config.offload == Offload::async) {
+      if (none) {
+        allocator_.deallocate(grad, count * 2, compute_.get());  // read in place by the update
+      } else if (config.offload == Offload::async) {
         offload_layer(offload, first, count, grad);
         allocator_.record_stream(grad, offload.stream().get());
         allocator_.deallocate(grad, count * 2, compute_.get());
@@ -222,7 +258,7 @@ class Trainer {
       }
     }
     compute_.synchronize();
-    if (config.offload != Offload::async) {
+    if (config.offload == Offload::blocking || config.offload == Offload::blocking_published) {
       // ZeRO-Offload-style: after the whole backward pass, every gradient to the host, waited for.
       if (config.offload == Offload::blocking_published) {
         check(g_set_bandwidth(w_.link / 1e9, w_.blocking_published_link / 1e9));
@@ -240,20 +276,31 @@ class Trainer {
     offload.synchronize_all();
     const auto t2 = Clock::now();
     allocator_.mark(telemetry_mark::kUpdate);
+    m.forward = seconds(t0, t1);
+    m.backward = seconds(t1, t2);
+    if (none) {
+      // The GPU's Adam over every parameter, its state on the GPU: no copy, only its time.
+      check(g_busy(compute_.get(), static_cast<double>(w_.params) / w_.gpu_rate, "adam"));
+      compute_.synchronize();
+      m.update = seconds(t2, Clock::now());
+      m.gpu_subgroups = w_.params / w_.subgroup;
+      allocator_.mark(telemetry_mark::kIterationEnd);
+      return m;
+    }
     kernels::AdamHyper hyper;
     hyper.step = ++step_;
     const PhaseReport& r = executor.run(hyper, config.policy, m.headroom);
     const auto t3 = Clock::now();
     executor.release_buffers();
     allocator_.mark(telemetry_mark::kIterationEnd);
-    m.forward = seconds(t0, t1);
-    m.backward = seconds(t1, t2);
     m.update = seconds(t2, t3);
     m.gpu_subgroups = r.ran.gpu_order.size();
     m.buffers = r.ran.buffers;
     m.fallback = r.fallback_subgroups;
     m.headroom_used = r.ran.gpu_bytes();
     m.headroom_cap = r.headroom_cap;
+    m.resident = r.resident_subgroups;
+    m.planned = r.planned;
     return m;
   }
 
@@ -306,7 +353,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   double total = 1e8;
   int rounds = 5;
-  std::string variants = "published,varying,varying_tight";
+  std::string variants = "published,varying,varying_tight,fits";
   int best_k = 0;  // the varying variants run K=2 and the published variant's best K (or this)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--params") && i + 1 < argc) {
@@ -320,7 +367,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_iteration [--params N (1e8), in 50 subgroups] [--rounds N (5)] "
-                   "[--variants published,varying,varying_tight] [--best-k K (2-6): the\n"
+                   "[--variants published,varying,varying_tight,fits] [--best-k K (2-6): the\n"
                    "varying variants' best K without the published variant]\n");
       return 2;
     }
@@ -348,7 +395,7 @@ int main(int argc, char** argv) {
   const auto P = static_cast<double>(w.params);
 
   const driver::CurrentContext context(0);
-  if (set_capacity(0, static_cast<std::uint64_t>(kCapacity * P)) != 0) return 1;
+  if (set_capacity(0, static_cast<std::uint64_t>(kFitsCapacity * P)) != 0) return 1;
   register_kernel(kernels::kAdamKernel, &sleeping_adam, sizeof(kernels::AdamKernelParams));
   kernels::CpuAdamOptions cpu_options{.threads = 1};
   cpu_options.force_isa = true;
@@ -364,6 +411,7 @@ int main(int argc, char** argv) {
   w.blocking_published_link =
       w.link * (2 * kPubParams / kPubLink) / kPubBlockingGradient;  // its 3.35 s, scaled
   bench::simulated_gpu_rate = kPubGpuRate * sigma;
+  w.gpu_rate = bench::simulated_gpu_rate;
   g_set_bandwidth(w.link / 1e9, w.link / 1e9);
   for (int l = 0; l < kLayers; ++l) {
     w.layers.push_back({kPubForward * tau / kLayers, kPubBackward * tau / kLayers,
@@ -418,13 +466,19 @@ int main(int argc, char** argv) {
     tight.planned_for = 1;
     configs.push_back(tight);
   }
-  configs.push_back({"tide", Offload::async, Policy::automatic_policy(), false});
+  // The fits variant's floor, and tide as it was before resident subgroups (the published and
+  // fits variants). tide, last (it measures the static configurations' headroom), with resident
+  // subgroups where memory allows (TIDE_RESIDENCY's default).
+  configs.push_back({"no_offload", Offload::none, Policy::all_gpu()});
+  configs.push_back({"tide_no_residency", Offload::async, Policy::automatic_policy(), false});
+  configs.push_back({"tide", Offload::async, Policy::automatic_policy(), false, 0, true});
 
   std::vector<std::unique_ptr<Executor>> executors;
   for (std::size_t i = 0; i < configs.size(); ++i) {
     ExecutorOptions o;
     o.rates = rates;
     o.gradients_on_gpu = configs[i].offload == Offload::async;
+    o.residency = configs[i].residency;
     o.cpu_threads = 1;
     o.cpu_isa = kernels::CpuIsa::kScalar;
     executors.push_back(std::make_unique<Executor>(trainer.state(), o));
@@ -461,8 +515,8 @@ int main(int argc, char** argv) {
   std::string best_dos = best_k >= 2 && best_k <= 6 ? "dos_k" + std::to_string(best_k) : "";
 
   auto run_variant = [&](const std::string& variant) {
-    const bool varying = variant != "published";
-    if (varying) rates = measure(("before the " + variant + " variant").c_str());
+    const bool varying = variant.starts_with("varying"), fits = variant == "fits";
+    if (variant != "published") rates = measure(("before the " + variant + " variant").c_str());
     predict_with(rates);
     // Memory outside tide's allocator, bytes per parameter: the published headroom, or
     // alternating between a roomy one (ten subgroups' fp32 state, 2.4 B/param: room for every
@@ -474,8 +528,12 @@ int main(int argc, char** argv) {
     // staging area there.
     const double buffer = 12.0 * static_cast<double>(w.subgroup) / P;
     const double tight = variant == "varying_tight" ? 0.65 : 5 * buffer;
+    // The device has kFitsCapacity: all but the fits variant give the other tenant the extra
+    // 16 B/param, so that their free memory is the published one (the fits variant: 16 B/param
+    // more, 25.6 B/param in the update phase, under which 12 B/param of fp32 state fit).
     auto outside_for = [&](double free) {
-      return kCapacity - (free + kParamBytes + kHeld) / (1 - kMargin);
+      return (fits ? 0 : kFitsCapacity - kCapacity) + kCapacity -
+             (free + kParamBytes + kHeld) / (1 - kMargin);
     };
     const std::vector<double> outside =
         varying ? std::vector<double>{outside_for(10 * buffer), outside_for(tight)}
@@ -484,10 +542,19 @@ int main(int argc, char** argv) {
     // The published variant: every configuration once (static ones with the headroom measured
     // before the rounds, "@roomy"). The varying one: ZeRO-Offload-style left out (no GPU memory
     // in its update), K = 2 and the best K, each static configuration planned for either state.
+    // The fits variant: the floor (no_offload), ZeRO-Offload-style, K = 2, tide with and without
+    // resident subgroups.
     std::vector<std::size_t> chosen;
     for (std::size_t i = 0; i < configs.size(); ++i) {
       const Config& c = configs[i];
       if (c.planned_for >= outside.size()) continue;
+      if (c.offload == Offload::none && !fits) continue;
+      if (c.name == "tide_no_residency" && varying) continue;
+      if (fits) {
+        if (c.offload == Offload::async && c.static_headroom && c.name != "dos_k2@roomy") continue;
+        chosen.push_back(i);
+        continue;
+      }
       if (varying && c.offload != Offload::async) continue;
       if (varying && c.name.starts_with("dos_k") && !c.name.starts_with("dos_k2@") &&
           !c.name.starts_with(best_dos + "@")) {
@@ -551,6 +618,10 @@ int main(int argc, char** argv) {
         if (round >= 0) runs[i].push_back(std::move(r));
       }
     }
+    // Resident state goes home: the next variant starts from none.
+    for (std::size_t i : chosen) {
+      if (configs[i].residency) executors[i]->evict();
+    }
     tenant.reset();
     allocator.empty_cache();
 
@@ -566,7 +637,7 @@ int main(int argc, char** argv) {
       for (const Round& r : v) times.push_back(round_s(r));
       med[i] = median(times);
     }
-    if (!varying) {
+    if (variant == "published") {
       double fastest = 1e300;
       for (std::size_t i : chosen) {
         if (configs[i].name.starts_with("dos_k") && round_s(best[i]) < fastest) {
@@ -575,15 +646,19 @@ int main(int argc, char** argv) {
         }
       }
     }
-    double zero = 0, zero_published = 0, best_static = 1e300, tide_s = 0;
+    double zero = 0, zero_published = 0, best_static = 1e300, tide_s = 0, floor_s = 0,
+           tide_no_residency_s = 0;
     std::string best_static_name;
     for (std::size_t i : chosen) {
       const double t = round_s(best[i]);
       if (configs[i].name == "zero_offload") zero = t;
       if (configs[i].name == "zero_offload_published") zero_published = t;
+      if (configs[i].name == "no_offload") floor_s = t;
+      if (configs[i].name == "tide_no_residency") tide_no_residency_s = t;
       if (configs[i].name == "tide") {
         tide_s = t;
-      } else if (!configs[i].name.starts_with("zero") && t < best_static) {
+      } else if (configs[i].static_headroom && configs[i].offload == Offload::async &&
+                 t < best_static) {
         best_static = t;
         best_static_name =
             varying ? configs[i].name : configs[i].name.substr(0, configs[i].name.find('@'));
@@ -598,26 +673,35 @@ int main(int argc, char** argv) {
       for (std::size_t k = 0; k < b.size(); ++k) {
         // The headroom tide saw in that memory state; a static configuration plans with its own.
         const std::uint64_t headroom = c.static_headroom ? static_headroom[c.planned_for] : seen[k];
-        const Plan plan = predicted_plan(c, headroom);
-        const double predicted = plan.predicted.phase_s;
+        // With resident subgroups: the plan the executor made (the predictors have none).
+        const Plan plan = c.residency ? b[k].planned : predicted_plan(c, headroom);
+        double predicted = plan.predicted.phase_s, predicted_bw = 0;
+        if (c.offload == Offload::none) {
+          predicted = P / w.gpu_rate;
+          std::vector<LayerTimes> layers = w.layers;
+          for (LayerTimes& l : layers) l.gradient_bytes = 0;
+          predicted_bw = predict_backward(layers, w.link, false);
+        } else {
+          predicted_bw = predicted_backward(c, plan);
+        }
         update += predicted / static_cast<double>(b.size());
-        backward += predicted_backward(c, plan) / static_cast<double>(b.size());
+        backward += predicted_bw / static_cast<double>(b.size());
         char one[512];
         std::snprintf(one, sizeof one,
                       "%s{\"headroom_bytes\":%llu,\"plan_gpu_bytes\":%llu,\"gpu_subgroups\":%zu,"
                       "\"buffers\":%zu,\"fallback_subgroups\":%zu,\"headroom_cap_bytes\":%llu,"
-                      "\"iteration_s\":%.4f,"
+                      "\"resident_subgroups\":%zu,\"iteration_s\":%.4f,"
                       "\"update_s\":%.4f,\"predicted_update_s\":%.4f}",
                       k ? "," : "", static_cast<unsigned long long>(b[k].headroom),
                       static_cast<unsigned long long>(b[k].headroom_used), b[k].gpu_subgroups,
                       b[k].buffers, b[k].fallback,
-                      static_cast<unsigned long long>(b[k].headroom_cap), b[k].iteration(),
-                      b[k].update, predicted);
+                      static_cast<unsigned long long>(b[k].headroom_cap), b[k].resident,
+                      b[k].iteration(), b[k].update, predicted);
         states += one;
       }
       const double f = mean(b, &Measured::forward), bw = mean(b, &Measured::backward),
                    u = mean(b, &Measured::update);
-      char extra[768] = "";
+      char extra[1024] = "";
       if (c.name == "tide") {
         // Targets (issue 19): within 3% of the best static configuration at the published
         // ratios and strictly faster when memory varies; 2.2x the ZeRO-Offload-style iteration.
@@ -632,16 +716,44 @@ int main(int argc, char** argv) {
           const std::size_t used = std::strlen(extra);
           std::snprintf(extra + used, sizeof extra - used,
                         ",\"speedup_over_zero_offload\":%.3f,"
-                        "\"speedup_over_zero_offload_published\":%.3f,\"speedup_target\":2.2",
-                        zero / tide_s, zero_published / tide_s);
+                        "\"speedup_over_zero_offload_published\":%.3f,\"speedup_target\":%.1f",
+                        zero / tide_s, zero_published / tide_s, fits ? 3.0 : 2.2);
         }
+        if (floor_s > 0) {
+          // Issue 28: with the state fitting the held headroom, within 15% of the floor, and 3x
+          // the ZeRO-Offload-style iteration.
+          const std::size_t used = std::strlen(extra);
+          std::snprintf(extra + used, sizeof extra - used,
+                        ",\"over_no_offload\":%.3f,\"over_no_offload_target\":1.15,"
+                        "\"over_no_offload_met\":%s,\"speedup_over_zero_offload_met\":%s,"
+                        "\"speedup_over_zero_offload_published_met\":%s",
+                        tide_s / floor_s, tide_s / floor_s <= 1.15 ? "true" : "false",
+                        zero / tide_s >= 3 ? "true" : "false",
+                        zero_published / tide_s >= 3 ? "true" : "false");
+        }
+        if (tide_no_residency_s > 0) {
+          const std::size_t used = std::strlen(extra);
+          std::snprintf(extra + used, sizeof extra - used, ",\"over_tide_no_residency\":%.3f",
+                        tide_s / tide_no_residency_s);
+        }
+      }
+      std::size_t resident_min = SIZE_MAX;
+      for (const Round& r : runs[i]) {
+        for (const Measured& m : r) resident_min = std::min(resident_min, m.resident);
+      }
+      {
+        const std::size_t used = std::strlen(extra);
+        std::snprintf(extra + used, sizeof extra - used,
+                      ",\"resident_subgroups\":%zu,\"resident_subgroups_min\":%zu",
+                      b.back().resident, resident_min);
       }
       const std::string base = c.name.substr(0, c.name.find('@'));
       const std::string dos_best = base == best_dos ? ",\"dos_best\":true" : "";
-      const char* planned = !c.static_headroom   ? "forecast every iteration"
-                            : !varying           ? "measured once"
-                            : c.planned_for == 0 ? "the roomy state's"
-                                                 : "the tight state's";
+      const char* planned = c.offload == Offload::none ? "none"
+                            : !c.static_headroom       ? "forecast every iteration"
+                            : !varying                 ? "measured once"
+                            : c.planned_for == 0       ? "the roomy state's"
+                                                       : "the tight state's";
       std::printf(
           "{\"bench\":\"iteration\",\"variant\":\"%s\",\"config\":\"%s\",\"headroom\":\"%s\","
           "\"iteration_s\":%.4f,"
@@ -659,8 +771,32 @@ int main(int argc, char** argv) {
           rates.cpu_update, rates.cpu_update_contended, rounds, extra, dos_best.c_str(), machine);
       std::fflush(stdout);
     }
+    // The summary: the ratios the targets check (fits: issue 28's; and everywhere tide without
+    // resident subgroups runs, whether they cost anything where they do not engage).
+    std::string summary = ",\"tide_iteration_s\":" + std::to_string(tide_s) +
+                          ",\"tide_over_best_static\":" + std::to_string(tide_s / best_static);
+    if (floor_s > 0) {
+      summary += ",\"tide_over_no_offload\":" + std::to_string(tide_s / floor_s) +
+                 ",\"tide_over_no_offload_met\":" + (tide_s / floor_s <= 1.15 ? "true" : "false");
+    }
+    if (zero > 0) {
+      const double target = fits ? 3.0 : 2.2;
+      summary +=
+          ",\"zero_offload_over_tide\":" + std::to_string(zero / tide_s) +
+          ",\"zero_offload_over_tide_met\":" + (zero / tide_s >= target ? "true" : "false") +
+          ",\"zero_offload_published_over_tide\":" + std::to_string(zero_published / tide_s) +
+          ",\"zero_offload_published_over_tide_met\":" +
+          (zero_published / tide_s >= target ? "true" : "false") +
+          ",\"zero_offload_over_tide_target\":" + std::to_string(target);
+    }
+    if (tide_no_residency_s > 0) {
+      summary += ",\"tide_over_tide_no_residency\":" + std::to_string(tide_s / tide_no_residency_s);
+    }
+    std::printf("{\"bench\":\"iteration\",\"variant\":\"%s\",\"summary\":true%s}\n",
+                variant.c_str(), summary.c_str());
+    std::fflush(stdout);
   };
-  for (const char* v : {"published", "varying", "varying_tight"}) {
+  for (const char* v : {"published", "varying", "varying_tight", "fits"}) {
     for (std::size_t at = 0; (at = variants.find(v, at)) != std::string::npos; at += 1) {
       const std::size_t end = at + std::strlen(v);
       if ((at == 0 || variants[at - 1] == ',') &&
