@@ -294,7 +294,9 @@ class Trainer {
     executor.release_buffers();
     allocator_.mark(telemetry_mark::kIterationEnd);
     m.update = seconds(t2, t3);
-    m.gpu_subgroups = r.ran.gpu_order.size();
+    // Updated on the GPU, resident subgroups included (ran lists only those copied in).
+    m.gpu_subgroups = static_cast<std::size_t>(
+        std::count(r.devices.begin(), r.devices.end(), planner::Device::gpu));
     m.buffers = r.ran.buffers;
     m.fallback = r.fallback_subgroups;
     m.headroom_used = r.ran.gpu_bytes();
