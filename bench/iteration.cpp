@@ -42,8 +42,12 @@
 //   tide                    the same with each update phase planned from the headroom tide's
 //                           allocator forecasts at zero_grad(), every iteration, and resident
 //                           subgroups where memory allows (ExecutorOptions::residency, as
-//                           TIDE_RESIDENCY's default): none at the published ratios, whose state
-//                           does not fit
+//                           TIDE_RESIDENCY's default). At the published ratios the whole state
+//                           does not fit, but part of it does: the held headroom (about 3.5
+//                           B/param) takes 9 of the 50 subgroups (14 B/param each with its kept
+//                           gradient, after a lane), which leaves no room for the copied-in
+//                           subgroups' kept gradients and lanes: the others run on the CPU
+//                           (compare with tide_no_residency)
 //   tide_no_residency       tide without resident subgroups (published and fits variants)
 // Static configurations (dos, twin_flow) plan with a headroom measured once, before the rounds
 // (tide's forecast then); every configuration runs through its own executor.

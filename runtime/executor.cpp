@@ -347,7 +347,8 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
   out.buffer_bytes = std::max(out.buffer_bytes, lane);
   out.resident_state_bytes = slots;
   out.resident_bytes += kept;  // their gradients, when kept on the GPU
-  // The resident subgroups' updates: the kernel and their gradients' copy-in, before the rest.
+  // The resident subgroups' updates: the kernel and their gradients' copy-in (unless kept on
+  // the GPU), before the rest.
   const double gpu_rate = r.gpu_update * w.footprint.gpu_update_scale();
   double resident_s = 0;
   for (std::size_t s : residents) {
@@ -356,7 +357,10 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
     sub.device = planner::Device::gpu;
     sub.resident = true;
     sub.start_s = resident_s;
-    sub.h2d_end_s = resident_s + params * state_.grad_bytes() / r.h2d;
+    // Its gradient comes over the link unless it was kept on the GPU.
+    const double grad_in_s =
+        w.footprint.gradients_on_gpu ? 0.0 : params * state_.grad_bytes() / r.h2d;
+    sub.h2d_end_s = resident_s + grad_in_s;
     sub.update_end_s = sub.h2d_end_s + params / gpu_rate;
     sub.end_s = sub.update_end_s;
     resident_s = sub.end_s;
