@@ -80,7 +80,11 @@
 // the GPU during backward cost a memcpy each, and so does writing their new bf16 weights to the
 // model after each resident update; their state crosses no link. Every line has
 // "resident_subgroups" (after the best round's update) and "resident_subgroups_min" (over the
-// rounds); resident state is evicted at the end of each variant.
+// rounds); resident state is evicted at the end of each variant. In the varying variants,
+// resident state taken in a roomy iteration can make the other tenant's allocation fail when
+// its use grows (tide's reclaimer serves only allocations through tide's allocator): the
+// benchmark then says so on stderr, evicts it and goes on; the summary line counts these
+// ("tenant_allocations_failed").
 //
 // Each line also has the performance model's prediction of every phase (forward: the layers'
 // compute; backward: planner/iteration_model.h; update: the plan the executor's planner, the one
@@ -106,6 +110,7 @@
 #include "allocator/device/device_registry.h"
 #include "bench/simulated_gpu.h"
 #include "driver/context.h"
+#include "driver/error.h"
 #include "driver/memory.h"
 #include "driver/stream.h"
 #include "kernels/adam_kernel.h"
@@ -569,6 +574,7 @@ int main(int argc, char** argv) {
       chosen.push_back(i);
     }
     std::optional<driver::DeviceBuffer> tenant;
+    int tenant_failures = 0;  // the other tenant's allocations that resident state made fail
     std::size_t tenant_state = outside.size();  // none yet
     // Before each iteration: the other tenant's memory for it (tide's cache given back first,
     // so that the tenant can have it).
@@ -586,7 +592,25 @@ int main(int argc, char** argv) {
             static_cast<double>(allocator.usage().reserved) / 1e6,
             static_cast<double>(allocator.usage().live) / 1e6, outside[state] * P / 1e6);
       }
-      tenant.emplace(static_cast<std::size_t>(outside[state] * P));
+      try {
+        tenant.emplace(static_cast<std::size_t>(outside[state] * P));
+      } catch (const driver::CudaError&) {
+        // Resident state, sized from a forecast that cannot see the other tenant grow, holds
+        // what it needs now (tide's reclaimer serves only allocations through tide's
+        // allocator). Reported, and given back so that the variant goes on.
+        std::uint64_t resident = 0;
+        for (std::size_t i = 0; i < configs.size(); ++i) {
+          resident += executors[i]->residency().bytes();
+          executors[i]->evict();
+        }
+        ++tenant_failures;
+        std::fprintf(stderr,
+                     "bench_iteration: the other tenant could not get %.1f MB while tide held "
+                     "%.1f MB of resident state: evicted\n",
+                     outside[state] * P / 1e6, static_cast<double>(resident) / 1e6);
+        allocator.empty_cache();
+        tenant.emplace(static_cast<std::size_t>(outside[state] * P));
+      }
       tenant_state = state;
     };
     // The headroom tide sees in each memory state, and the static configurations' headroom:
@@ -798,6 +822,7 @@ int main(int argc, char** argv) {
     if (tide_no_residency_s > 0) {
       summary += ",\"tide_over_tide_no_residency\":" + std::to_string(tide_s / tide_no_residency_s);
     }
+    summary += ",\"tenant_allocations_failed\":" + std::to_string(tenant_failures);
     std::printf("{\"bench\":\"iteration\",\"variant\":\"%s\",\"summary\":true%s}\n",
                 variant.c_str(), summary.c_str());
     std::fflush(stdout);
