@@ -9,6 +9,7 @@
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/dtype.h"
+#include "planner/cpu_only.h"
 #include "planner/interleave.h"
 #include "planner/node_rates.h"
 #include "planner/rate_sources.h"
@@ -292,8 +293,9 @@ std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t 
   for (std::size_t s = 0; s < state_.size(); ++s) {
     // With gradients kept on the GPU, a resident subgroup holds its gradient's buffer too.
     in.slot_bytes[s] = state_.slot_bytes(s) + footprint.resident_bytes(state_.params(s));
-    // Frozen slices are saved from and restored into the pinned slot around the phase.
-    if (frozen_.any(s)) in.allowed[s] = 0;
+    // Frozen slices are saved from and restored into the pinned slot around the phase;
+    // pageable subgroups are updated on the CPU only.
+    if (frozen_.any(s) || state_.pageable(s)) in.allowed[s] = 0;
   }
   return planner::choose_resident(in);
 }
@@ -328,8 +330,12 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
     planner::Workload sub;
     sub.footprint = w.footprint;
     sub.headroom_bytes = w.headroom_bytes > reserved ? w.headroom_bytes - reserved : 0;
-    for (std::size_t s : rest) sub.subgroup_params.push_back(state_.params(s));
-    transient = plan(sub, r, options_.planner);
+    std::vector<char> allowed;
+    for (std::size_t s : rest) {
+      sub.subgroup_params.push_back(state_.params(s));
+      allowed.push_back(state_.pageable(s) ? 0 : 1);
+    }
+    transient = planner::plan_allowed(sub, r, allowed, options_.planner);
     (void)policy;
     for (std::size_t j = 0; j < transient->subgroups.size(); ++j) {
       out.subgroups[rest[j]] = transient->subgroups[j];
@@ -441,8 +447,10 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
     case Policy::Kind::cpu:
       break;
     case Policy::Kind::gpu: {
-      std::vector<std::size_t> all(state_.size());
-      for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+      std::vector<std::size_t> all;
+      for (std::size_t i = 0; i < state_.size(); ++i) {
+        if (!state_.pageable(i)) all.push_back(i);
+      }
       chosen = planner::plan_for_order(w, r, all, options_.planner);
       break;
     }
@@ -451,8 +459,10 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
       chosen = planner::plan_interleaved(w, r, policy.k, options_.planner);
       break;
     case Policy::Kind::first: {
-      std::vector<std::size_t> order(std::min(policy.k, state_.size()));
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::vector<std::size_t> order;
+      for (std::size_t i = 0; i < std::min(policy.k, state_.size()); ++i) {
+        if (!state_.pageable(i)) order.push_back(i);
+      }
       chosen = planner::plan_for_order(w, r, order, options_.planner);
       break;
     }
@@ -462,11 +472,20 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
       if (std::find(resident.begin(), resident.end(), 1) != resident.end()) {
         return plan_around_resident(policy, w, resident);
       }
-      chosen = plan(w, r, options_.planner);
+      chosen = planner::plan_allowed(w, r, gpu_allowed(), options_.planner);
       break;
     }
   }
-  return chosen ? *chosen : planner::all_cpu_plan(w, r);
+  // Whatever the policy, pageable subgroups stay on the CPU (optimizer_state.h).
+  return chosen ? planner::without_disallowed(*chosen, w, r, gpu_allowed(), options_.planner)
+                : planner::all_cpu_plan(w, r);
+}
+
+std::vector<char> Executor::gpu_allowed() const {
+  if (state_.pageable_subgroups() == 0) return {};
+  std::vector<char> allowed(state_.size());
+  for (std::size_t s = 0; s < state_.size(); ++s) allowed[s] = state_.pageable(s) ? 0 : 1;
+  return allowed;
 }
 
 const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {
