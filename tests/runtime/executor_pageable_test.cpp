@@ -137,5 +137,36 @@ TEST(PageableState, RefusedRegistrationAtConstruction) {
   }
 }
 
+// Pinning that fails during training (a spare slot a GPU subgroup needs, or the phase's pinned
+// counters): the subgroups it concerns are updated on the CPU for that step (fallback), with the
+// same bits, and training goes on on the GPU.
+TEST(PageableState, PinningThatFailsMidTrainingFallsBackToTheCpu) {
+  const driver::CurrentContext context;
+  Faults faults;
+  Model model({std::uint64_t{1} << 18, std::uint64_t{1} << 18});
+  ASSERT_EQ(model.state->pageable_subgroups(), 0u);
+  Reference ref(*model.state);
+  ExecutorOptions options;
+  options.rates = test_rates();
+  options.refine = false;
+  Executor executor(*model.state, options);
+  for (int step = 1; step <= 2; ++step) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    const std::uint64_t injected = faults.stats().injected_faults;
+    if (step == 1) faults.fail_pin(1);  // the first step takes its spares: new pinned memory
+    const PhaseReport& report = executor.run(hyper(step), Policy::all_gpu(), kHeadroom);
+    faults.fail_pin(0);
+    ref.step(grads, hyper(step));
+    if (step == 1) {
+      EXPECT_EQ(faults.stats().injected_faults, injected + 1);
+      EXPECT_GT(report.fallback_subgroups, 0u);
+    } else {
+      EXPECT_EQ(report.fallback_subgroups, 0u);  // the next step is on the GPU again
+    }
+    expect_matches(model, ref);
+  }
+}
+
 }  // namespace
 }  // namespace tide::runtime::testing
