@@ -5,6 +5,7 @@
 
 #include "config/env.h"
 #include "config/placement.h"
+#include "driver/memory.h"
 #include "driver/stream_pool.h"
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
@@ -291,8 +292,10 @@ std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t 
   in.allowed.assign(state_.size(), 1);
   in.slot_bytes.resize(state_.size());
   for (std::size_t s = 0; s < state_.size(); ++s) {
-    // With gradients kept on the GPU, a resident subgroup holds its gradient's buffer too.
-    in.slot_bytes[s] = state_.slot_bytes(s) + footprint.resident_bytes(state_.params(s));
+    // A resident subgroup holds its gradient's buffer too (kept on the GPU by prepare() with
+    // gradients_on_gpu, else by keep_resident_gradients()).
+    (void)footprint;
+    in.slot_bytes[s] = state_.slot_bytes(s) + state_.params(s) * state_.grad_bytes();
     // Frozen slices are saved from and restored into the pinned slot around the phase;
     // pageable subgroups are updated on the CPU only.
     if (frozen_.any(s) || state_.pageable(s)) in.allowed[s] = 0;
@@ -311,7 +314,7 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
       residents.push_back(s);
       largest = std::max(largest, state_.params(s));
       slots += state_.slot_bytes(s);
-      kept += w.footprint.resident_bytes(state_.params(s));
+      kept += state_.params(s) * state_.grad_bytes();  // its gradient, kept on the GPU
     } else {
       rest.push_back(s);
     }
@@ -384,6 +387,46 @@ std::uint64_t Executor::residency_held(std::uint64_t headroom_bytes) {
     return buffers_.residency_budget(headroom_bytes);
   } catch (...) {
     return 0;  // the phase then keeps what is resident where it is (end_unplanned_residency)
+  }
+}
+
+void Executor::keep_resident_gradients() {
+  if (!options_.residency || residency_.count() == 0) return;
+  std::vector<CUdeviceptr> route(state_.size(), 0);
+  try {
+    offload_->synchronize_all();
+    for (std::size_t s = 0; s < state_.size(); ++s) {
+      if (!residency_.device_current(s)) continue;
+      route[s] = buffers_.add_gradient(state_.params(s) * state_.grad_bytes(), compute_->get());
+    }
+    offload_->route(std::move(route));
+  } catch (...) {
+    // No memory (or no device): the gradients go to pinned memory, as for any subgroup.
+    buffers_.clear_gradients();
+    try {
+      offload_->route({});
+    } catch (...) {
+    }
+  }
+}
+
+void Executor::zero_frozen_kept_gradients() {
+  try {
+    bool any = false;
+    for (std::size_t s = 0; s < state_.size(); ++s) {
+      const CUdeviceptr g = offload_->device_gradient(s);
+      if (g == 0 || !frozen_.any(s)) continue;
+      const std::vector<ParamSlice>& slices = state_.spec(s).slices;
+      for (std::size_t k = 0; k < slices.size(); ++k) {
+        if (!frozen_.frozen(s, k)) continue;
+        driver::fill_zero_async(g + slices[k].offset * state_.grad_bytes(),
+                                slices[k].count * state_.grad_bytes(), offload_->stream());
+        any = true;
+      }
+    }
+    if (any) offload_->stream().synchronize();
+  } catch (...) {
+    // A failed device: the phase finds it too, and those gradients are lost with it.
   }
 }
 

@@ -290,6 +290,13 @@ class Executor {
   void end_unplanned_residency(planner::Plan& plan);
   // residency_budget, or nothing when the allocator cannot be asked (a lost device).
   std::uint64_t residency_held(std::uint64_t headroom_bytes);
+  // After a phase: the next backward pass offloads resident subgroups' gradients into GPU
+  // buffers (held until the next phase) instead of pinned memory, so that they never cross the
+  // link. Without memory for them, they go to pinned memory as before.
+  void keep_resident_gradients();
+  // Frozen slices have no gradient this step: in a kept GPU gradient their elements are zeroed,
+  // as save() zeroes them in pinned buffers (so that their update is finite, then undone).
+  void zero_frozen_kept_gradients();
   std::uint64_t evict_locked(std::uint64_t max_bytes);
   void write_params_locked(std::size_t s);
   // With resident state under tide's allocator: it may take the state back home before an
