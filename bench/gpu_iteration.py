@@ -503,7 +503,11 @@ def worker(args) -> int:
 # ---- the parent --------------------------------------------------------------------------------
 
 def tide_command() -> str | None:
-    for candidate in (os.environ.get("TIDE_BUILD_DIR"), str(REPO / "build")):
+    # The build tree of the library tide.torch loads (TIDE_LIBRARY: <build>/lib/libtide.so), else
+    # the repository's.
+    library = os.environ.get("TIDE_LIBRARY")
+    for candidate in (str(pathlib.Path(library).parent.parent) if library else None,
+                      str(REPO / "build")):
         if candidate and os.access(pathlib.Path(candidate) / "bin" / "tide", os.X_OK):
             return str(pathlib.Path(candidate) / "bin" / "tide")
     return shutil.which("tide")

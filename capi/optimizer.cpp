@@ -596,4 +596,13 @@ TIDE_API tide_status tide_optimizer_rates(const tide_optimizer* optimizer, tide_
   });
 }
 
+TIDE_API tide_status tide_optimizer_pageable(const tide_optimizer* optimizer, size_t* subgroups,
+                                             uint64_t* bytes) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    if (subgroups != nullptr) *subgroups = o.state->pageable_subgroups();
+    if (bytes != nullptr) *bytes = o.state->pageable_bytes();
+  });
+}
+
 }  // extern "C"

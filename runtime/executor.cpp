@@ -5,10 +5,12 @@
 
 #include "config/env.h"
 #include "config/placement.h"
+#include "driver/memory.h"
 #include "driver/stream_pool.h"
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/dtype.h"
+#include "planner/cpu_only.h"
 #include "planner/interleave.h"
 #include "planner/node_rates.h"
 #include "planner/rate_sources.h"
@@ -290,10 +292,13 @@ std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t 
   in.allowed.assign(state_.size(), 1);
   in.slot_bytes.resize(state_.size());
   for (std::size_t s = 0; s < state_.size(); ++s) {
-    // With gradients kept on the GPU, a resident subgroup holds its gradient's buffer too.
-    in.slot_bytes[s] = state_.slot_bytes(s) + footprint.resident_bytes(state_.params(s));
-    // Frozen slices are saved from and restored into the pinned slot around the phase.
-    if (frozen_.any(s)) in.allowed[s] = 0;
+    // A resident subgroup holds its gradient's buffer too (kept on the GPU by prepare() with
+    // gradients_on_gpu, else by keep_resident_gradients()).
+    (void)footprint;
+    in.slot_bytes[s] = state_.slot_bytes(s) + state_.params(s) * state_.grad_bytes();
+    // Frozen slices are saved from and restored into the pinned slot around the phase;
+    // pageable subgroups are updated on the CPU only.
+    if (frozen_.any(s) || state_.pageable(s)) in.allowed[s] = 0;
   }
   return planner::choose_resident(in);
 }
@@ -309,7 +314,7 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
       residents.push_back(s);
       largest = std::max(largest, state_.params(s));
       slots += state_.slot_bytes(s);
-      kept += w.footprint.resident_bytes(state_.params(s));
+      kept += state_.params(s) * state_.grad_bytes();  // its gradient, kept on the GPU
     } else {
       rest.push_back(s);
     }
@@ -328,8 +333,12 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
     planner::Workload sub;
     sub.footprint = w.footprint;
     sub.headroom_bytes = w.headroom_bytes > reserved ? w.headroom_bytes - reserved : 0;
-    for (std::size_t s : rest) sub.subgroup_params.push_back(state_.params(s));
-    transient = plan(sub, r, options_.planner);
+    std::vector<char> allowed;
+    for (std::size_t s : rest) {
+      sub.subgroup_params.push_back(state_.params(s));
+      allowed.push_back(state_.pageable(s) ? 0 : 1);
+    }
+    transient = planner::plan_allowed(sub, r, allowed, options_.planner);
     (void)policy;
     for (std::size_t j = 0; j < transient->subgroups.size(); ++j) {
       out.subgroups[rest[j]] = transient->subgroups[j];
@@ -382,6 +391,46 @@ std::uint64_t Executor::residency_held(std::uint64_t headroom_bytes) {
     return buffers_.residency_budget(headroom_bytes);
   } catch (...) {
     return 0;  // the phase then keeps what is resident where it is (end_unplanned_residency)
+  }
+}
+
+void Executor::keep_resident_gradients() {
+  if (!options_.residency || residency_.count() == 0) return;
+  std::vector<CUdeviceptr> route(state_.size(), 0);
+  try {
+    offload_->synchronize_all();
+    for (std::size_t s = 0; s < state_.size(); ++s) {
+      if (!residency_.device_current(s)) continue;
+      route[s] = buffers_.add_gradient(state_.params(s) * state_.grad_bytes(), compute_->get());
+    }
+    offload_->route(std::move(route));
+  } catch (...) {
+    // No memory (or no device): the gradients go to pinned memory, as for any subgroup.
+    buffers_.clear_gradients();
+    try {
+      offload_->route({});
+    } catch (...) {
+    }
+  }
+}
+
+void Executor::zero_frozen_kept_gradients() {
+  try {
+    bool any = false;
+    for (std::size_t s = 0; s < state_.size(); ++s) {
+      const CUdeviceptr g = offload_->device_gradient(s);
+      if (g == 0 || !frozen_.any(s)) continue;
+      const std::vector<ParamSlice>& slices = state_.spec(s).slices;
+      for (std::size_t k = 0; k < slices.size(); ++k) {
+        if (!frozen_.frozen(s, k)) continue;
+        driver::fill_zero_async(g + slices[k].offset * state_.grad_bytes(),
+                                slices[k].count * state_.grad_bytes(), offload_->stream());
+        any = true;
+      }
+    }
+    if (any) offload_->stream().synchronize();
+  } catch (...) {
+    // A failed device: the phase finds it too, and those gradients are lost with it.
   }
 }
 
@@ -445,8 +494,10 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
     case Policy::Kind::cpu:
       break;
     case Policy::Kind::gpu: {
-      std::vector<std::size_t> all(state_.size());
-      for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+      std::vector<std::size_t> all;
+      for (std::size_t i = 0; i < state_.size(); ++i) {
+        if (!state_.pageable(i)) all.push_back(i);
+      }
       chosen = planner::plan_for_order(w, r, all, options_.planner);
       break;
     }
@@ -455,8 +506,10 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
       chosen = planner::plan_interleaved(w, r, policy.k, options_.planner);
       break;
     case Policy::Kind::first: {
-      std::vector<std::size_t> order(std::min(policy.k, state_.size()));
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::vector<std::size_t> order;
+      for (std::size_t i = 0; i < std::min(policy.k, state_.size()); ++i) {
+        if (!state_.pageable(i)) order.push_back(i);
+      }
       chosen = planner::plan_for_order(w, r, order, options_.planner);
       break;
     }
@@ -466,11 +519,20 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
       if (std::find(resident.begin(), resident.end(), 1) != resident.end()) {
         return plan_around_resident(policy, w, resident);
       }
-      chosen = plan(w, r, options_.planner);
+      chosen = planner::plan_allowed(w, r, gpu_allowed(), options_.planner);
       break;
     }
   }
-  return chosen ? *chosen : planner::all_cpu_plan(w, r);
+  // Whatever the policy, pageable subgroups stay on the CPU (optimizer_state.h).
+  return chosen ? planner::without_disallowed(*chosen, w, r, gpu_allowed(), options_.planner)
+                : planner::all_cpu_plan(w, r);
+}
+
+std::vector<char> Executor::gpu_allowed() const {
+  if (state_.pageable_subgroups() == 0) return {};
+  std::vector<char> allowed(state_.size());
+  for (std::size_t s = 0; s < state_.size(); ++s) allowed[s] = state_.pageable(s) ? 0 : 1;
+  return allowed;
 }
 
 const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {

@@ -37,6 +37,10 @@
 // waits for that work; queued work only ever writes spare slots, GPU buffers, and the model's
 // parameters with committed values.
 //
+// Pageable subgroups (OptimizerState::pageable: state past the pinned share) are updated on the
+// CPU under every policy and are never resident: every plan keeps them there
+// (planner/cpu_only.h).
+//
 // Resident subgroups (ExecutorOptions::residency, runtime/residency.h) are GPU subgroups whose
 // state stays in device memory: they are updated in place there (copied in only when joining),
 // have no copy-out, and their commit records that the device slot is their state. Run on the CPU
@@ -278,11 +282,21 @@ class Executor {
   std::vector<char> choose_resident(const Policy& policy, std::uint64_t held_bytes,
                                     const planner::Footprint& footprint) const;
   std::uint64_t resident_working_bytes() const;
+  // By subgroup, whether it may be updated on the GPU (not when its state is pageable); empty:
+  // all may.
+  std::vector<char> gpu_allowed() const;
   // Residents the plan does not keep go back to their pinned slots; those that cannot (a failed
   // device) stay resident in `plan` for this phase.
   void end_unplanned_residency(planner::Plan& plan);
   // residency_budget, or nothing when the allocator cannot be asked (a lost device).
   std::uint64_t residency_held(std::uint64_t headroom_bytes);
+  // After a phase: the next backward pass offloads resident subgroups' gradients into GPU
+  // buffers (held until the next phase) instead of pinned memory, so that they never cross the
+  // link. Without memory for them, they go to pinned memory as before.
+  void keep_resident_gradients();
+  // Frozen slices have no gradient this step: in a kept GPU gradient their elements are zeroed,
+  // as save() zeroes them in pinned buffers (so that their update is finite, then undone).
+  void zero_frozen_kept_gradients();
   std::uint64_t evict_locked(std::uint64_t max_bytes);
   void write_params_locked(std::size_t s);
   // With resident state under tide's allocator: it may take the state back home before an

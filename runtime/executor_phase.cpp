@@ -251,7 +251,7 @@ void Executor::Phase::to_cpu(std::size_t s) {
     }
   }
   if (residency.resident(s)) residency.host_written(s);  // the CPU updates the pinned slot
-  if (const CUdeviceptr g = x.offload_->device_gradient(s); g != 0 && gradients_on_gpu) {
+  if (const CUdeviceptr g = x.offload_->device_gradient(s); g != 0) {
     // Its gradient was kept on the GPU: bring it over first. The kernel never writes it.
     try {
       driver::copy_to_host(state.grad(s), g, state.params(s) * gs);
@@ -319,7 +319,8 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   t.position = next;
   t.buffer = lane;
   const CUdeviceptr base = buffer[lane].get();
-  const CUdeviceptr kept = gradients_on_gpu ? x.offload_->device_gradient(t.subgroup) : 0;
+  // Kept on the GPU: a prepared plan's (gradients_on_gpu), or a resident subgroup's.
+  const CUdeviceptr kept = x.offload_->device_gradient(t.subgroup);
   t.grad_copied = kept == 0;
   if (gradients_on_gpu && t.grad_copied) {
     // The buffers have no room for it (prepare() routes every planned GPU subgroup's gradient).
@@ -678,7 +679,8 @@ void Executor::Phase::run(const std::exception_ptr& no_context) {
   if (no_context) device_failed(no_context);
   order = report.planned.gpu_order;
   worker = std::make_unique<CpuWorker>([this](std::size_t s) { return update_on_cpu(s); }, wakeup);
-  for (std::size_t s : report.planned.cpu_order) worker->add(s);
+  // Through to_cpu: a subgroup that was resident may have its gradient kept on the GPU.
+  for (std::size_t s : report.planned.cpu_order) to_cpu(s);
   if (!order.empty() && device_usable) set_up_gpu();
 
   bool closed = false;
@@ -825,6 +827,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   report.timings.assign(state_.size(), planner::SubgroupTiming{});
   report.devices.assign(state_.size(), planner::Device::cpu);
   report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
+  zero_frozen_kept_gradients();
   const FrozenSlices::Saved frozen = frozen_.save(state_);
   ready_ = false;
   prepared_.reset();
@@ -871,6 +874,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
     report.ran.subgroups[s].resident = true;
   }
   offer_to_reclaim();
+  if (!options_.gradients_on_gpu) keep_resident_gradients();
   report.resident_subgroups = residency_.count();
   report.resident_bytes = residency_.bytes();
   report_ = std::move(report);

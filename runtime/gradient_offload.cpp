@@ -36,7 +36,7 @@ void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdevi
     throw std::invalid_argument(where + ": null or misaligned gradient pointer");
   }
   const std::uint64_t bytes = count * size;
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   produced_.record(producer);
   stream_.wait(produced_);
   const CUdeviceptr device = route_.empty() ? 0 : route_[subgroup];
@@ -48,6 +48,16 @@ void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdevi
   }
   copied_[subgroup].record(stream_);
   ++offloads_;
+  if (device == 0 && state_.pageable(subgroup)) {
+    // Pageable subgroups (optimizer_state.h) are offloaded synchronously: CUDA stages a copy
+    // into pageable memory itself and does not overlap it with the caller, so waiting for its
+    // event says plainly what happens, for every driver. It costs the caller the producer's
+    // queued work and this copy, for pageable subgroups only; no pinned bounce buffer is taken
+    // from a share that is already full.
+    const driver::Event& done = copied_[subgroup];
+    lock.unlock();
+    done.synchronize();
+  }
 }
 
 void GradientOffload::route(std::vector<CUdeviceptr> device) {

@@ -3,7 +3,9 @@
 // subgroup the coming plan updates on the GPU with its gradient kept there, to that subgroup's
 // device gradient buffer) on a side stream. Nothing here blocks the caller: the side stream waits
 // for the producing stream by event, the copy is asynchronous, and the update phase waits for a
-// subgroup's copies by event (GPU pipeline) or on its event from the host (CPU update).
+// subgroup's copies by event (GPU pipeline) or on its event from the host (CPU update). The one
+// exception: a pageable subgroup's gradients (optimizer_state.h) are copied synchronously, the
+// call returning once its copy is done.
 //
 // The gradient's device memory must stay untouched until the copy is done: PyTorch callers mark
 // the gradient tensor with record_stream() on stream() (an ExternalStream), so its caching

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "driver/memory.h"
 #include "kernels/dtype.h"
 #include "kernels/thread_pool.h"
 
@@ -31,6 +32,13 @@ void accumulate(const void* data, std::uint64_t begin, std::uint64_t end, Gradie
 
 GradientStats gradient_stats(const OptimizerState& state, const GradientOffload& offload) {
   offload.synchronize_all();
+  // Gradients kept on the GPU (gradients_on_gpu) are not in their pinned buffers, which still
+  // hold an older step's: brought over first (the buffers are unused for those subgroups).
+  for (std::size_t s = 0; s < state.size(); ++s) {
+    if (const CUdeviceptr g = offload.device_gradient(s); g != 0) {
+      driver::copy_to_host(state.grad(s), g, state.params(s) * state.grad_bytes());
+    }
+  }
   std::vector<GradientPiece> pieces;
   pieces.reserve(state.size());
   for (std::size_t s = 0; s < state.size(); ++s) pieces.push_back({state.grad(s), state.params(s)});

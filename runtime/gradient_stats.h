@@ -21,8 +21,8 @@ struct GradientStats {
 };
 
 // Waits for every offloaded gradient, then reads them on the CPU thread pool. Gradients kept on
-// the GPU (gradients_on_gpu) are not included: call it before prepare() routes them there, or
-// leave gradients_on_gpu off when the statistics are needed.
+// the GPU (gradients_on_gpu) are copied into their pinned buffers first (synchronously: the
+// statistics cost that copy for them).
 GradientStats gradient_stats(const OptimizerState& state, const GradientOffload& offload);
 
 // The same over gradients in host memory: `count` elements of `dtype` at each `data`.

@@ -1,7 +1,9 @@
 #include "runtime/optimizer_state.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -9,6 +11,9 @@
 
 #include "allocator/pinned/arena.h"
 #include "allocator/pinned/host_budget.h"
+#include "allocator/pinned/memory_error.h"
+#include "allocator/pinned/node_limit.h"
+#include "config/bytes.h"
 
 namespace tide::runtime {
 namespace {
@@ -20,6 +25,35 @@ void require(bool ok, const std::string& message) {
 bool known(kernels::Dtype d) {
   return d == kernels::Dtype::kFloat32 || d == kernels::Dtype::kBFloat16 ||
          d == kernels::Dtype::kFloat16;
+}
+
+// Pageable buffers start at a cache line and an AVX-512 vector, as the arena's do.
+constexpr std::size_t kPageableAlignment = 64;
+// Spare slots kept pinned when the state outgrows the pinned share: a double-buffered GPU
+// pipeline's (plans with more buffers in flight fall back to the CPU for the rest).
+constexpr std::size_t kKeptSpares = 2;
+
+// Once per process: a run whose state outgrew its pinned share keeps going, but slower, and the
+// user should know which knob buys the speed back.
+void say_pageable(const OptimizerState& state) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    const allocator::pinned::NodePinned node = allocator::pinned::node_pinned();
+    const std::string why =
+        node.rank_limit_bytes != 0
+            ? "it is past local rank " + std::to_string(node.local_rank) + "'s pinned share " +
+                  config::format_bytes(node.rank_limit_bytes) +
+                  " of TIDE_NODE_PINNED_LIMIT=" + config::format_bytes(node.node_limit_bytes) +
+                  " (LOCAL_WORLD_SIZE=" + std::to_string(node.local_ranks) +
+                  "): raise the limit to update it on the GPU again"
+            : "the host would not pin more (RLIMIT_MEMLOCK or memory pressure): raise the "
+              "memlock limit or free host memory to update it on the GPU again";
+    std::fprintf(stderr,
+                 "tide: optimizer state: %zu of %zu subgroups (%s) are held in pageable memory "
+                 "and updated on the CPU only: %s\n",
+                 state.pageable_subgroups(), state.size(),
+                 config::format_bytes(state.pageable_bytes()).c_str(), why.c_str());
+  });
 }
 
 }  // namespace
@@ -82,34 +116,61 @@ OptimizerState::OptimizerState(std::vector<SubgroupSpec> subgroups, const StateO
   }
   // Refused now, with what is needed and what there is, rather than by the OOM killer later.
   std::uint64_t host_bytes = 0;
-  for (std::size_t i = 0; i < specs_.size(); ++i) {
-    host_bytes += slot_bytes(i);
-    if (!host_params()) host_bytes += specs_[i].params * grad_bytes();
-    if (separate_weights()) host_bytes += specs_[i].params * param_bytes();
-  }
+  for (std::size_t i = 0; i < specs_.size(); ++i) host_bytes += buffer_bytes(i);
   allocator::pinned::check_host_budget(host_bytes,
                                        "the optimizer state (" + std::to_string(specs_.size()) +
                                            (specs_.size() == 1 ? " subgroup)" : " subgroups)"));
-  arena_ = std::make_unique<allocator::pinned::PinnedArena>();
   buffers_.resize(specs_.size());
+  std::size_t pinned = 0;  // subgroups [0, pinned) are pinned, the rest pageable
   try {
-    for (std::size_t i = 0; i < specs_.size(); ++i) {
-      const std::uint64_t n = specs_[i].params;
-      Buffers& b = buffers_[i];
-      b.state = arena_->allocate(slot_bytes(i), slot_alignment());
-      std::memset(b.state, 0, slot_bytes(i));
-      if (host_params()) continue;  // no gradient buffer, no weight copy
-      b.grad = arena_->allocate(n * grad_bytes());
-      std::memset(b.grad, 0, n * grad_bytes());
-      if (separate_weights()) {
-        b.copy = arena_->allocate(n * param_bytes());
-        std::memset(b.copy, 0, n * param_bytes());
+    arena_ = std::make_unique<allocator::pinned::PinnedArena>();
+  } catch (const allocator::pinned::HostMemoryError&) {
+    // Not even the arena's own metadata could be pinned (the share is full already): all of the
+    // state is pageable, and nothing needs an arena (arena() says so to whoever asks).
+  }
+  try {
+    while (arena_ && pinned < specs_.size()) {
+      try {
+        allocate_buffers(pinned, false);
+        ++pinned;
+      } catch (const allocator::pinned::HostMemoryError&) {
+        // Past the rank's pinned share, or the host would not lock more: the budget above said
+        // the memory is there, so the rest is held pageable rather than refused.
+        pinned = keep_spares(pinned);
+        break;
       }
     }
+    for (std::size_t i = pinned; i < specs_.size(); ++i) allocate_buffers(i, true);
   } catch (...) {
-    buffers_.clear();  // the arena's destructor releases everything
+    for (const auto& [n, slot] : spares_) arena_->deallocate(slot, slot_bytes_for(n));
+    spares_.clear();
+    for (std::size_t i = 0; i < buffers_.size(); ++i) free_buffers(i);
+    buffers_.clear();
     throw;
   }
+  if (pinned < specs_.size()) say_pageable(*this);
+}
+
+// The pinned subgroups go to the GPU only with a pinned spare slot each in flight (see above),
+// which a full share could not give later: room for kKeptSpares is made now, by moving the last
+// pinned subgroups to pageable memory while it is missing. Returns how many stay pinned.
+std::size_t OptimizerState::keep_spares(std::size_t pinned) {
+  spares_.reserve(kKeptSpares);
+  while (pinned > 0 && spares_.size() < kKeptSpares) {
+    try {
+      // Subgroup 0's size: tide splits evenly, so it is the size of all but a remainder.
+      void* slot = arena_->allocate(slot_bytes(0), slot_alignment());
+      spares_.emplace_back(params(0), static_cast<float*>(slot));  // reserved: no throw
+    } catch (const std::bad_alloc&) {
+      free_buffers(--pinned);
+    }
+  }
+  if (pinned == 0) {
+    // No GPU subgroup is left to use them.
+    for (const auto& [n, slot] : spares_) arena_->deallocate(slot, slot_bytes_for(n));
+    spares_.clear();
+  }
+  return pinned;
 }
 
 OptimizerState::~OptimizerState() {
@@ -118,12 +179,80 @@ OptimizerState::~OptimizerState() {
     return;
   }
   for (const auto& [n, slot] : spares_) arena_->deallocate(slot, slot_bytes_for(n));
-  for (std::size_t i = 0; i < buffers_.size(); ++i) {
-    const std::uint64_t n = specs_[i].params;
-    arena_->deallocate(buffers_[i].state, slot_bytes(i));
-    if (buffers_[i].grad) arena_->deallocate(buffers_[i].grad, n * grad_bytes());
-    if (buffers_[i].copy) arena_->deallocate(buffers_[i].copy, n * param_bytes());
+  for (std::size_t i = 0; i < buffers_.size(); ++i) free_buffers(i);
+}
+
+void* OptimizerState::take(std::uint64_t bytes, std::size_t alignment, bool pageable) {
+  if (!pageable) return arena_->allocate(bytes, alignment);
+  return ::operator new (bytes, std::align_val_t{std::max(alignment, kPageableAlignment)});
+}
+
+void OptimizerState::give(void* p, std::uint64_t bytes, std::size_t alignment,
+                          bool pageable) noexcept {
+  if (p == nullptr) return;
+  if (!pageable) {
+    arena_->deallocate(p, bytes);
+    return;
   }
+  ::operator delete (p, std::align_val_t{std::max(alignment, kPageableAlignment)});
+}
+
+void OptimizerState::allocate_buffers(std::size_t i, bool pageable) {
+  const std::uint64_t n = specs_[i].params;
+  Buffers& b = buffers_[i];
+  b.pageable = pageable;
+  try {
+    b.state = take(slot_bytes(i), slot_alignment(), pageable);
+    std::memset(b.state, 0, slot_bytes(i));
+    if (host_params()) return;  // no gradient buffer, no weight copy
+    b.grad = take(n * grad_bytes(), 0, pageable);
+    std::memset(b.grad, 0, n * grad_bytes());
+    if (separate_weights()) {
+      b.copy = take(n * param_bytes(), 0, pageable);
+      std::memset(b.copy, 0, n * param_bytes());
+    }
+  } catch (...) {
+    free_buffers(i);
+    throw;
+  }
+}
+
+void OptimizerState::free_buffers(std::size_t i) noexcept {
+  const std::uint64_t n = specs_[i].params;
+  Buffers& b = buffers_[i];
+  give(b.state, slot_bytes(i), slot_alignment(), b.pageable);
+  give(b.grad, n * grad_bytes(), 0, b.pageable);
+  give(b.copy, n * param_bytes(), 0, b.pageable);
+  b = Buffers{};
+}
+
+std::uint64_t OptimizerState::buffer_bytes(std::size_t i) const {
+  std::uint64_t bytes = slot_bytes(i);
+  if (!host_params()) bytes += params(i) * grad_bytes();
+  if (separate_weights()) bytes += params(i) * param_bytes();
+  return bytes;
+}
+
+std::size_t OptimizerState::pageable_subgroups() const {
+  std::size_t n = 0;
+  for (const Buffers& b : buffers_) n += b.pageable ? 1 : 0;
+  return n;
+}
+
+std::uint64_t OptimizerState::pageable_bytes() const {
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 0; i < buffers_.size(); ++i) {
+    if (buffers_[i].pageable) bytes += buffer_bytes(i);
+  }
+  return bytes;
+}
+
+allocator::pinned::PinnedArena& OptimizerState::arena() const {
+  if (!arena_) {
+    throw allocator::pinned::HostMemoryError(
+        "tide: optimizer state: no pinned memory could be had for it (all of it is pageable)");
+  }
+  return *arena_;
 }
 
 std::vector<std::uint64_t> OptimizerState::sizes() const {
@@ -161,6 +290,11 @@ std::size_t OptimizerState::slot_alignment() const {
 bool OptimizerState::contiguous(std::size_t i) const { return spec(i).slices.size() == 1; }
 
 float* OptimizerState::take_spare(std::size_t i) {
+  // A pinned spare committed into a pageable subgroup would be freed as pageable memory.
+  if (pageable(i)) {
+    throw std::logic_error("tide: optimizer state: subgroup " + std::to_string(i) +
+                           " is pageable: it is updated on the CPU, in place, with no spare");
+  }
   const std::uint64_t n = params(i);
   for (auto it = spares_.begin(); it != spares_.end(); ++it) {
     if (it->first == n) {

@@ -42,6 +42,17 @@
 // holds the moments only (exp_avg, exp_avg_sq: 8n bytes with fp32 moments), there is no gradient
 // buffer (the executor reads each step's gradients where they are: Executor::set_host_gradient)
 // and no weight copy: no byte of what is already pinned is held twice.
+//
+// Pageable subgroups. State that cannot be pinned (past this rank's share of
+// TIDE_NODE_PINNED_LIMIT, or the driver refuses to pin more) but fits the host budget is not
+// refused: from the first subgroup that cannot be pinned on, every subgroup's buffers (slot,
+// gradient, weight copy) are plain aligned host memory, never registered. Such a subgroup is
+// updated on the CPU only (pageable(i)): the CPU reads pageable memory at full speed, while a
+// GPU copy from it is synchronous and slow, and it would need pinned spares the share does not
+// have. It is never resident and its gradients are offloaded synchronously (gradient_offload.h).
+// The share keeps room for two spare slots, so that the pinned subgroups can still be updated on
+// the GPU (the last pinned subgroups become pageable to make it). Said once per process on
+// stderr, with the bytes and the knob to change.
 #pragma once
 
 #include <cuda.h>
@@ -98,7 +109,9 @@ void check_state_options(const StateOptions& options);
 class OptimizerState {
  public:
   // Validates the specs (sizes, slices that tile each subgroup, aligned device pointers) and
-  // allocates the pinned buffers, zeroed. Throws std::invalid_argument naming the problem.
+  // allocates the buffers, zeroed: pinned, or pageable from the first subgroup that cannot be
+  // pinned (see above). Throws std::invalid_argument naming the problem, HostMemoryError when
+  // the whole state exceeds the host budget (host_budget.h).
   OptimizerState(std::vector<SubgroupSpec> subgroups, const StateOptions& options);
   ~OptimizerState();
   OptimizerState(const OptimizerState&) = delete;
@@ -162,7 +175,13 @@ class OptimizerState {
   // One slice covering the whole subgroup: the GPU kernel writes the parameters directly.
   bool contiguous(std::size_t i) const;
 
-  allocator::pinned::PinnedArena& arena() const { return *arena_; }
+  // Throws HostMemoryError when there is none (all of the state is pageable: see above).
+  allocator::pinned::PinnedArena& arena() const;
+
+  // Subgroup i's buffers are pageable host memory (see above): it is updated on the CPU only.
+  bool pageable(std::size_t i) const { return buffers_.at(i).pageable; }
+  std::size_t pageable_subgroups() const;
+  std::uint64_t pageable_bytes() const;  // of the slots, gradients and weight copies
 
   // A spare slot for subgroup i's size: from the pool, else newly allocated (throws
   // std::bad_alloc, or CudaError when registering new pinned memory fails).
@@ -195,11 +214,19 @@ class OptimizerState {
     return quantized() ? static_cast<float*>(at(i, scale_offset(params(i), which))) : nullptr;
   }
   std::size_t slot_alignment() const;
+  // Subgroup i's buffers, pinned or (`pageable`) plain; frees what it took when it throws.
+  void allocate_buffers(std::size_t i, bool pageable);
+  void free_buffers(std::size_t i) noexcept;
+  std::size_t keep_spares(std::size_t pinned);
+  void* take(std::uint64_t bytes, std::size_t alignment, bool pageable);
+  void give(void* p, std::uint64_t bytes, std::size_t alignment, bool pageable) noexcept;
+  std::uint64_t buffer_bytes(std::size_t i) const;
 
   struct Buffers {
     void* state = nullptr;
     void* grad = nullptr;
     void* copy = nullptr;
+    bool pageable = false;
   };
   std::vector<SubgroupSpec> specs_;
   StateOptions options_;

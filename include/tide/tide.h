@@ -1038,6 +1038,12 @@ TIDE_API tide_status tide_optimizer_last_timings(const tide_optimizer* optimizer
 /* The rates the next plan uses (refined by the phases so far). */
 TIDE_API tide_status tide_optimizer_rates(const tide_optimizer* optimizer, tide_rates* rates);
 
+/* How much of the state is held in pageable host memory: the subgroups that could not be pinned
+ * (past this rank's share of TIDE_NODE_PINNED_LIMIT, or the host would not pin more), which are
+ * updated on the CPU only, and their bytes. Either output may be null. */
+TIDE_API tide_status tide_optimizer_pageable(const tide_optimizer* optimizer, size_t* subgroups,
+                                             uint64_t* bytes);
+
 #ifdef __cplusplus
 }
 #endif

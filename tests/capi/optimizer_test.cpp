@@ -117,6 +117,13 @@ void step_through_the_c_abi(std::int32_t state_dtype) {
   tide_rates rates;
   ASSERT_EQ(tide_optimizer_rates(opt, &rates), TIDE_OK);
   EXPECT_GT(rates.cpu_update, 0);
+  // All of it pinned (no node limit here): nothing pageable (executor_pageable_test has some).
+  std::size_t pageable = 1;
+  std::uint64_t pageable_bytes = 1;
+  ASSERT_EQ(tide_optimizer_pageable(opt, &pageable, &pageable_bytes), TIDE_OK);
+  EXPECT_EQ(pageable, 0u);
+  EXPECT_EQ(pageable_bytes, 0u);
+  EXPECT_EQ(tide_optimizer_pageable(opt, nullptr, nullptr), TIDE_OK);
   EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
 }
 

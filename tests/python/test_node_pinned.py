@@ -104,3 +104,60 @@ def test_a_small_limit_says_its_sizes_in_units_that_fit():
     assert "share 1.00 MiB of TIDE_NODE_PINNED_LIMIT=1.00 MiB" in message, message
     growth = sizes[0]
     assert growth[1] == "MiB" and float(growth[0]) > 1, message  # past the 1 MiB share
+
+
+# Optimizer state past the rank's pinned share (issue 27): held in pageable memory, updated on the
+# CPU, said once on stderr; the training is the same, bit for bit, as with all of it pinned.
+PAGEABLE = r"""
+import hashlib, json, sys, warnings
+import torch, tide.torch as tt
+torch.manual_seed(0)
+m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])  # 1.05M parameters
+placement = int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    opt = tt.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01, placement=placement,
+                   subgroup_size=1 << 16)
+said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+for step in range(3):
+    opt.zero_grad()
+    x = torch.randn(8, 512, generator=torch.Generator().manual_seed(step))
+    m(x).square().mean().backward()
+    opt.step()
+digest = hashlib.sha256()
+for p in m.parameters():
+    digest.update(p.detach().cpu().numpy().tobytes())
+    for key in ("exp_avg", "exp_avg_sq"):
+        digest.update(opt.state[p][key].detach().cpu().numpy().tobytes())
+print(json.dumps({"digest": digest.hexdigest(), "warnings": said}))
+"""
+
+
+def train(placement, limit):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "TIDE_NODE_PINNED_LIMIT")}
+    if limit:
+        env["TIDE_NODE_PINNED_LIMIT"] = limit
+    result = subprocess.run([sys.executable, "-c", PAGEABLE, str(placement)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+@pytest.mark.parametrize("placement", ["cpu", "gpu", 2, "auto"])
+def test_state_past_the_pinned_share_is_pageable_and_trains_the_same(placement):
+    # About 17 MB of state and gradients: an 8 MiB share pins part of it.
+    limited, stderr = train(placement, "8MiB")
+    pinned, _ = train(placement, "")
+    # Said once by the library (stderr, for every caller of the C ABI) and once to the program.
+    lines = [line for line in stderr.splitlines() if line.startswith("tide: optimizer state:")]
+    assert len(lines) == 1 and "pageable memory" in lines[0], stderr
+    assert "updated on the CPU only" in lines[0], lines[0]
+    assert "TIDE_NODE_PINNED_LIMIT=8.00 MiB" in lines[0], lines[0]
+    assert re.search(r"\d+ of \d+ subgroups \(\d", lines[0]), lines[0]
+    assert len(limited["warnings"]) == 1, limited["warnings"]
+    said = limited["warnings"][0]
+    assert re.search(r"\d+ of \d+ subgroups of the optimizer state \(\d+\.\d MiB\)", said), said
+    assert "pageable memory" in said and "TIDE_NODE_PINNED_LIMIT" in said, said
+    assert pinned["warnings"] == []
+    assert limited["digest"] == pinned["digest"]

@@ -225,14 +225,17 @@ def test_tensor_lr_and_maximize():
                                  **options), data)).assert_close(ours)
 
 
-@pytest.mark.parametrize("how", ["tide", "torch"])
+@pytest.mark.parametrize("how", ["tide", "torch", "tide-gradients-on-gpu"])
 def test_gradient_clipping(how):
     ours = make_model()
-    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2)
+    # gradients_on_gpu: the GPU subgroups' gradients are kept on the GPU, not in their pinned
+    # buffers, and the norm must still be this step's (it was an older step's).
+    opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2,
+                   gradients_on_gpu=how.endswith("gpu"))
     norms = []
 
     def clip_ours(model, o):
-        if how == "tide":
+        if how.startswith("tide"):
             norms.append(o.clip_grad_norm_(0.5))
         else:  # changes the gradients after their offload: tide must notice
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))

@@ -8,6 +8,8 @@ Nothing here knows about torch.optim: tide.torch.optim drives buckets.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from tide import kernels
@@ -85,6 +87,16 @@ class Bucket:
                                                         else TIDE_DTYPES[state_dtype]),
                                            master_dtype=TIDE_DTYPES[master_dtype],
                                            host_params=host)
+        pageable, pageable_bytes = self.executor.pageable()
+        if pageable:
+            # The state outgrew the pinned share: it trains, on the CPU for those subgroups, and
+            # the program should hear which knob buys the GPU back (docs/guide/pinned.md).
+            warnings.warn(f"tide: {pageable} of {len(self.sizes)} subgroups of the optimizer state "
+                          f"({pageable_bytes / 2**20:.1f} MiB) are held in pageable memory and "
+                          "updated on the CPU only: they could not be pinned (past this rank's "
+                          "share of TIDE_NODE_PINNED_LIMIT, or the host would not pin more); "
+                          "raise the limit to update them on the GPU", RuntimeWarning,
+                          stacklevel=4)
         self.host_grads = [0] * len(slices)  # host: per slice, its gradient's address
         first = 0  # parameter i's slices are slices[first_slice[i]:][:len(pieces[i])]
         self.first_slice = []

@@ -118,6 +118,7 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_evict": [opt, c.c_uint64, p(c.c_uint64)],
                 "tide_optimizer_last_plan": [opt, p(c.c_uint8), p(c.c_uint32), p(PlanSummary)],
                 "tide_optimizer_rates": [opt, p(Rates)],
+                "tide_optimizer_pageable": [opt, p(c.c_size_t), p(c.c_uint64)],
                 "tide_optimizer_set_state_rounding": [opt, c.c_int32, c.c_uint64],
             }.items():
                 fn = getattr(lib, name)
@@ -379,6 +380,13 @@ class Executor:
         _lib.check(self._lib.tide_optimizer_last_plan(self._handle, device, order,
                                                       c.byref(summary)))
         return list(device), summary
+
+    def pageable(self) -> tuple[int, int]:
+        """Subgroups held in pageable memory (updated on the CPU only) and their bytes."""
+        subgroups, size = c.c_size_t(0), c.c_uint64(0)
+        _lib.check(self._lib.tide_optimizer_pageable(self._handle, c.byref(subgroups),
+                                                     c.byref(size)))
+        return subgroups.value, size.value
 
     def rates(self) -> dict[str, Any]:
         out = Rates()

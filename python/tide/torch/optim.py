@@ -659,7 +659,8 @@ class AdamW(torch.optim.Optimizer):
         return _distributed.node_summary(self.last_plan, self.pinned_state_bytes(), elements)
 
     def pinned_state_bytes(self) -> int:
-        """Bytes of pinned memory tide holds per step for the optimizer state (before the
+        """Bytes of host memory tide holds per step for the optimizer state (pinned, or pageable
+        past the pinned share: docs/guide/pinned.md; before the
         arenas' rounding): fp32 master weights, moments, gradient buffers and the low-precision
         weights' upload copies (none with bf16 master weights: their bf16 weights and
         compensation take the fp32 master's 4 bytes); host-resident parameters only their
