@@ -148,6 +148,29 @@ TEST_F(ResidencyTest, TheSetFollowsTheHeldMemoryWithHysteresis) {
   EXPECT_EQ(executor.residency().bytes(), 0u);
 }
 
+// Where only part of the state fits, resident subgroups would take the memory the others need
+// to be copied in, and those would go to a slow CPU: the plan without residency is kept.
+TEST_F(ResidencyTest, PartialResidencyThatWouldBeSlowerIsNotTaken) {
+  const driver::CurrentContext context;
+  Model model({4096, 4096, 4096, 4096});
+  Reference ref(*model.state);
+  ExecutorOptions options = resident_options(memory);
+  options.rates->cpu_update = options.rates->cpu_update_contended = 1e6;  // a very slow CPU
+  Executor executor(*model.state, options);
+  // Room for one resident subgroup (its slot and gradient, 14 bytes per parameter) with its
+  // lane (16), or for two lanes of copied-in subgroups (14 each: state and gradient).
+  const std::uint64_t headroom = 4096 * (14 + 16 + 1);  // and the join limit's 5%
+  for (int step = 1; step <= 2; ++step) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), headroom);
+    ref.step(grads, hyper(step));
+    EXPECT_EQ(report.resident_subgroups, 0u);
+    EXPECT_EQ(report.ran.gpu_order.size(), 4u);  // all copied in, none left to the CPU
+  }
+  expect_matches(model, ref);
+}
+
 TEST_F(ResidencyTest, FixedPlacementsAndFrozenSlicesKeepNothingResident) {
   const driver::CurrentContext context;
   Model model(kSizes, /*split_every=*/2);
