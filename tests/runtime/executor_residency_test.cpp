@@ -280,6 +280,9 @@ TEST_F(ResidencyTest, ALostDeviceLosesOnlyTheUnmirroredStateAndSaysSo) {
   EXPECT_EQ(report.not_updated.size(), kSizes.size());
   EXPECT_ANY_THROW(executor.sync_state(false));
   EXPECT_ANY_THROW(executor.evict());
+  // The device back, so that the executor and the state can wait for their work and free it
+  // (with the device lost they leak it on purpose: queued work may still write it).
+  faults.device_lost(0);
 }
 
 TEST_F(ResidencyTest, EvictBringsEveryStateHomeAndFreesItsMemory) {
