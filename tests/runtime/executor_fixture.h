@@ -240,6 +240,15 @@ inline planner::Rates test_rates() {
   return r;
 }
 
+// Options of tests that step a fixed plan: test_rates(), and the stand-in's measured times must
+// not change the placement from one step to the next.
+inline ExecutorOptions options_for_test() {
+  ExecutorOptions options;
+  options.rates = test_rates();
+  options.refine = false;  // the same plan at every step
+  return options;
+}
+
 // A stand-in "GPU" whose Adam kernel takes count / rate seconds of sleep and computes nothing:
 // for timing tests only, so that the host twin's arithmetic does not compete with the CPU
 // update for this machine's cores as a real GPU never would.

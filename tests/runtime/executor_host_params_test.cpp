@@ -113,13 +113,6 @@ Snapshot reference_step(const HostParams& model, const Executor& executor, Snaps
   return s;
 }
 
-ExecutorOptions options_for_test() {
-  ExecutorOptions options;
-  options.rates = test_rates();
-  options.refine = false;  // the same plan at every step
-  return options;
-}
-
 const Policy kPolicies[] = {Policy::all_cpu(), Policy::all_gpu(), Policy::every(2),
                             Policy::automatic_policy()};
 

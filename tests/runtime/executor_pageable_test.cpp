@@ -50,9 +50,7 @@ void run_both(const Case& c) {
   EXPECT_EQ(state.pageable_bytes(), state.pageable_subgroups() * (12 + 2 + 2) * kSizes[0]);
 
   Reference ref(*pinned.state);
-  ExecutorOptions options;
-  options.rates = test_rates();
-  options.refine = false;
+  ExecutorOptions options = options_for_test();
   options.residency = c.residency;
   options.memory = &memory;
   Executor a(*pinned.state, options);
@@ -123,10 +121,7 @@ TEST(PageableState, RefusedRegistrationAtConstruction) {
   faults.fail_pin(0);
   ASSERT_EQ(model.state->pageable_subgroups(), 3u);
   Reference ref(*model.state);
-  ExecutorOptions options;
-  options.rates = test_rates();
-  options.refine = false;
-  Executor executor(*model.state, options);
+  Executor executor(*model.state, options_for_test());
   for (int step = 1; step <= 2; ++step) {
     auto grads = model.make_gradients(step);
     model.offload_all(executor);
@@ -146,10 +141,7 @@ TEST(PageableState, PinningThatFailsMidTrainingFallsBackToTheCpu) {
   Model model({std::uint64_t{1} << 18, std::uint64_t{1} << 18});
   ASSERT_EQ(model.state->pageable_subgroups(), 0u);
   Reference ref(*model.state);
-  ExecutorOptions options;
-  options.rates = test_rates();
-  options.refine = false;
-  Executor executor(*model.state, options);
+  Executor executor(*model.state, options_for_test());
   for (int step = 1; step <= 2; ++step) {
     auto grads = model.make_gradients(step);
     model.offload_all(executor);

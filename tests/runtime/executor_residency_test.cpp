@@ -19,9 +19,7 @@ constexpr std::uint64_t kHeadroom = std::uint64_t{1} << 30;
 const std::vector<std::uint64_t> kSizes = {3000, 4096, 777, 10000, 2048};
 
 ExecutorOptions resident_options(allocator::DeviceMemoryResource& memory) {
-  ExecutorOptions options;
-  options.rates = test_rates();
-  options.refine = false;
+  ExecutorOptions options = options_for_test();
   options.residency = true;
   options.memory = &memory;  // a given resource: the headroom is what may be held
   return options;

@@ -128,13 +128,6 @@ Reference reference_of(const HostModel& model) {
 const Policy kPolicies[] = {Policy::all_cpu(), Policy::all_gpu(), Policy::every(2),
                             Policy::automatic_policy()};
 
-ExecutorOptions options_for_test() {
-  ExecutorOptions options;
-  options.rates = test_rates();
-  options.refine = false;  // the same plan at every step
-  return options;
-}
-
 const std::vector<std::uint64_t> kSizes = {3000, 4096, 777, 5000};
 
 struct StepFaultTest : ::testing::Test {
