@@ -277,8 +277,7 @@ std::uint64_t Executor::resident_working_bytes() const {
   return state_.slot_bytes_for(largest) + largest * (state_.grad_bytes() + state_.param_bytes());
 }
 
-std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t held_bytes,
-                                            const planner::Footprint& footprint) const {
+std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t held_bytes) const {
   std::vector<char> none(state_.size(), 0);
   if (!options_.residency || policy.kind != Policy::Kind::automatic || state_.host_params() ||
       held_bytes == 0) {
@@ -294,7 +293,6 @@ std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t 
   for (std::size_t s = 0; s < state_.size(); ++s) {
     // A resident subgroup holds its gradient's buffer too (kept on the GPU by prepare() with
     // gradients_on_gpu, else by keep_resident_gradients()).
-    (void)footprint;
     in.slot_bytes[s] = state_.slot_bytes(s) + state_.params(s) * state_.grad_bytes();
     // Frozen slices are saved from and restored into the pinned slot around the phase;
     // pageable subgroups are updated on the CPU only.
@@ -515,8 +513,7 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
       break;
     }
     case Policy::Kind::automatic: {
-      const std::vector<char> resident =
-          choose_resident(policy, std::min(held_bytes, headroom), w.footprint);
+      const std::vector<char> resident = choose_resident(policy, std::min(held_bytes, headroom));
       chosen = planner::plan_allowed(w, r, gpu_allowed(), options_.planner);
       if (std::find(resident.begin(), resident.end(), 1) != resident.end()) {
         // Resident subgroups take the held memory first: where only some fit, the copied-in

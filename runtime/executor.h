@@ -279,8 +279,7 @@ class Executor {
   // ones first on the GPU.
   planner::Plan plan_around_resident(const Policy& policy, const planner::Workload& w,
                                      const std::vector<char>& resident) const;
-  std::vector<char> choose_resident(const Policy& policy, std::uint64_t held_bytes,
-                                    const planner::Footprint& footprint) const;
+  std::vector<char> choose_resident(const Policy& policy, std::uint64_t held_bytes) const;
   std::uint64_t resident_working_bytes() const;
   // By subgroup, whether it may be updated on the GPU (not when its state is pageable); empty:
   // all may.
