@@ -293,6 +293,7 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     if (o.use_rates) eo.rates = rates_from_c(o.rates);
     eo.gradients_on_gpu = o.gradients_on_gpu != 0;
     eo.residency = tide::runtime::residency_from_env();
+    eo.gpu_chunk_params = tide::runtime::gpu_chunk_from_env();
     eo.planner.max_buffers = o.max_buffers;
     eo.refine = o.refine != 0;
     require(o.cpu_threads >= 0 && o.cpu_threads <= 1024,

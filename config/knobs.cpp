@@ -156,6 +156,22 @@ void subgroup_size(std::string_view name, std::string_view value) {
   subgroup_size_value(name, value);
 }
 
+// A multiple of 256 (one 8-bit moments' quantization block), like TIDE_SUBGROUP_SIZE otherwise.
+constexpr std::string_view kGpuChunkAccepts =
+    "a multiple of 256 from 256 to 1G, optionally with a K, M or G suffix (x1024^n), e.g. 4M";
+std::int64_t gpu_chunk_value(std::string_view name, std::string_view value) {
+  std::int64_t n = 0;
+  try {
+    n = subgroup_size_value(name, value);
+  } catch (const EnvError&) {
+    throw EnvError(name, value, kGpuChunkAccepts);
+  }
+  if (n % 256 != 0 || n > (std::int64_t{1} << 30)) throw EnvError(name, value, kGpuChunkAccepts);
+  return n;
+}
+
+void gpu_chunk(std::string_view name, std::string_view value) { gpu_chunk_value(name, value); }
+
 }  // namespace
 
 std::span<const Knob> knobs() {
@@ -331,6 +347,11 @@ std::span<const Knob> knobs() {
        "iteration allows (the allocator's held headroom forecast; tide's allocator only), so "
        "that their updates copy nothing over the link; off: every step copies it (default auto)",
        &residency},
+      {"TIDE_GPU_CHUNK", kGpuChunkAccepts,
+       "executor: parameters per chunk of a GPU subgroup's copies and update; a chunk's update "
+       "starts once its copy-in is done and its copy-out once its update is, so the pipeline "
+       "fills and drains one chunk at a time, not one subgroup (default 4M)",
+       &gpu_chunk},
       {"TIDE_SUBGROUP_SIZE", "an integer >= 1, optionally with a K, M or G suffix (x1024^n)",
        "tide.torch.AdamW/Adam: elements per optimizer subgroup when the subgroup_size argument "
        "is not given (default 16M)",
@@ -376,6 +397,8 @@ KnobValue read_knob(std::string_view name, std::optional<std::string_view> value
   out.set = true;
   if (name == "TIDE_SUBGROUP_SIZE") {
     out.integer = subgroup_size_value(name, *value);
+  } else if (name == "TIDE_GPU_CHUNK") {
+    out.integer = gpu_chunk_value(name, *value);
   } else if (name == "TIDE_STATE_DTYPE") {
     out.choice = state_dtype_choice(name, *value);
   } else if (name == "TIDE_MASTER_DTYPE") {
@@ -385,7 +408,8 @@ KnobValue read_knob(std::string_view name, std::optional<std::string_view> value
   } else {
     throw std::invalid_argument("tide: read_knob: " + std::string(name) +
                                 " is not one of the knobs it parses (TIDE_SUBGROUP_SIZE, "
-                                "TIDE_STATE_DTYPE, TIDE_MASTER_DTYPE, TIDE_STATE_ROUNDING)");
+                                "TIDE_GPU_CHUNK, TIDE_STATE_DTYPE, TIDE_MASTER_DTYPE, "
+                                "TIDE_STATE_ROUNDING)");
   }
   return out;
 }

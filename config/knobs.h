@@ -34,7 +34,8 @@ const Knob* find_knob(std::string_view name);
 // Checks every registered variable that is set; throws the first one's EnvError.
 void check_environment();
 
-// A knob's parsed value, for the knobs tide.torch reads (TIDE_SUBGROUP_SIZE: `integer`;
+// A knob's parsed value, for the knobs tide.torch and the executor read (TIDE_SUBGROUP_SIZE,
+// TIDE_GPU_CHUNK: `integer`;
 // TIDE_STATE_DTYPE, TIDE_MASTER_DTYPE, TIDE_STATE_ROUNDING: `choice`, the index of the choice in
 // the order the registry's `accepts` names them). TIDE_PLACEMENT's grammar is config/placement.h's.
 struct KnobValue {

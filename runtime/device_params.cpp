@@ -91,9 +91,12 @@ void DeviceParams::write(std::size_t s) const {
   }
 }
 
-void DeviceParams::copy_gradient_in(std::size_t s, CUdeviceptr to,
+void DeviceParams::copy_gradient_in(std::size_t s, CUdeviceptr to, Range range,
                                     const driver::Stream& stream) const {
-  driver::copy_to_device_async(to, state_.grad(s), state_.params(s) * state_.grad_bytes(), stream);
+  const unsigned gs = state_.grad_bytes();
+  driver::copy_to_device_async(to + range.first * gs,
+                               static_cast<const char*>(state_.grad(s)) + range.first * gs,
+                               range.count * gs, stream);
 }
 
 bool DeviceParams::write_committed(std::size_t s, CUdeviceptr weights, const void*,

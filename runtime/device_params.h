@@ -33,8 +33,9 @@ class DeviceParams final : public ModelParams {
   bool writes_without_device(std::size_t s) const override { return host_[s] != 0; }
 
   unsigned weight_bytes_in_buffer() const override { return 0; }
-  void copy_weights_in(std::size_t, CUdeviceptr, const driver::Stream&) const override {}
-  void copy_gradient_in(std::size_t s, CUdeviceptr to, const driver::Stream& stream) const override;
+  void copy_weights_in(std::size_t, CUdeviceptr, Range, const driver::Stream&) const override {}
+  void copy_gradient_in(std::size_t s, CUdeviceptr to, Range range,
+                        const driver::Stream& stream) const override;
   void* take_staging(std::size_t) override { return nullptr; }
   void give_staging(std::size_t, void*) override {}
   std::size_t staging_bytes(std::size_t) const override { return 0; }

@@ -2,14 +2,17 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "config/env.h"
+#include "config/knobs.h"
 #include "config/placement.h"
 #include "driver/memory.h"
 #include "driver/stream_pool.h"
 #include "kernels/adam_gpu.h"
 #include "kernels/cpu_adam.h"
 #include "kernels/dtype.h"
+#include "kernels/quant8.h"
 #include "planner/cpu_only.h"
 #include "planner/interleave.h"
 #include "planner/node_rates.h"
@@ -72,6 +75,11 @@ bool residency_from_env() {
   return !choice || *choice == 0;
 }
 
+std::uint64_t gpu_chunk_from_env() {
+  const config::KnobValue v = config::read_knob("TIDE_GPU_CHUNK", std::nullopt);
+  return v.set ? static_cast<std::uint64_t>(v.integer) : kDefaultGpuChunkParams;
+}
+
 namespace {
 
 // `options` with the rates resolved when not given (built-in, calibration file, TIDE_RATE_*,
@@ -95,6 +103,11 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
       buffers_(options_.device, options_.memory),
       residency_(state_),
       frozen_(state_) {
+  if (options_.gpu_chunk_params == 0 || options_.gpu_chunk_params % kernels::kQuantBlock != 0) {
+    throw std::invalid_argument("tide: executor: gpu_chunk_params must be a positive multiple of " +
+                                std::to_string(kernels::kQuantBlock) + ", not " +
+                                std::to_string(options_.gpu_chunk_params));
+  }
   if (state_.host_params() && options_.gradients_on_gpu) {
     throw std::invalid_argument(
         "tide: executor: host-resident parameters read their gradients where they are: "

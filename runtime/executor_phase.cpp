@@ -30,19 +30,11 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Timing events of one GPU subgroup: copy-in of the state and of the gradient (the host may commit
-// the lane's last subgroup between them), update and copy-out, each start and end.
-enum Stage {
-  kH2dStart,
-  kStateIn,
-  kGradStart,
-  kH2dEnd,
-  kUpdateStart,
-  kUpdateEnd,
-  kD2hStart,
-  kD2hEnd,
-  kStages
-};
+// Events of one GPU subgroup: its copy-in of the state and of the gradient (the host may commit
+// the lane's last subgroup between them), each start and end, and the end of its copy-out; then,
+// per chunk, when its copy-in is done and its update's and copy-out's start and end.
+enum Stage { kH2dStart, kStateIn, kGradStart, kH2dEnd, kD2hEnd, kStages };
+enum ChunkStage { kChunkIn, kUpdateStart, kUpdateEnd, kOutStart, kOutEnd, kChunkStages };
 
 // How long the coordinator sleeps when nothing wakes it: a lost device runs no callback, so it
 // polls now and then to find out.
@@ -63,9 +55,11 @@ std::string what_of(const std::exception_ptr& error) {
 // A GPU subgroup started in this phase.
 struct Executor::GpuTask {
   std::size_t subgroup = 0;
-  std::size_t position = 0;  // in the planned GPU order: its nonfinite counter
   std::size_t buffer = 0;    // its lane
-  std::size_t events = 0;    // its first timing event
+  std::size_t events = 0;    // its first event (kStages, then kChunkStages per chunk)
+  std::size_t chunks = 1;    // of its copies and update (ExecutorOptions::gpu_chunk_params)
+  std::uint64_t chunk = 0;   // parameters per chunk (the last one may have fewer)
+  std::size_t counter = 0;   // its first nonfinite counter: one per chunk
   float* slot = nullptr;     // the spare its copy-out writes (taken when the copy-out is enqueued)
   void* staging = nullptr;   // pinned, where the copy-out writes the new weights (if any)
   CUdeviceptr grad = 0;      // where its gradient is on the GPU
@@ -105,8 +99,11 @@ struct Executor::Phase {
   void set_up_gpu();
   bool start_next();
   GpuTask make_task(std::size_t lane);
-  void copy_state_in(GpuTask& t);
+  void copy_state_in(GpuTask& t, bool with_grad);
   void copy_grad_in(const GpuTask& t);
+  void copy_state_chunk(const GpuTask& t, ModelParams::Range r, bool weights_on_device);
+  void update_chunk(const GpuTask& t, std::size_t c);
+  void copy_out_chunk(const GpuTask& t, std::size_t c);
   void update_and_copy_out(GpuTask& t);
   void finish(GpuTask t);
   void abandon(const GpuTask& t, bool memory);
@@ -166,10 +163,30 @@ struct Executor::Phase {
   std::vector<UpdateBuffer> buffer;
   std::deque<Lane> lanes;  // one per buffer (a deque: they never move)
   bool staging = false;    // the weights go to a staging area, not over the gradient
-  UpdateBuffer counters;   // one nonfinite counter per planned GPU subgroup
+  UpdateBuffer counters;   // one nonfinite counter per chunk of a planned GPU subgroup
   std::uint64_t* host_counters = nullptr;  // pinned
   std::size_t host_counter_count = 0;
-  std::deque<driver::Event> events;  // kStages per started subgroup (a deque: they never move)
+  std::vector<std::size_t> first_counter;  // by position in `order`
+  // A task's events: kStages, then kChunkStages per chunk (a deque: they never move, and are
+  // not contiguous).
+  std::deque<driver::Event> events;
+  driver::Event& event(const GpuTask& t, Stage k) { return events[t.events + k]; }
+  driver::Event& chunk_event(const GpuTask& t, std::size_t c, ChunkStage k) {
+    return events[t.events + kStages + c * kChunkStages + k];
+  }
+  ModelParams::Range range(const GpuTask& t, std::size_t c) const {
+    const std::uint64_t first = c * t.chunk;
+    return {first, std::min(t.chunk, state.params(t.subgroup) - first)};
+  }
+  // Chunks of a subgroup of n parameters: a resident one is updated in place, so in one launch
+  // (see complete_in_place).
+  std::uint64_t chunk_params(std::uint64_t n, bool resident) const {
+    return resident ? std::max<std::uint64_t>(n, 1) : x.options_.gpu_chunk_params;
+  }
+  std::size_t chunks_of(std::uint64_t n, bool resident) const {
+    const std::uint64_t c = chunk_params(n, resident);
+    return std::max<std::uint64_t>((n + c - 1) / c, 1);
+  }
   std::deque<GpuTask> in_flight;     // enqueued through the copy-out, in copy-out order
   std::vector<GpuTask> committed;
   std::vector<GpuTask> failed;  // started, never committed: redone on the CPU
@@ -290,17 +307,22 @@ void Executor::Phase::set_up_gpu() {
     largest = std::max(largest, state.params(s));
   }
   buffers_cap = std::max<std::size_t>(report.planned.buffers, 1);
+  std::size_t chunks = 0;
+  for (std::size_t s : order) {
+    first_counter.push_back(chunks);
+    chunks += chunks_of(state.params(s), report.planned.subgroups[s].resident);
+  }
 
   // Buffers kept from earlier phases are reused when large enough (runtime/buffer_pool.h).
   buffer = x.buffers_.take(buffer_bytes, buffers_cap);
-  counters = x.buffers_.take_counters(8 * order.size());
+  counters = x.buffers_.take_counters(8 * chunks);
   try {
     while (lanes.size() < buffer.size()) lanes.emplace_back();
     if (counters.get() == 0) {
-      counters = UpdateBuffer(x.buffers_.memory(), 8 * order.size(), x.compute_->get());
+      counters = UpdateBuffer(x.buffers_.memory(), 8 * chunks, x.compute_->get());
     }
-    host_counters = static_cast<std::uint64_t*>(state.arena().allocate(8 * order.size(), 8));
-    host_counter_count = order.size();
+    host_counters = static_cast<std::uint64_t*>(state.arena().allocate(8 * chunks, 8));
+    host_counter_count = chunks;
   } catch (...) {
     if (!out_of_memory(std::current_exception())) {
       fault(std::current_exception());
@@ -316,7 +338,7 @@ void Executor::Phase::set_up_gpu() {
 Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   GpuTask t;
   t.subgroup = order[next];
-  t.position = next;
+  t.counter = first_counter[next];
   t.buffer = lane;
   const CUdeviceptr base = buffer[lane].get();
   // Kept on the GPU: a prepared plan's (gradients_on_gpu), or a resident subgroup's.
@@ -329,6 +351,8 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   const std::uint64_t slot = state.slot_bytes_for(largest);
   t.grad = t.grad_copied ? base + grad_at() : kept;
   t.resident = report.planned.subgroups[t.subgroup].resident;
+  t.chunk = chunk_params(state.params(t.subgroup), t.resident);
+  t.chunks = chunks_of(state.params(t.subgroup), t.resident);
   t.state = base;  // a resident subgroup's device slot, once it has one (copy_state_in)
   if (wb != 0) {
     t.weights = base + params_at();  // staged to the host by the copy-out
@@ -340,16 +364,18 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
     t.weights = base + slot + (gradients_on_gpu ? 0 : largest * gs);
   }
   t.events = events.size();
-  for (int k = 0; k < kStages; ++k) events.emplace_back(driver::Event::Timing::kEnabled);
+  for (std::size_t k = 0; k < kStages + t.chunks * kChunkStages; ++k) {
+    events.emplace_back(driver::Event::Timing::kEnabled);
+  }
   return t;
 }
 
 // The state's copy-in, once the lane's last copy-out is done (and, for fp32 weights, which are
-// the state itself, once they were written out). The gradients are in pinned memory already
+// the state itself, once they were written out), chunk by chunk, each chunk's gradient after it
+// when `with_grad` (else copy_grad_in follows). The gradients are in pinned memory already
 // (ready() waited for them).
-void Executor::Phase::copy_state_in(GpuTask& t) {
+void Executor::Phase::copy_state_in(GpuTask& t, bool with_grad) {
   Lane& lane = lanes[t.buffer];
-  driver::Event* ev = &events[t.events];
   const std::size_t s = t.subgroup;
   if (t.resident) {
     if (!residency.resident(s)) {
@@ -362,51 +388,137 @@ void Executor::Phase::copy_state_in(GpuTask& t) {
   }
   if (lane.copied_out) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
   if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
-  ev[kH2dStart].record(*x.h2d_);
-  const CUdeviceptr base = buffer[t.buffer].get();
-  if (t.resident) {
-    if (!residency.device_current(s)) {  // joining, or its pinned slot was written since
-      driver::copy_to_device_async(t.state, state.slot(s), state.slot_bytes(s), *x.h2d_);
-    }
-  } else if (bf16_master && !x.stale_params_[s]) {
-    // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only
-    // the compensation and the moments come over the link (2 bytes per parameter less).
-    const std::vector<ParamSlice>& slices = state.spec(s).slices;
-    for (const ParamSlice& slice : slices) {
-      driver::copy_on_device_async(base + 2 * slice.offset, slice.device_ptr, 2 * slice.count,
+  // The gradient may go over the lane's last weights (copy_grad_in).
+  if (with_grad && low && !staging && lane.written_recorded) x.h2d_->wait(lane.written);
+  event(t, kH2dStart).record(*x.h2d_);
+  // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only the
+  // compensation and the moments come over the link (2 bytes per parameter less).
+  const bool weights_on_device = !t.resident && bf16_master && !x.stale_params_[s];
+  if (weights_on_device) {
+    for (const ParamSlice& slice : state.spec(s).slices) {
+      driver::copy_on_device_async(t.state + 2 * slice.offset, slice.device_ptr, 2 * slice.count,
                                    *x.h2d_);
     }
-    const std::uint64_t skip = 2 * state.params(s);
-    driver::copy_to_device_async(base + skip, reinterpret_cast<const char*>(state.slot(s)) + skip,
-                                 state.slot_bytes(s) - skip, *x.h2d_);
-  } else {
-    driver::copy_to_device_async(base, state.slot(s), state.slot_bytes(s), *x.h2d_);
   }
-  model.copy_weights_in(s, base + params_at(), *x.h2d_);
-  ev[kStateIn].record(*x.h2d_);
+  // A resident subgroup's state comes in when it joins, or when its pinned slot was written since.
+  const bool state_copied = !t.resident || !residency.device_current(s);
+  for (std::size_t c = 0; c < t.chunks; ++c) {
+    const ModelParams::Range r = range(t, c);
+    if (state_copied) copy_state_chunk(t, r, weights_on_device);
+    model.copy_weights_in(s, buffer[t.buffer].get() + params_at(), r, *x.h2d_);
+    if (with_grad && t.grad_copied) model.copy_gradient_in(s, t.grad, r, *x.h2d_);
+    if (with_grad || !t.grad_copied) chunk_event(t, c, kChunkIn).record(*x.h2d_);
+  }
+  event(t, kStateIn).record(*x.h2d_);
+  if (with_grad) {
+    event(t, kGradStart).record(*x.h2d_);
+    event(t, kH2dEnd).record(*x.h2d_);
+  }
 }
 
-// The gradient's copy-in, right after the state's on the same stream: over the last subgroup's
-// new weights when they go there, so only once they were written out.
+// One chunk of the state's slot (the whole slot, padding included, for a whole subgroup).
+void Executor::Phase::copy_state_chunk(const GpuTask& t, ModelParams::Range r,
+                                       bool weights_on_device) {
+  const std::size_t s = t.subgroup;
+  const auto* from = reinterpret_cast<const char*>(state.slot(s));
+  if (r.count == state.params(s) && !weights_on_device) {
+    driver::copy_to_device_async(t.state, from, state.slot_bytes(s), *x.h2d_);
+    return;
+  }
+  const std::vector<SlotRange> ranges = state.slot_ranges(state.params(s), r.first, r.count);
+  for (std::size_t k = weights_on_device ? 1 : 0; k < ranges.size(); ++k) {
+    driver::copy_to_device_async(t.state + ranges[k].offset, from + ranges[k].offset,
+                                 ranges[k].bytes, *x.h2d_);
+  }
+}
+
+// The gradient's copy-in, chunk by chunk, right after the state's on the same stream: over the
+// last subgroup's new weights when they go there, so only once they were written out.
 void Executor::Phase::copy_grad_in(const GpuTask& t) {
   Lane& lane = lanes[t.buffer];
-  driver::Event* ev = &events[t.events];
   if (low && !staging && lane.written_recorded) x.h2d_->wait(lane.written);
-  ev[kGradStart].record(*x.h2d_);
-  if (t.grad_copied) model.copy_gradient_in(t.subgroup, t.grad, *x.h2d_);
-  ev[kH2dEnd].record(*x.h2d_);
+  event(t, kGradStart).record(*x.h2d_);
+  if (t.grad_copied) {
+    for (std::size_t c = 0; c < t.chunks; ++c) {
+      model.copy_gradient_in(t.subgroup, t.grad, range(t, c), *x.h2d_);
+      chunk_event(t, c, kChunkIn).record(*x.h2d_);
+    }
+  }
+  event(t, kH2dEnd).record(*x.h2d_);
 }
 
-// The update and the copy-out into a spare slot (taken here), and the counter; the callback
-// wakes the coordinator to commit. Throws std::bad_alloc (or CudaError) for the spare before
-// anything is enqueued.
-void Executor::Phase::update_and_copy_out(GpuTask& t) {
+// The update of chunk c, once its copy-in is done.
+void Executor::Phase::update_chunk(const GpuTask& t, std::size_t c) {
   const std::size_t s = t.subgroup;
   const std::uint64_t n = state.params(s);
+  const ModelParams::Range r = range(t, c);
   const CUdeviceptr base = t.state;  // the state's layout from here (the lane's, or resident)
   const CUdeviceptr lane_base = buffer[t.buffer].get();
+  x.compute_->wait(chunk_event(t, c, kChunkIn));
+  chunk_event(t, c, kUpdateStart).record(*x.compute_);
+  kernels::AdamGpuSubgroup sub;
+  sub.grad = t.grad + r.first * gs;
+  const std::uint64_t mb = state.moment_bytes();
+  if (bf16_master) {
+    sub.param_bf16 = base + 2 * r.first;
+    sub.param_comp = base + 2 * n + 2 * r.first;
+  } else {
+    sub.param = (wb != 0 ? lane_base + params_at() : base) + 4 * r.first;
+  }
+  // The host slot's layout (runtime/optimizer_state.h).
+  sub.exp_avg = base + state.moment_offset(n, 0) + mb * r.first;
+  sub.exp_avg_sq = base + state.moment_offset(n, 1) + mb * r.first;
+  if (state.quantized()) {
+    const std::uint64_t block = r.first / kernels::kQuantBlock;
+    sub.exp_avg_scale = base + state.scale_offset(n, 0) + 4 * block;
+    sub.exp_avg_sq_scale = base + state.scale_offset(n, 1) + 4 * block;
+  }
+  sub.param_copy = low ? t.weights + ps * r.first : 0;
+  sub.count = r.count;
+  sub.rounding_index = state.first_index(s) + r.first;
+  kernels::AdamGpuDtypes dtypes;
+  dtypes.grad = state.options().grad_dtype;
+  dtypes.state = state.options().state_dtype;
+  dtypes.state_format = state.options().state_format;
+  dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
+  dtypes.master = state.options().master_dtype;
+  dtypes.rounding = state.moment_rounding();
+  kernels::AdamHyper h = hyper;
+  h.rounding_seed = state.rounding_seed();
+  x.adam_->step({&sub, 1}, dtypes, h, counters.get() + 8 * (t.counter + c), *x.compute_);
+  chunk_event(t, c, kUpdateEnd).record(*x.compute_);
+}
+
+// The copy-out of chunk c into the spare slot (and staging area), once its update is done.
+void Executor::Phase::copy_out_chunk(const GpuTask& t, std::size_t c) {
+  const std::size_t s = t.subgroup;
+  const ModelParams::Range r = range(t, c);
+  x.d2h_->wait(chunk_event(t, c, kUpdateEnd));
+  chunk_event(t, c, kOutStart).record(*x.d2h_);
+  if (!t.resident) {
+    auto* to = reinterpret_cast<char*>(t.slot);
+    if (r.count == state.params(s)) {
+      driver::copy_to_host_async(to, t.state, state.slot_bytes(s), *x.d2h_);
+    } else {
+      for (const SlotRange& b : state.slot_ranges(state.params(s), r.first, r.count)) {
+        driver::copy_to_host_async(to + b.offset, t.state + b.offset, b.bytes, *x.d2h_);
+      }
+    }
+  }
+  if (t.staging != nullptr) {
+    driver::copy_to_host_async(static_cast<char*>(t.staging) + wb * r.first,
+                               buffer[t.buffer].get() + params_at() + wb * r.first, wb * r.count,
+                               *x.d2h_);
+  }
+  chunk_event(t, c, kOutEnd).record(*x.d2h_);
+}
+
+// The update and the copy-out into a spare slot (taken here), chunk by chunk, and the counters;
+// the callback wakes the coordinator to commit. Throws std::bad_alloc (or CudaError) for the
+// spare before anything is enqueued.
+void Executor::Phase::update_and_copy_out(GpuTask& t) {
+  const std::size_t s = t.subgroup;
   Lane& lane = lanes[t.buffer];
-  driver::Event* ev = &events[t.events];
   t.staging = model.take_staging(s);
   if (!t.resident) {
     try {
@@ -417,50 +529,15 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
       throw;
     }
   }
-
-  x.compute_->wait(ev[kH2dEnd]);
   if (low && staging && lane.written_recorded) x.compute_->wait(lane.written);
-  ev[kUpdateStart].record(*x.compute_);
-  kernels::AdamGpuSubgroup sub;
-  sub.grad = t.grad;
-  if (bf16_master) {
-    sub.param_bf16 = base;
-    sub.param_comp = base + 2 * n;
-  } else {
-    sub.param = wb != 0 ? lane_base + params_at() : base;
+  for (std::size_t c = 0; c < t.chunks; ++c) {
+    update_chunk(t, c);
+    t.kernel_enqueued = true;
+    copy_out_chunk(t, c);
   }
-  // The host slot's layout (runtime/optimizer_state.h).
-  sub.exp_avg = base + state.moment_offset(n, 0);
-  sub.exp_avg_sq = base + state.moment_offset(n, 1);
-  if (state.quantized()) {
-    sub.exp_avg_scale = base + state.scale_offset(n, 0);
-    sub.exp_avg_sq_scale = base + state.scale_offset(n, 1);
-  }
-  sub.param_copy = low ? t.weights : 0;
-  sub.count = n;
-  sub.rounding_index = state.first_index(s);
-  kernels::AdamGpuDtypes dtypes;
-  dtypes.grad = state.options().grad_dtype;
-  dtypes.state = state.options().state_dtype;
-  dtypes.state_format = state.options().state_format;
-  dtypes.copy = low ? std::optional(state.options().param_dtype) : std::nullopt;
-  dtypes.master = state.options().master_dtype;
-  dtypes.rounding = state.moment_rounding();
-  kernels::AdamHyper h = hyper;
-  h.rounding_seed = state.rounding_seed();
-  x.adam_->step({&sub, 1}, dtypes, h, counters.get() + 8 * t.position, *x.compute_);
-  t.kernel_enqueued = true;
-  ev[kUpdateEnd].record(*x.compute_);
-
-  x.d2h_->wait(ev[kUpdateEnd]);
-  ev[kD2hStart].record(*x.d2h_);
-  if (!t.resident) driver::copy_to_host_async(t.slot, base, state.slot_bytes(s), *x.d2h_);
-  if (t.staging != nullptr) {
-    driver::copy_to_host_async(t.staging, lane_base + params_at(), model.staging_bytes(s), *x.d2h_);
-  }
-  driver::copy_to_host_async(host_counters + t.position, counters.get() + 8 * t.position, 8,
-                             *x.d2h_);
-  ev[kD2hEnd].record(*x.d2h_);
+  driver::copy_to_host_async(host_counters + t.counter, counters.get() + 8 * t.counter,
+                             8 * t.chunks, *x.d2h_);
+  event(t, kD2hEnd).record(*x.d2h_);
   lane.copied_out = t.events;
   x.d2h_->host_callback([w = wakeup] { w->notify(); });
 }
@@ -508,7 +585,7 @@ void Executor::Phase::complete_in_place(const GpuTask& t) {
   try {
     if (!device_usable) throw std::runtime_error("the device failed during the phase");
     x.compute_->synchronize();
-    driver::copy_to_host(host_counters + t.position, counters.get() + 8 * t.position, 8);
+    driver::copy_to_host(host_counters + t.counter, counters.get() + 8 * t.counter, 8 * t.chunks);
   } catch (...) {
     fault(std::current_exception());
     device_usable = false;
@@ -577,13 +654,13 @@ bool Executor::Phase::start_next() {
   }
   ++next;
   try {
-    copy_state_in(t);
+    // Waiting behind the lane's subgroup, its gradient comes later unless it does not go over
+    // the waiting weights.
+    copy_state_in(t, /*with_grad=*/free || staging);
     if (!free) {
-      if (staging) copy_grad_in(t);  // its gradient does not go over waiting weights
       lanes[t.buffer].next = t;
       return true;
     }
-    copy_grad_in(t);
     update_and_copy_out(t);
     lanes[t.buffer].running = t;
     in_flight.push_back(t);
@@ -603,7 +680,7 @@ void Executor::Phase::poll() {
   while (!in_flight.empty()) {
     bool done = false;
     try {
-      done = events[in_flight.front().events + kD2hEnd].done();
+      done = event(in_flight.front(), kD2hEnd).done();
     } catch (...) {
       device_failed(std::current_exception());
       return;
@@ -624,7 +701,7 @@ void Executor::Phase::commit(const GpuTask& t) {
   } else {
     state.give_spare(s, state.commit(s, t.slot));
   }
-  report.nonfinite += host_counters[t.position];
+  for (std::size_t c = 0; c < t.chunks; ++c) report.nonfinite += host_counters[t.counter + c];
   report.devices[s] = planner::Device::gpu;
   committed.push_back(t);
   // The weights reach the model from the committed state only.
@@ -721,14 +798,20 @@ void Executor::Phase::join() {
   }
   if (confirmed) {
     for (const GpuTask& t : committed) {
-      const driver::Event* ev = &events[t.events];
       planner::SubgroupTiming& timing = report.timings[t.subgroup];
       try {
-        // The state's and the gradient's copies, without the wait between them.
-        timing.h2d_s =
-            (ev[kStateIn].elapsed_ms(ev[kH2dStart]) + ev[kH2dEnd].elapsed_ms(ev[kGradStart])) / 1e3;
-        timing.gpu_update_s = ev[kUpdateEnd].elapsed_ms(ev[kUpdateStart]) / 1e3;
-        timing.d2h_s = ev[kD2hEnd].elapsed_ms(ev[kD2hStart]) / 1e3;
+        // The state's and the gradient's copies, without the wait between them; the chunks'
+        // updates and copy-outs, without their waits for each other.
+        timing.h2d_s = (event(t, kStateIn).elapsed_ms(event(t, kH2dStart)) +
+                        event(t, kH2dEnd).elapsed_ms(event(t, kGradStart))) /
+                       1e3;
+        double update_ms = 0, out_ms = 0;
+        for (std::size_t c = 0; c < t.chunks; ++c) {
+          update_ms += chunk_event(t, c, kUpdateEnd).elapsed_ms(chunk_event(t, c, kUpdateStart));
+          out_ms += chunk_event(t, c, kOutEnd).elapsed_ms(chunk_event(t, c, kOutStart));
+        }
+        timing.gpu_update_s = update_ms / 1e3;
+        timing.d2h_s = out_ms / 1e3;
       } catch (...) {
         fault(std::current_exception());
       }

@@ -71,25 +71,46 @@ std::uint64_t HostParams::cpu_update(std::size_t s, const kernels::AdamHyper& hy
   return nonfinite;
 }
 
-void HostParams::copy_weights_in(std::size_t s, CUdeviceptr to,
+namespace {
+
+// The part of `slice` within `range`: its first element (of the subgroup), how many, and how far
+// into the slice it starts. Empty (count 0) when they do not meet.
+struct Overlap {
+  std::uint64_t first = 0, count = 0, into = 0;
+};
+Overlap overlap(const ParamSlice& slice, ModelParams::Range range) {
+  const std::uint64_t begin = std::max(slice.offset, range.first);
+  const std::uint64_t end = std::min(slice.offset + slice.count, range.first + range.count);
+  if (begin >= end) return {};
+  return {begin, end - begin, begin - slice.offset};
+}
+
+}  // namespace
+
+void HostParams::copy_weights_in(std::size_t s, CUdeviceptr to, Range range,
                                  const driver::Stream& stream) const {
   for (const ParamSlice& slice : state_.spec(s).slices) {
-    driver::copy_to_device_async(to + slice.offset * 4,
-                                 reinterpret_cast<const void*>(slice.device_ptr), slice.count * 4,
-                                 stream);
+    const Overlap o = overlap(slice, range);
+    if (o.count == 0) continue;
+    driver::copy_to_device_async(to + o.first * 4,
+                                 reinterpret_cast<const float*>(slice.device_ptr) + o.into,
+                                 o.count * 4, stream);
   }
 }
 
-void HostParams::copy_gradient_in(std::size_t s, CUdeviceptr to,
+void HostParams::copy_gradient_in(std::size_t s, CUdeviceptr to, Range range,
                                   const driver::Stream& stream) const {
   const unsigned gs = state_.grad_bytes();
   const std::vector<ParamSlice>& slices = state_.spec(s).slices;
   for (std::size_t k = 0; k < slices.size(); ++k) {
+    const Overlap o = overlap(slices[k], range);
+    if (o.count == 0) continue;
     const void* g = grads_[s][k];
     if (frozen_.frozen(s, k) || g == nullptr) {
-      driver::fill_zero_async(to + slices[k].offset * gs, slices[k].count * gs, stream);
+      driver::fill_zero_async(to + o.first * gs, o.count * gs, stream);
     } else {
-      driver::copy_to_device_async(to + slices[k].offset * gs, g, slices[k].count * gs, stream);
+      driver::copy_to_device_async(to + o.first * gs, static_cast<const char*>(g) + o.into * gs,
+                                   o.count * gs, stream);
     }
   }
 }

@@ -38,9 +38,11 @@ class HostParams final : public ModelParams {
 
   // The fp32 parameters, after the slot's moments.
   unsigned weight_bytes_in_buffer() const override { return 4; }
-  void copy_weights_in(std::size_t s, CUdeviceptr to, const driver::Stream& stream) const override;
+  void copy_weights_in(std::size_t s, CUdeviceptr to, Range range,
+                       const driver::Stream& stream) const override;
   // A frozen slice (or one without a gradient) gets zeros: its update is undone.
-  void copy_gradient_in(std::size_t s, CUdeviceptr to, const driver::Stream& stream) const override;
+  void copy_gradient_in(std::size_t s, CUdeviceptr to, Range range,
+                        const driver::Stream& stream) const override;
   void* take_staging(std::size_t s) override;
   void give_staging(std::size_t s, void* staging) override;
   std::size_t staging_bytes(std::size_t s) const override { return 4 * state_.params(s); }

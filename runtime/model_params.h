@@ -52,12 +52,18 @@ class ModelParams {
 
   // Bytes per parameter a GPU buffer holds for the weights besides the state slot.
   virtual unsigned weight_bytes_in_buffer() const = 0;
-  // Enqueues the copy of subgroup s's weights into a GPU buffer at `to` (none when they are in
-  // the state slot).
-  virtual void copy_weights_in(std::size_t s, CUdeviceptr to,
+  // The elements [first, first + count) of subgroup s: one chunk of a GPU subgroup's copies.
+  struct Range {
+    std::uint64_t first = 0;
+    std::uint64_t count = 0;
+  };
+  // Enqueues the copy of subgroup s's weights of `range` into a GPU buffer whose element 0 is at
+  // `to` (none when they are in the state slot).
+  virtual void copy_weights_in(std::size_t s, CUdeviceptr to, Range range,
                                const driver::Stream& stream) const = 0;
-  // Enqueues the copy of subgroup s's gradient into a GPU buffer at `to`.
-  virtual void copy_gradient_in(std::size_t s, CUdeviceptr to,
+  // Enqueues the copy of subgroup s's gradient of `range` into a GPU buffer whose element 0 is
+  // at `to`.
+  virtual void copy_gradient_in(std::size_t s, CUdeviceptr to, Range range,
                                 const driver::Stream& stream) const = 0;
   // Pinned memory the copy-out writes subgroup s's new weights into (null: none needed, they are
   // written from the GPU buffer); of staging_bytes(s). Throws std::bad_alloc.

@@ -282,6 +282,35 @@ std::uint64_t OptimizerState::slot_bytes_for(std::uint64_t n) const {
   return (host_params() ? 2 * moment_bytes() : state_bytes()) * n;
 }
 
+std::vector<SlotRange> OptimizerState::slot_ranges(std::uint64_t n, std::uint64_t first,
+                                                   std::uint64_t count) const {
+  if (first % kernels::kQuantBlock != 0 || first + count > n || count == 0) {
+    throw std::invalid_argument("tide: slot_ranges: elements [" + std::to_string(first) + ", " +
+                                std::to_string(first + count) + ") of " + std::to_string(n) +
+                                " do not start a quantization block within the slot");
+  }
+  std::vector<SlotRange> out;
+  auto array = [&](std::uint64_t offset, std::uint64_t bytes_per_element) {
+    out.push_back({offset + first * bytes_per_element, count * bytes_per_element});
+  };
+  if (bf16_master()) {
+    array(0, 2);      // the bf16 weights
+    array(2 * n, 2);  // their compensation
+  } else if (!host_params()) {
+    array(0, 4);  // the fp32 master
+  }
+  array(moment_offset(n, 0), moment_bytes());
+  array(moment_offset(n, 1), moment_bytes());
+  if (quantized()) {
+    const std::uint64_t blocks =
+        kernels::quant_blocks(first + count) - first / kernels::kQuantBlock;
+    for (unsigned which = 0; which < 2; ++which) {
+      out.push_back({scale_offset(n, which) + 4 * (first / kernels::kQuantBlock), 4 * blocks});
+    }
+  }
+  return out;
+}
+
 // 0: the arena's default. The codes of 8-bit moments start at kQuantBlock-byte boundaries.
 std::size_t OptimizerState::slot_alignment() const {
   return quantized() ? kernels::kQuantBlock : 0;

@@ -106,6 +106,12 @@ struct StateOptions {
 // their arguments before they have parameters). Throws std::invalid_argument naming the rule.
 void check_state_options(const StateOptions& options);
 
+// Bytes [offset, offset + bytes) of a state slot.
+struct SlotRange {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
 class OptimizerState {
  public:
   // Validates the specs (sizes, slices that tile each subgroup, aligned device pointers) and
@@ -160,6 +166,13 @@ class OptimizerState {
   std::uint64_t moment_offset(std::uint64_t n, unsigned which) const;
   std::uint64_t scale_offset(std::uint64_t n, unsigned which) const;
   std::uint64_t slot_bytes(std::size_t i) const { return slot_bytes_for(params(i)); }
+  // The bytes of a slot for n parameters that hold elements [first, first + count), array by
+  // array in the slot's order (with bf16_master() the bf16 weights first): what a GPU subgroup
+  // copies of one chunk. `first` must start a quantization block (a multiple of
+  // kernels::kQuantBlock), so that 8-bit moments' codes and scales split where their blocks do;
+  // throws std::invalid_argument otherwise, or for elements past n.
+  std::vector<SlotRange> slot_ranges(std::uint64_t n, std::uint64_t first,
+                                     std::uint64_t count) const;
   // Null with host_params: the gradients are read where they are.
   void* grad(std::size_t i) const { return buffers_.at(i).grad; }
   // Null when the model's parameters are fp32 (param() itself is uploaded) or with bf16_master()

@@ -73,3 +73,20 @@ def test_tide_cpu_isa_is_checked(value):
         expected = (f"this CPU cannot run the {value} kernels" if value.startswith("avx512")
                     else "accepts one of: auto avx512bf16 avx512 avx2 scalar")
         assert expected in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "100", "257", "4K", "4m", "2G", "-256", "256x"])
+def test_tide_gpu_chunk_is_checked(monkeypatch, value):
+    """TIDE_GPU_CHUNK takes a multiple of 256 (one 8-bit quantization block) up to 1G, with an
+    optional K/M/G suffix; anything else is an error naming the knob when an optimizer is made."""
+    import torch
+
+    import tide.torch as tt
+
+    monkeypatch.setenv("TIDE_GPU_CHUNK", value)
+    params = [torch.nn.Parameter(torch.zeros(8))]
+    if value in {"4K", "4m"}:
+        tt.AdamW(params, lr=1e-3)
+    else:
+        with pytest.raises(Exception, match="TIDE_GPU_CHUNK"):
+            tt.AdamW(params, lr=1e-3)

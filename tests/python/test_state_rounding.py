@@ -163,15 +163,24 @@ def test_the_kernel_rounds_by_global_index():
 # ---- bits ----
 
 @pytest.mark.numerics
-def test_placements_and_subgroup_sizes_give_the_same_bits():
+def test_placements_and_subgroup_sizes_give_the_same_bits(monkeypatch):
     runs = {}
-    for placement, subgroup_size in (("cpu", SUBGROUP), ("gpu", SUBGROUP), (2, SUBGROUP),
-                                     ("cpu", 257), ("gpu", 1 << 20)):
+    # chunk: GPU subgroups' copies and updates in chunks of 256 (TIDE_GPU_CHUNK), each chunk
+    # hashing its own elements' indices.
+    for placement, subgroup_size, chunk in (("cpu", SUBGROUP, None), ("gpu", SUBGROUP, None),
+                                            (2, SUBGROUP, None), ("cpu", 257, None),
+                                            ("gpu", 1 << 20, None), ("gpu", SUBGROUP, "256"),
+                                            ("gpu", 1 << 20, "512")):
+        if chunk:
+            monkeypatch.setenv("TIDE_GPU_CHUNK", chunk)
+        else:
+            monkeypatch.delenv("TIDE_GPU_CHUNK", raising=False)
         params = make_params()
         opt = make_opt(params, placement, subgroup_size)
         step_with(params, opt, range(1, 5))
-        runs[(placement, subgroup_size)] = snapshot(params, opt)
-    reference = runs[("cpu", SUBGROUP)]
+        runs[(placement, subgroup_size, chunk)] = snapshot(params, opt)
+    monkeypatch.delenv("TIDE_GPU_CHUNK", raising=False)
+    reference = runs[("cpu", SUBGROUP, None)]
     for key, run in runs.items():
         assert same(run, reference), key
     # Another seed rounds otherwise.
@@ -181,18 +190,22 @@ def test_placements_and_subgroup_sizes_give_the_same_bits():
     assert not same(snapshot(params, opt), reference)
 
 
-def test_host_resident_parameters_round_as_tides_own_masters_do():
+def test_host_resident_parameters_round_as_tides_own_masters_do(monkeypatch):
     """Host-resident fp32 parameters (host_params=True, FSDP2's CPUOffloadPolicy regime) are
     stepped slice by slice on the CPU: each slice hashes its own elements' indices, so the bits
     equal those of the same parameters with tide's own masters, on either side."""
-    for placement in ("cpu", "gpu", 2):
+    for placement, chunk in (("cpu", None), ("gpu", None), (2, None), ("gpu", "256")):
+        if chunk:  # chunks that cut the slices: each copies its part of every slice it meets
+            monkeypatch.setenv("TIDE_GPU_CHUNK", chunk)
+        else:
+            monkeypatch.delenv("TIDE_GPU_CHUNK", raising=False)
         runs = []
         for host in (False, True):
             params = make_params()
             opt = make_opt(params, placement, host_params=host)
             step_with(params, opt, range(1, 5))
             runs.append(snapshot(params, opt))
-        assert same(runs[1], runs[0]), placement
+        assert same(runs[1], runs[0]), (placement, chunk)
 
 
 def test_the_seed_defaults_to_torchs():

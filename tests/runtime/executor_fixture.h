@@ -242,10 +242,14 @@ inline planner::Rates test_rates() {
 
 // Options of tests that step a fixed plan: test_rates(), and the stand-in's measured times must
 // not change the placement from one step to the next.
+inline constexpr std::uint64_t kTestGpuChunk = 1024;
+
 inline ExecutorOptions options_for_test() {
   ExecutorOptions options;
   options.rates = test_rates();
   options.refine = false;  // the same plan at every step
+  // Every GPU subgroup of the tests' sizes in several chunks, the last one partial.
+  options.gpu_chunk_params = kTestGpuChunk;
   return options;
 }
 

@@ -20,7 +20,8 @@ constexpr std::uint64_t kHeadroom = std::uint64_t{1} << 30;
 
 void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare,
                Dtype state_dtype = Dtype::kFloat32,
-               kernels::StateFormat format = kernels::StateFormat::kDtype) {
+               kernels::StateFormat format = kernels::StateFormat::kDtype,
+               std::uint64_t chunk = kDefaultGpuChunkParams) {
   const driver::CurrentContext context;
   Model model({3000, 4096, 777, 10000, 1, 2048, 5000}, /*split_every=*/2, 3, true, state_dtype,
               format);
@@ -29,6 +30,7 @@ void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare,
   options.rates = test_rates();
   options.gradients_on_gpu = gradients_on_gpu;
   options.refine = false;  // the stand-in's measured times must not change the placement here
+  options.gpu_chunk_params = chunk;
   Executor executor(*model.state, options);
   for (int step = 1; step <= 3; ++step) {
     auto grads = model.make_gradients(step);
@@ -67,6 +69,45 @@ TEST(ExecutorNumerics, PlannedWithGradientsKeptOnGpu) {
   run_steps(Policy::automatic_policy(), true, true);
 }
 TEST(ExecutorNumerics, AllGpuWithGradientsKeptOnGpu) { run_steps(Policy::all_gpu(), true, true); }
+
+// GPU subgroups in chunks (ExecutorOptions::gpu_chunk_params): each chunk's copies and update
+// cover its own elements of every array of the slot, the gradient and the weights, whatever the
+// format; a last chunk may be partial, and a subgroup may be smaller than one chunk.
+constexpr std::uint64_t kSmallChunk = 512;
+TEST(ExecutorNumerics, AllGpuInChunks) {
+  run_steps(Policy::all_gpu(), false, false, Dtype::kFloat32, kernels::StateFormat::kDtype,
+            kSmallChunk);
+}
+TEST(ExecutorNumerics, InterleavedK2InChunks) {
+  run_steps(Policy::every(2), false, false, Dtype::kFloat32, kernels::StateFormat::kDtype,
+            kSmallChunk);
+}
+TEST(ExecutorNumerics, AllGpuWithGradientsKeptOnGpuInChunks) {
+  run_steps(Policy::all_gpu(), true, true, Dtype::kFloat32, kernels::StateFormat::kDtype,
+            kSmallChunk);
+}
+TEST(ExecutorNumerics, Bf16MomentsAllGpuInChunks) {
+  run_steps(Policy::all_gpu(), false, false, Dtype::kBFloat16, kernels::StateFormat::kDtype,
+            kSmallChunk);
+}
+TEST(ExecutorNumerics, Q8MomentsAllGpuInChunksOfOneBlock) {
+  run_steps(Policy::all_gpu(), false, false, Dtype::kFloat32, kernels::StateFormat::kBlockQ8,
+            kernels::kQuantBlock);
+}
+TEST(ExecutorNumerics, Q8MomentsPlannedWithGradientsKeptOnGpuInChunks) {
+  run_steps(Policy::automatic_policy(), true, true, Dtype::kFloat32, kernels::StateFormat::kBlockQ8,
+            kSmallChunk);
+}
+TEST(ExecutorNumerics, ChunksMustBeWholeQuantizationBlocks) {
+  const driver::CurrentContext context;
+  Model model({3000});
+  for (std::uint64_t chunk : {std::uint64_t{0}, std::uint64_t{100}, kernels::kQuantBlock + 1}) {
+    ExecutorOptions options;
+    options.rates = test_rates();
+    options.gpu_chunk_params = chunk;
+    EXPECT_THROW(Executor(*model.state, options), std::invalid_argument) << chunk;
+  }
+}
 
 // bf16 moments (8 state bytes per parameter in the slots, the GPU buffers and both copies): the
 // GPU subgroups (the kernel's own source on the stand-in) and the CPU path give the bits of the

@@ -14,6 +14,9 @@
 //   update of subgroup 1 complete while subgroup 0's copy-out is in flight. Whatever runs, no
 //   copy-in overwrites a buffer while its copy-out or the write of its new weights still reads
 //   it.
+// - Chunks (ExecutorOptions::gpu_chunk_params): a subgroup's first chunk is updated and copied
+//   out while the copy-in of its later chunks is held, so the link waits for one chunk, not one
+//   subgroup, at each end of the pipeline.
 // - CPU subgroups do not wait for the GPU side: with every copy-out held, every CPU subgroup is
 //   updated and its weights uploaded while the first GPU subgroup's copy-out is in flight
 //   (submitted, not done). The GPU side does not wait for the CPU side: the first GPU copy-in is
@@ -176,7 +179,7 @@ std::string describe(const Ops& ops) {
 // A model of `subgroups` subgroups whose gradients are in pinned memory and whose executor is
 // ready: nothing the phase does before its first copy waits for work a hold may keep.
 struct ReadyModel {
-  explicit ReadyModel(std::size_t subgroups)
+  explicit ReadyModel(std::size_t subgroups, std::uint64_t chunk = kDefaultGpuChunkParams)
       : model(std::vector<std::uint64_t>(subgroups, kParams)), ref(*model.state) {
     standin.set_bandwidth(1);  // sleeping copies, about 0.4 ms for a subgroup's state
     ExecutorOptions options;
@@ -184,6 +187,7 @@ struct ReadyModel {
     options.refine = false;
     options.cpu_threads = 1;
     options.planner.max_buffers = 2;
+    options.gpu_chunk_params = chunk;
     executor = std::make_unique<Executor>(*model.state, options);
     grads = model.make_gradients(1);
     model.offload_all(*executor);
@@ -260,6 +264,44 @@ void expect_no_copy_in_overwrites_what_is_read(const Ops& ops) {
 
 void expect_complete(const Ops& ops) {
   for (const tide_standin_op& op : ops) ASSERT_NE(op.end_ns, 0) << describe(ops);
+}
+
+std::size_t count_ended(const Ops& ops, unsigned kind) {
+  return static_cast<std::size_t>(std::count_if(
+      ops.begin(), ops.end(),
+      [kind](const tide_standin_op& op) { return op.kind == kind && op.end_ns != 0; }));
+}
+
+TEST(ExecutorOverlap, AChunkIsUpdatedAndCopiedOutWhileTheNextChunksAreStillComingIn) {
+  constexpr std::size_t kChunks = 4;
+  // A chunk's copy-in: the master weights and the two moments, then the gradient.
+  constexpr std::size_t kInPerChunk = 4;
+  constexpr std::size_t kOutPerChunk = 3;  // its master weights and moments
+  ReadyModel s(1, kParams / kChunks);
+  control().record(4096);
+  control().hold(TIDE_STANDIN_OP_H2D);
+  PhaseThread phase(*s.executor, Policy::all_gpu());
+  control().release(TIDE_STANDIN_OP_H2D, kInPerChunk);  // the first chunk only
+  const bool first_out = control().wait_until([&](const Ops& ops) {
+    const auto k = updates(ops);
+    return !k.empty() && ended(k[0]) && count_ended(ops, TIDE_STANDIN_OP_D2H) >= kOutPerChunk;
+  });
+  const Ops held = control().ops();
+  EXPECT_TRUE(first_out) << "the first chunk was not updated and copied out while the other "
+                            "chunks' copy-in was held:\n"
+                         << describe(held);
+  EXPECT_EQ(count_ended(held, TIDE_STANDIN_OP_H2D), kInPerChunk) << describe(held);
+  const auto held_updates = updates(held);
+  EXPECT_EQ(std::count_if(held_updates.begin(), held_updates.end(), ended), 1) << describe(held);
+  const PhaseReport& report = phase.join();
+  const Ops ops = control().ops();
+  control().record(0);
+  expect_complete(ops);
+  EXPECT_EQ(updates(ops).size(), kChunks);  // one launch per chunk
+  EXPECT_EQ(report.devices[0], planner::Device::gpu);
+  EXPECT_TRUE(report.fault.empty()) << report.fault;
+  s.ref.step(s.grads, hyper(1));
+  expect_matches(s.model, s.ref);
 }
 
 TEST(ExecutorOverlap, TheNextGpuSubgroupIsCopiedInWhileTheLastOnesUpdateIsHeld) {
