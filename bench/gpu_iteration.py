@@ -35,10 +35,11 @@ tide's allocator must be installed before CUDA starts, and torch's cases need to
 cases run in a few fresh subprocesses (this script with --worker), each group with its
 environment; the parent measures the host memory bandwidth (a 1 GiB CPU tensor copy on all
 threads, read plus written bytes per second) before them, and the first worker the pinned copy
-bandwidth each way (1 GiB). The groups run most wanted first (torch's two, tide's placements,
-tide auto without residency, then the capped ones); --time-cap SECONDS bounds the whole run: a
-group still running at the cap is ended, and its unfinished cases and the groups after it are
-reported as not run. Each group's lines are printed when it ends.
+bandwidth (1 GiB): each way alone, and both ways at once. The groups run most wanted first
+(torch's two, tide's placements, tide auto without residency, then the capped ones);
+--time-cap SECONDS bounds the whole run: a group still running at the cap is ended, and its
+unfinished cases and the groups after it are reported as not run. Each group's lines are printed
+when it ends.
 
 JSON lines: one per case (median iteration and update-phase seconds over --steps after --warmup,
 every step's loss, the steps' peak device memory, tide's last plan), then a summary: tide auto's speedup over
@@ -369,14 +370,19 @@ class PlainOffload:
 
 
 def copy_gbps(torch) -> dict:
-    """Pinned host <-> device copy rates, GB/s: gpu_update_phase's measurement (1 GiB each way,
-    best of 3)."""
+    """Pinned host <-> device copy rates, GB/s: gpu_update_phase's measurements (1 GiB, best of
+    3): each direction alone (h2d_gbps, d2h_gbps), and both at once on two streams (each
+    direction's rate while the other runs, both_h2d_gbps and both_d2h_gbps, and the aggregate,
+    both_gbps)."""
     if str(REPO / "bench") not in sys.path:
         sys.path.insert(0, str(REPO / "bench"))
-    from gpu_update_phase import copy_gbps as measure  # noqa: PLC0415 (GPU runs only)
-    h2d, d2h = measure(torch)
+    from gpu_update_phase import concurrent_copy_gbps, copy_gbps as alone  # noqa: PLC0415
+    h2d, d2h = alone(torch)
+    both_h2d, both_d2h, both = concurrent_copy_gbps(torch)
     torch.cuda.empty_cache()
-    return {"h2d_gbps": round(h2d, 2), "d2h_gbps": round(d2h, 2)}
+    return {"h2d_gbps": round(h2d, 2), "d2h_gbps": round(d2h, 2),
+            "both_h2d_gbps": round(both_h2d, 2), "both_d2h_gbps": round(both_d2h, 2),
+            "both_gbps": round(both, 2)}
 
 
 def host_memory_gbps(torch, nbytes: int = BANDWIDTH_BYTES) -> float:

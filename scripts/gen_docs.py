@@ -518,7 +518,9 @@ def _provenance(c: dict) -> str:
     return f"{escape(c['machine'])}; {escape(c['date'])}; commit `{commit}`"
 
 
-# Headline figures per benchmark: (bench name, record filter, label, value key, unit/what).
+# Headline figures per benchmark: (bench name, record filter, label, value key, unit/what), and
+# optionally a detail shown after the value in parentheses (a format string over the record's
+# fields; left out when the record lacks one of them).
 HEADLINES = [
     ("allocator", {"bench": "alloc_pair", "impl": "tide", "threads": 1},
      "device allocator: allocate+free pair, 512 B–1 MiB, 1 thread", "over_glibc", "× glibc"),
@@ -540,20 +542,35 @@ HEADLINES = [
      "FSDP2 CPU shards: tide's own masters / host-resident step (paired)",
      "paired_ratio_to_host_resident", "×"),
     ("gpu_update_phase", {"case": "summary"},
-     "real GPU: update phase, tide auto / tide all-CPU", "auto_over_cpu", "×"),
+     "real GPU: update phase, tide all-CPU / tide auto", "tide_cpu_over_tide_auto", "×"),
+    ("gpu_update_phase", {"case": "summary"},
+     "real GPU: copy bound of the all-GPU placement (slowest of h2d alone, d2h alone, both "
+     "directions at once)", "copy_bound_seconds", "s", "bound by {copy_bound_by}"),
+    ("gpu_update_phase", {"case": "summary"},
+     "real GPU: update phase, tide all-GPU / copy bound (≤ 1.10)", "tide_gpu_over_copy_bound",
+     "×"),
+    ("gpu_update_phase", {"case": "summary"},
+     "real GPU: update phase, tide all-GPU / copy bound with each direction measured alone",
+     "tide_gpu_over_copy_bound_each_alone", "×", "that bound {copy_bound_each_alone_seconds} s"),
 ]
 
 
 def headline_rows(runs: list[dict]) -> list[tuple[str, str, dict]]:
     rows = []
-    for name, match, label, key, unit in HEADLINES:
+    for name, match, label, key, unit, *detail in HEADLINES:
         for run in runs:
             if run["name"] != name:
                 continue
             for r in run["records"]:
                 if all(r.get(k) == v for k, v in match.items()) and key in r:
-                    rows.append((label, f"{_fmt(r[key])}{(' ' + unit) if unit else ''}".strip(),
-                                 run["capture"]))
+                    value = f"{_fmt(r[key])}{(' ' + unit) if unit else ''}".strip()
+                    if detail:
+                        fields = {k: _fmt(v) for k, v in r.items()}
+                        try:
+                            value += f" ({detail[0].format_map(fields)})"
+                        except KeyError:
+                            pass  # a field the detail names is missing: the value alone
+                    rows.append((label, value, run["capture"]))
                     break
     return rows
 
@@ -597,7 +614,10 @@ def _gpu_iteration_provenance(run: dict, summary: dict) -> str:
           "host memory bandwidth not measured"]
     if isinstance(summary.get("h2d_gbps"), (int, float)):
         bw.append(f"pinned copies {_fmt(summary['h2d_gbps'])} GB/s to the GPU, "
-                  f"{_fmt(summary.get('d2h_gbps'))} GB/s back")
+                  f"{_fmt(summary.get('d2h_gbps'))} GB/s back" +
+                  (f" each alone, {_fmt(summary['both_h2d_gbps'])} and "
+                   f"{_fmt(summary.get('both_d2h_gbps'))} GB/s with both at once"
+                   if isinstance(summary.get("both_h2d_gbps"), (int, float)) else ""))
     return (f"{escape(where)}; {escape(date)}; commit `{commit}`; " + "; ".join(bw) +
             (f"; torch {escape(m['torch'])}" if m.get("torch") else ""))
 

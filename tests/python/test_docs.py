@@ -139,3 +139,59 @@ def test_without_a_gpu_iteration_run_the_readme_says_so(gen_docs, repo, tmp_path
                    for r in gen_docs.load_results(repo / "docs" / "results"))
     readme = (repo / "README.md").read_text()
     assert (gen_docs.GPU_ITERATION_NONE in readme) is not recorded
+
+
+def test_gpu_update_phase_copy_bounds_from_a_report(gen_docs, tmp_path):
+    """bench/gpu_update_phase.py's copy bandwidth and summary in a gpu-check report (synthetic:
+    made-up numbers, for rendering only): the page's table has the bound with both directions at
+    once, the term that bound it, the each-alone bound and tide's ratio to each; the headline
+    table (results page and README) shows them too."""
+    lines = [{"bench": "gpu_update_phase", "case": "copy_bandwidth", "h2d_gbps": 11.0,
+              "d2h_gbps": 11.0, "both_h2d_gbps": 7.0, "both_d2h_gbps": 8.0, "both_gbps": 14.0},
+             {"bench": "gpu_update_phase", "case": "summary", "bytes_each_way_per_param": 14,
+              "copy_bound_seconds": 0.2, "copy_bound_by": "both_directions",
+              "tide_gpu_over_copy_bound": 1.05, "tide_gpu_over_copy_bound_target": "<= 1.10",
+              "tide_gpu_over_copy_bound_met": True, "copy_bound_each_alone_seconds": 0.1273,
+              "tide_gpu_over_copy_bound_each_alone": 1.65, "tide_cpu_over_tide_auto": 1.25}]
+    report = {"machine": {"gpus": ["SYNTHETIC-GPU (test fixture, not a measurement)"],
+                          "cpu": "SYNTHETIC-CPU", "cores": 16, "commit": "0000000syn",
+                          "date": "2000-01-01T00:00:00+00:00"},
+              "bundle": {"commit": "0000000synthetic"}, "mode": "synthetic test fixture",
+              "steps": [{"step": "bench-gpu_update_phase", "status": "passed",
+                         "figures": {"lines": lines}}]}
+    (tmp_path / "gpu-check-synthetic.json").write_text(json.dumps(report))
+    page = gen_docs.gen_results(tmp_path)
+    summary = page.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "| real GPU: update phase, tide all-GPU / copy bound (≤ 1.10) | 1.05 × |" in summary
+    assert ("directions at once) | 0.2 s (bound by both\\_directions) |") in summary
+    assert ("| real GPU: update phase, tide all-GPU / copy bound with each direction measured "
+            "alone | 1.65 × (that bound 0.1273 s) |") in summary
+    assert "| real GPU: update phase, tide all-CPU / tide auto | 1.25 × |" in summary
+    section = page.split("## gpu\\_update\\_phase", 1)[1]
+    for key in ("both_h2d_gbps", "both_d2h_gbps", "copy_bound_seconds", "copy_bound_by",
+                "copy_bound_each_alone_seconds", "tide_gpu_over_copy_bound",
+                "tide_gpu_over_copy_bound_each_alone"):
+        assert f"| {gen_docs.escape(key)} |" in section, key
+    readme = "# x\n\n" + gen_docs.README_BEGIN + "\n" + gen_docs.README_END + "\n" + \
+        gen_docs.TIMELINE_BEGIN + "\n" + gen_docs.TIMELINE_END + "\n"
+    readme = gen_docs.readme_with_results(readme, tmp_path)
+    assert "tide all-GPU / copy bound (≤ 1.10) | 1.05 × |" in readme
+    assert "(that bound 0.1273 s)" in readme and "commit `0000000syn`" in readme
+    # Without the bound's term, the bound is shown alone.
+    lines[1].pop("copy_bound_by")
+    (tmp_path / "gpu-check-synthetic.json").write_text(json.dumps(report))
+    assert "directions at once) | 0.2 s |" in gen_docs.gen_results(tmp_path)
+
+
+def test_gpu_iteration_bandwidth_with_both_directions_at_once(gen_docs, tmp_path):
+    """gpu_iteration's bandwidth line with the concurrent rates (the synthetic fixture, with
+    made-up both-ways figures added) shows them beside the each-alone ones."""
+    report = json.loads(FIXTURE.read_text())
+    for step in report["steps"]:
+        for line in step.get("figures", {}).get("lines", []):
+            if line.get("case") == "bandwidth":
+                line.update({"both_h2d_gbps": 30.0, "both_d2h_gbps": 25.0, "both_gbps": 50.0})
+    (tmp_path / "gpu-check-synthetic.json").write_text(json.dumps(report))
+    section = gen_docs.gen_results(tmp_path).split("## Whole iterations on a real GPU", 1)[1]
+    assert ("50 GB/s to the GPU, 40 GB/s back each alone, 30 and 25 GB/s with both at once"
+            in section)
