@@ -1,5 +1,8 @@
 // The update phase of tide's executor on the stand-in driver: 1e9 parameters (or --params N) in
-// subgroups of several sizes, under all-CPU, each fixed K, tide's plan, and the ideal bound.
+// subgroups of several sizes, under all-CPU, all-GPU, each fixed K, tide's plan, and the ideal
+// bound. The all-GPU line has its ratio to the link's limit ("over_copy_bound": the state and
+// gradients in, the state out, both directions at once at the simulated rate), with the chunk
+// size of its copies and updates (--gpu-chunk, ExecutorOptions::gpu_chunk_params).
 // One JSON line per case:
 //   {"bench":"update_phase","subgroup_params":N,"policy":"tide","seconds":X,"predicted_seconds":Y,...}
 //
@@ -161,6 +164,7 @@ int main(int argc, char** argv) {
   bool scalar = true;
   bool verbose = false;
   double fixed_gbps = 0;  // 0: from the measured rates
+  std::uint64_t gpu_chunk = kDefaultGpuChunkParams;
   std::vector<std::uint64_t> subgroup_sizes = {25'000'000, 50'000'000, 100'000'000};
   std::vector<Format> formats = {state_format("float32")};
   std::optional<std::filesystem::path> calibration_file;
@@ -193,6 +197,13 @@ int main(int argc, char** argv) {
       if (several || which == "float32") formats.push_back(state_format("float32"));
       if (several || which == "bfloat16") formats.push_back(state_format("bfloat16"));
       if (which == "all" || which == "q8") formats.push_back(state_format("q8"));
+    } else if (!std::strcmp(argv[i], "--gpu-chunk") && i + 1 < argc) {
+      gpu_chunk = static_cast<std::uint64_t>(std::atof(argv[++i]));
+      if (gpu_chunk == 0 || gpu_chunk % kernels::kQuantBlock != 0) {
+        std::fprintf(stderr, "bench_update_phase: --gpu-chunk needs a multiple of %zu\n",
+                     kernels::kQuantBlock);
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--subgroups") && i + 1 < argc) {
       subgroup_sizes.clear();
       for (char* t = std::strtok(argv[++i], ","); t; t = std::strtok(nullptr, ",")) {
@@ -203,7 +214,8 @@ int main(int argc, char** argv) {
           stderr,
           "usage: bench_update_phase [--params N (1e9)] [--subgroups S1,S2,...] "
           "[--repeats N (3)] [--isa scalar|best (scalar)] [--gbps G: simulated copies "
-          "at G GB/s instead of the H100 ratio] [--state-dtype float32|bfloat16|q8|both|all "
+          "at G GB/s instead of the H100 ratio] [--gpu-chunk N: parameters per chunk of a GPU "
+          "subgroup (4194304)] [--state-dtype float32|bfloat16|q8|both|all "
           "(float32): the moments' format; both: fp32 and bf16, all: and q8, in the same "
           "rounds] [--calibration FILE: its CPU update factors (default: TIDE_CALIBRATION_FILE or "
           "the default path, if there)] [--verbose: "
@@ -320,11 +332,12 @@ int main(int argc, char** argv) {
       options.rates = rates;
       options.cpu_update_factors = factors;
       options.cpu_threads = 1;
+      options.gpu_chunk_params = gpu_chunk;
       if (scalar) options.cpu_isa = kernels::CpuIsa::kScalar;
       setup.executor = std::make_unique<Executor>(*setup.state, options);
       setups.push_back(std::move(setup));
     }
-    std::vector<Policy> policies = {Policy::all_cpu()};
+    std::vector<Policy> policies = {Policy::all_cpu(), Policy::all_gpu()};
     for (std::size_t k = 2; k <= std::min<std::size_t>(n, 8); ++k)
       policies.push_back(Policy::every(k));
     policies.push_back(Policy::automatic_policy());
@@ -418,7 +431,21 @@ int main(int argc, char** argv) {
         const std::string name = policy_name(p);
         if (p.kind == Policy::Kind::automatic) continue;
         best_fixed = std::min(best_fixed, setup.best[name].seconds);
-        emit(p.kind == Policy::Kind::cpu ? "all_cpu" : name, setup.best[name], "");
+        std::string extra;
+        if (p.kind == Policy::Kind::gpu) {
+          // The link's limit: the state and gradients in and the state out, both directions at
+          // once at the simulated rate.
+          const double sb = setup.state->state_bytes();
+          const double bound = std::max(w * (sb + 2), w * sb) / (gbps * 1e9);
+          char text[160];
+          std::snprintf(text, sizeof text,
+                        ",\"copy_bound_seconds\":%.4f,\"over_copy_bound\":%.3f,"
+                        "\"gpu_chunk_params\":%llu",
+                        bound, setup.best[name].seconds / bound,
+                        static_cast<unsigned long long>(gpu_chunk));
+          extra = text;
+        }
+        emit(p.kind == Policy::Kind::cpu ? "all_cpu" : name, setup.best[name], extra);
       }
       const Best& tide = setup.best["auto"];
       // The measured CPU rate is fp32 state's. Another format's: as its all-CPU phases ran

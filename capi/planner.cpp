@@ -121,6 +121,7 @@ TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
       f.weights_in_state = true;
       f.state_bytes_on_gpu = 2;  // the bf16 weights, from the model's parameters
     }
+    f.stage_low_precision_weights();
     Rates r;
     if (rates != nullptr) {
       r = rates_from_c(*rates);

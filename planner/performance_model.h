@@ -119,6 +119,16 @@ struct Footprint {
   // state not copied in), and an update writes no separate weight copy.
   bool weights_in_state = false;
   std::uint32_t state_bytes_on_gpu = 0;  // of state_bytes_per_param, not copied in
+  // The low-precision weights a GPU subgroup's update leaves in its buffer until they are written
+  // to the model: an area of their own (runtime: Executor::needs_staging), 0 when the weights are
+  // the state (fp32 parameters, bf16 master weights).
+  std::uint32_t staging_bytes_per_param = 0;
+  // What the executor stages for these weights: low-precision ones (bf16, fp16) that are not the
+  // state.
+  void stage_low_precision_weights() {
+    staging_bytes_per_param =
+        !weights_in_state && weight_bytes_per_param < 4 ? weight_bytes_per_param : 0;
+  }
   // 8-bit block-wise moments (kernels/quant8.h; state_bytes_per_param 6): the state also holds
   // each moment's fp32 scale per kQuantBlock parameters (8 bytes per block, 0.5% more than the 6
   // bytes), copied with it, and the CPU update runs at kQ8CpuUpdateFactor of fp32 state's rate
@@ -229,11 +239,12 @@ struct Footprint {
     return cpu_update_host_bytes_per_param() + static_cast<double>(upload_bytes_per_param());
   }
   double gpu_host_bytes_per_param() const { return h2d_bytes_per_param() + d2h_bytes_per_param(); }
-  // One buffer holds the state and what is copied in: with 8-bit moments, the state slot's
-  // layout (runtime/optimizer_state.h: fp32 weights, each moment's codes from a
+  // One buffer holds the state, what is copied in and the staged weights: with 8-bit moments, the
+  // state slot's layout (runtime/optimizer_state.h: fp32 weights, each moment's codes from a
   // kQuantBlock-byte boundary, then the scales).
   std::uint64_t buffer_bytes(std::uint64_t params) const {
-    const std::uint64_t gradient = gradients_on_gpu ? 0 : params * gradient_bytes_per_param;
+    const std::uint64_t gradient = (gradients_on_gpu ? 0 : params * gradient_bytes_per_param) +
+                                   params * staging_bytes_per_param;
     if (!quantized_moments) return params * state_bytes_per_param + gradient;
     auto aligned = [](std::uint64_t bytes) {
       return (bytes + kernels::kQuantBlock - 1) / kernels::kQuantBlock * kernels::kQuantBlock;

@@ -222,6 +222,7 @@ planner::Footprint Executor::footprint(bool gradients_on_gpu) const {
     f.state_bytes_on_gpu = state_.param_bytes();  // GPU subgroups take them from the model
   }
   f.gradients_on_gpu = gradients_on_gpu;
+  f.staging_bytes_per_param = needs_staging() ? state_.param_bytes() : 0;
   if (options_.cpu_update_factors) f.calibrate_cpu(*options_.cpu_update_factors);
   return f;
 }
@@ -230,10 +231,12 @@ std::uint64_t Executor::capped(std::uint64_t headroom) const {
   return headroom_cap_ ? std::min(headroom, headroom_cap_) : headroom;
 }
 
-bool Executor::needs_staging(bool gradients_on_gpu) const {
-  return state_.separate_weights() &&
-         (gradients_on_gpu || state_.grad_bytes() != state_.param_bytes());
-}
+// The kernel writes low-precision weights into an area of the buffer of their own, which the
+// model's parameters are written from once the subgroup is committed. Never over the gradient it
+// read: a lane's next subgroup then copies its gradient in with its state, chunk by chunk, while
+// the last one's weights still wait to be written out, and its first chunk's update waits for no
+// more than that chunk.
+bool Executor::needs_staging() const { return state_.separate_weights(); }
 
 planner::Plan Executor::plan_for(const Policy& policy, std::uint64_t headroom_bytes) const {
   return plan_with(policy, headroom_bytes, options_.gradients_on_gpu);
@@ -489,17 +492,7 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
   planner::Workload w;
   w.subgroup_params = state_.sizes();
   w.footprint = footprint(gradients_on_gpu);
-  // The kernel writes the low-precision weights into the buffer, and copies take them to the
-  // model once the subgroup is committed: over the gradient it has just read when that is in
-  // the buffer and of the same size, else into a staging area of their own. Leave room for it
-  // by planning with proportionally less headroom.
-  std::uint64_t headroom = capped(headroom_bytes);
-  if (needs_staging(gradients_on_gpu)) {
-    const double per = static_cast<double>(w.footprint.h2d_bytes_per_param());
-    headroom = static_cast<std::uint64_t>(static_cast<double>(headroom) * per /
-                                          (per + state_.param_bytes()));
-  }
-  w.headroom_bytes = headroom;
+  w.headroom_bytes = capped(headroom_bytes);
   const planner::Rates& r = refiner_.rates();
   std::optional<planner::Plan> chosen;
   switch (policy.kind) {
@@ -526,7 +519,8 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
       break;
     }
     case Policy::Kind::automatic: {
-      const std::vector<char> resident = choose_resident(policy, std::min(held_bytes, headroom));
+      const std::vector<char> resident =
+          choose_resident(policy, std::min(held_bytes, w.headroom_bytes));
       chosen = planner::plan_allowed(w, r, gpu_allowed(), options_.planner);
       if (std::find(resident.begin(), resident.end(), 1) != resident.end()) {
         // Resident subgroups take the held memory first: where only some fit, the copied-in

@@ -280,7 +280,7 @@ class Executor {
   void settle();
   // Waits for the gradient offload's and the phase's streams. Throws if the device cannot.
   void synchronize_streams() const;
-  bool needs_staging(bool gradients_on_gpu) const;
+  bool needs_staging() const;
   std::uint64_t capped(std::uint64_t headroom) const;
   // `held_bytes`: what may be held through a whole iteration, for resident subgroups (0: none).
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu,

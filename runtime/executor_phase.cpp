@@ -30,10 +30,9 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Events of one GPU subgroup: its copy-in of the state and of the gradient (the host may commit
-// the lane's last subgroup between them), each start and end, and the end of its copy-out; then,
-// per chunk, when its copy-in is done and its update's and copy-out's start and end.
-enum Stage { kH2dStart, kStateIn, kGradStart, kH2dEnd, kD2hEnd, kStages };
+// Events of one GPU subgroup: its copy-in's start and end and its copy-out's end; then, per
+// chunk, when its copy-in is done and its update's and copy-out's start and end.
+enum Stage { kH2dStart, kH2dEnd, kD2hEnd, kStages };
 enum ChunkStage { kChunkIn, kUpdateStart, kUpdateEnd, kOutStart, kOutEnd, kChunkStages };
 
 // How long the coordinator sleeps when nothing wakes it: a lost device runs no callback, so it
@@ -99,8 +98,7 @@ struct Executor::Phase {
   void set_up_gpu();
   bool start_next();
   GpuTask make_task(std::size_t lane);
-  void copy_state_in(GpuTask& t, bool with_grad);
-  void copy_grad_in(const GpuTask& t);
+  void copy_in(GpuTask& t);
   void copy_state_chunk(const GpuTask& t, ModelParams::Range r, bool weights_on_device);
   void update_chunk(const GpuTask& t, std::size_t c);
   void copy_out_chunk(const GpuTask& t, std::size_t c);
@@ -153,8 +151,8 @@ struct Executor::Phase {
   std::size_t buffers_cap = 0;     // buffers it may have (fewer after a failed allocation)
   std::uint64_t buffer_bytes = 0;
   // A buffer holds the state, then the gradient, then any staging area, each sized for the
-  // largest GPU subgroup: a lane's next subgroup copies its state in while the last one's new
-  // weights still wait in the gradient's (or staging) area, whatever their sizes.
+  // largest GPU subgroup: a lane's next subgroup copies its state and gradient in while the last
+  // one's new weights still wait in the staging area, whatever their sizes.
   std::uint64_t largest = 0;
   // The buffer holds the state slot, then any weights (wb), then the gradient.
   std::uint64_t params_at() const { return state.slot_bytes_for(largest); }
@@ -162,7 +160,7 @@ struct Executor::Phase {
   void free_staging(const GpuTask& t);
   std::vector<UpdateBuffer> buffer;
   std::deque<Lane> lanes;  // one per buffer (a deque: they never move)
-  bool staging = false;    // the weights go to a staging area, not over the gradient
+  bool staging = false;    // the low-precision weights go to a staging area (needs_staging)
   UpdateBuffer counters;   // one nonfinite counter per chunk of a planned GPU subgroup
   std::uint64_t* host_counters = nullptr;  // pinned
   std::size_t host_counter_count = 0;
@@ -187,7 +185,7 @@ struct Executor::Phase {
     const std::uint64_t c = chunk_params(n, resident);
     return std::max<std::uint64_t>((n + c - 1) / c, 1);
   }
-  std::deque<GpuTask> in_flight;     // enqueued through the copy-out, in copy-out order
+  std::deque<GpuTask> in_flight;  // enqueued through the copy-out, in copy-out order
   std::vector<GpuTask> committed;
   std::vector<GpuTask> failed;  // started, never committed: redone on the CPU
   Residency& residency = x.residency_;
@@ -294,7 +292,7 @@ void Executor::Phase::roll_forward(std::size_t s) {
 void Executor::Phase::set_up_gpu() {
   // Bytes of one subgroup's buffer: state, the gradient unless kept on the GPU, and a staging
   // area for the low-precision weights unless they go over the gradient.
-  staging = x.needs_staging(gradients_on_gpu);
+  staging = x.needs_staging();
   auto bytes_of = [&](std::size_t s) {
     const std::uint64_t n = state.params(s);
     std::uint64_t b = state.slot_bytes(s) + wb * n;
@@ -353,13 +351,11 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   t.resident = report.planned.subgroups[t.subgroup].resident;
   t.chunk = chunk_params(state.params(t.subgroup), t.resident);
   t.chunks = chunks_of(state.params(t.subgroup), t.resident);
-  t.state = base;  // a resident subgroup's device slot, once it has one (copy_state_in)
+  t.state = base;  // a resident subgroup's device slot, once it has one (copy_in)
   if (wb != 0) {
     t.weights = base + params_at();  // staged to the host by the copy-out
   } else if (!low) {
     t.weights = base;  // the updated master weights themselves (fp32, or bf16 master)
-  } else if (!staging) {
-    t.weights = t.grad;  // over the gradient the kernel has just read
   } else {
     t.weights = base + slot + (gradients_on_gpu ? 0 : largest * gs);
   }
@@ -370,11 +366,10 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   return t;
 }
 
-// The state's copy-in, once the lane's last copy-out is done (and, for fp32 weights, which are
-// the state itself, once they were written out), chunk by chunk, each chunk's gradient after it
-// when `with_grad` (else copy_grad_in follows). The gradients are in pinned memory already
-// (ready() waited for them).
-void Executor::Phase::copy_state_in(GpuTask& t, bool with_grad) {
+// The copy-in, once the lane's last copy-out is done (and, for fp32 weights, which are the state
+// itself, once they were written out): chunk by chunk, the state's and the gradient's. The
+// gradients are in pinned memory already (ready() waited for them).
+void Executor::Phase::copy_in(GpuTask& t) {
   Lane& lane = lanes[t.buffer];
   const std::size_t s = t.subgroup;
   if (t.resident) {
@@ -388,8 +383,6 @@ void Executor::Phase::copy_state_in(GpuTask& t, bool with_grad) {
   }
   if (lane.copied_out) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
   if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
-  // The gradient may go over the lane's last weights (copy_grad_in).
-  if (with_grad && low && !staging && lane.written_recorded) x.h2d_->wait(lane.written);
   event(t, kH2dStart).record(*x.h2d_);
   // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only the
   // compensation and the moments come over the link (2 bytes per parameter less).
@@ -406,14 +399,10 @@ void Executor::Phase::copy_state_in(GpuTask& t, bool with_grad) {
     const ModelParams::Range r = range(t, c);
     if (state_copied) copy_state_chunk(t, r, weights_on_device);
     model.copy_weights_in(s, buffer[t.buffer].get() + params_at(), r, *x.h2d_);
-    if (with_grad && t.grad_copied) model.copy_gradient_in(s, t.grad, r, *x.h2d_);
-    if (with_grad || !t.grad_copied) chunk_event(t, c, kChunkIn).record(*x.h2d_);
+    if (t.grad_copied) model.copy_gradient_in(s, t.grad, r, *x.h2d_);
+    chunk_event(t, c, kChunkIn).record(*x.h2d_);
   }
-  event(t, kStateIn).record(*x.h2d_);
-  if (with_grad) {
-    event(t, kGradStart).record(*x.h2d_);
-    event(t, kH2dEnd).record(*x.h2d_);
-  }
+  event(t, kH2dEnd).record(*x.h2d_);
 }
 
 // One chunk of the state's slot (the whole slot, padding included, for a whole subgroup).
@@ -430,21 +419,6 @@ void Executor::Phase::copy_state_chunk(const GpuTask& t, ModelParams::Range r,
     driver::copy_to_device_async(t.state + ranges[k].offset, from + ranges[k].offset,
                                  ranges[k].bytes, *x.h2d_);
   }
-}
-
-// The gradient's copy-in, chunk by chunk, right after the state's on the same stream: over the
-// last subgroup's new weights when they go there, so only once they were written out.
-void Executor::Phase::copy_grad_in(const GpuTask& t) {
-  Lane& lane = lanes[t.buffer];
-  if (low && !staging && lane.written_recorded) x.h2d_->wait(lane.written);
-  event(t, kGradStart).record(*x.h2d_);
-  if (t.grad_copied) {
-    for (std::size_t c = 0; c < t.chunks; ++c) {
-      model.copy_gradient_in(t.subgroup, t.grad, range(t, c), *x.h2d_);
-      chunk_event(t, c, kChunkIn).record(*x.h2d_);
-    }
-  }
-  event(t, kH2dEnd).record(*x.h2d_);
 }
 
 // The update of chunk c, once its copy-in is done.
@@ -529,7 +503,7 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
       throw;
     }
   }
-  if (low && staging && lane.written_recorded) x.compute_->wait(lane.written);
+  if (staging && lane.written_recorded) x.compute_->wait(lane.written);
   for (std::size_t c = 0; c < t.chunks; ++c) {
     update_chunk(t, c);
     t.kernel_enqueued = true;
@@ -548,7 +522,6 @@ void Executor::Phase::free_staging(const GpuTask& t) { model.give_staging(t.subg
 void Executor::Phase::finish(GpuTask t) {
   Lane& lane = lanes[t.buffer];
   try {
-    if (low && !staging) copy_grad_in(t);
     update_and_copy_out(t);
     lane.running = t;
     in_flight.push_back(t);
@@ -611,9 +584,9 @@ bool Executor::Phase::any_waiting() const {
 }
 
 // Starts the next GPU subgroup: on a free lane, else on a new one, else, when the weights are
-// not the state, copying its state in behind the subgroup that commits next (one at a time, so
-// that the copy-in stream carries each subgroup's state and gradient in order, the gradient
-// waiting only for the host to commit the lane's last subgroup). False when it must wait.
+// not the state, copying its state and gradient in behind the subgroup that commits next (one
+// at a time, so that the copy-in stream carries the subgroups in order; its update waits for the
+// host to commit the lane's last subgroup). False when it must wait.
 bool Executor::Phase::start_next() {
   const std::size_t s = order[next];
   std::optional<std::size_t> free, behind;
@@ -654,9 +627,7 @@ bool Executor::Phase::start_next() {
   }
   ++next;
   try {
-    // Waiting behind the lane's subgroup, its gradient comes later unless it does not go over
-    // the waiting weights.
-    copy_state_in(t, /*with_grad=*/free || staging);
+    copy_in(t);
     if (!free) {
       lanes[t.buffer].next = t;
       return true;
@@ -800,11 +771,8 @@ void Executor::Phase::join() {
     for (const GpuTask& t : committed) {
       planner::SubgroupTiming& timing = report.timings[t.subgroup];
       try {
-        // The state's and the gradient's copies, without the wait between them; the chunks'
-        // updates and copy-outs, without their waits for each other.
-        timing.h2d_s = (event(t, kStateIn).elapsed_ms(event(t, kH2dStart)) +
-                        event(t, kH2dEnd).elapsed_ms(event(t, kGradStart))) /
-                       1e3;
+        // The copy-in; the chunks' updates and copy-outs, without their waits for each other.
+        timing.h2d_s = event(t, kH2dEnd).elapsed_ms(event(t, kH2dStart)) / 1e3;
         double update_ms = 0, out_ms = 0;
         for (std::size_t c = 0; c < t.chunks; ++c) {
           update_ms += chunk_event(t, c, kUpdateEnd).elapsed_ms(chunk_event(t, c, kUpdateStart));

@@ -427,6 +427,7 @@ int plan_command(int argc, char** argv) {
         static_cast<std::uint32_t>(config::parse_int("--state-bytes", *v, 1, 64));
     workload.footprint.quantized_moments = false;  // a format of its own, memory-bound
   }
+  workload.footprint.stage_low_precision_weights();
   PlannerOptions options;
   if (auto v = args.get("--max-buffers")) {
     options.max_buffers =

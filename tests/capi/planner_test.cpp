@@ -38,6 +38,7 @@ TEST(SchedulerCapi, PlansLikeThePlanner) {
   tide::planner::Workload w;
   w.subgroup_params.assign(sizes.begin(), sizes.end());
   w.headroom_bytes = 48'000'000'000;
+  w.footprint.stage_low_precision_weights();  // as tide_plan does, for the executor's buffers
   const auto p = tide::planner::plan(w, tide::planner::builtin_rates());
   EXPECT_EQ(summary.phase_seconds, p.predicted.phase_s);
   EXPECT_EQ(summary.all_cpu_seconds, p.predicted.all_cpu_s);
@@ -63,6 +64,7 @@ tide::planner::Plan planner_plan(const std::vector<uint64_t>& sizes,
   w.subgroup_params.assign(sizes.begin(), sizes.end());
   w.headroom_bytes = 48'000'000'000;
   w.footprint = f;
+  w.footprint.stage_low_precision_weights();  // as tide_plan does, for the executor's buffers
   return tide::planner::plan(w, tide::planner::builtin_rates());
 }
 

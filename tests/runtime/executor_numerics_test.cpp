@@ -148,8 +148,9 @@ TEST(ExecutorNumerics, Bf16MomentsHalveTheMomentsBytes) {
   EXPECT_EQ(b.footprint(false).state_bytes_per_param, 8u);
   const planner::Plan pa = a.plan_for(Policy::all_gpu(), kHeadroom);
   const planner::Plan pb = b.plan_for(Policy::all_gpu(), kHeadroom);
-  EXPECT_EQ(pa.buffer_bytes, 4096u * (12 + 2));  // state and the gradient copied in
-  EXPECT_EQ(pb.buffer_bytes, 4096u * (8 + 2));
+  // The state, the gradient copied in and the staged bf16 weights.
+  EXPECT_EQ(pa.buffer_bytes, 4096u * (12 + 2 + 2));
+  EXPECT_EQ(pb.buffer_bytes, 4096u * (8 + 2 + 2));
   EXPECT_LT(pb.predicted.phase_s, pa.predicted.phase_s);
 }
 
@@ -198,10 +199,12 @@ TEST(ExecutorNumerics, Q8MomentsSlotLayout) {
   Executor x(*q8.state, options);
   EXPECT_EQ(x.footprint(false).state_bytes_per_param, 6u);
   // The planner counts the slot as it is: a buffer of a GPU subgroup holds its scales and
-  // padding too, and the copies move 6 bytes and the scales' 8 per 256 parameters.
+  // padding too (and the gradient copied in, and the staged bf16 weights), and the copies move 6
+  // bytes and the scales' 8 per 256 parameters.
   for (const planner::Footprint f : {x.footprint(false), x.footprint(true)}) {
     for (std::uint64_t n : {1ull, 1000ull, 4096ull, 100'000'003ull}) {
-      EXPECT_EQ(f.buffer_bytes(n), s.slot_bytes_for(n) + (f.gradients_on_gpu ? 0 : 2 * n)) << n;
+      EXPECT_EQ(f.buffer_bytes(n), s.slot_bytes_for(n) + (f.gradients_on_gpu ? 0 : 2 * n) + 2 * n)
+          << n;
     }
     EXPECT_DOUBLE_EQ(static_cast<double>(f.d2h_bytes_per_param()), 6.0 + 8.0 / 256);
   }
