@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -50,6 +51,7 @@ sys.path.insert(0, str(REPO / "python"))
 BYTES_EACH_WAY = 14
 COPY_BYTES = 1 << 30  # per direction, per measurement
 GPU_OVER_COPY_BOUND_TARGET = 1.10
+WHOLE_SUBGROUPS = "1G"  # TIDE_GPU_CHUNK past any subgroup: the pipeline without chunks
 
 
 def emit(line: dict) -> None:
@@ -141,8 +143,8 @@ def copy_bound_each_alone(params: float, h2d: float, d2h: float) -> float:
 
 
 def summarize(params: float, seconds: dict, rates: dict) -> dict:
-    """The summary line from the cases' seconds ("tide_cpu", "tide_gpu", "tide_auto",
-    "torch_fused_gpu"; those that ran) and the copy rates in GB/s ("h2d", "d2h", "both_h2d",
+    """The summary line from the cases' seconds ("tide_cpu", "tide_gpu",
+    "tide_gpu_whole_subgroups", "tide_auto", "torch_fused_gpu"; those that ran) and the copy rates in GB/s ("h2d", "d2h", "both_h2d",
     "both_d2h"; those measured)."""
     summary = {"case": "summary", "bytes_each_way_per_param": BYTES_EACH_WAY}
     gpu = seconds.get("tide_gpu")
@@ -158,6 +160,9 @@ def summarize(params: float, seconds: dict, rates: dict) -> dict:
                     "tide_gpu_over_copy_bound": ratio,
                     "tide_gpu_over_copy_bound_target": f"<= {GPU_OVER_COPY_BOUND_TARGET:.2f}",
                     "tide_gpu_over_copy_bound_met": ratio <= GPU_OVER_COPY_BOUND_TARGET})
+            whole = seconds.get("tide_gpu_whole_subgroups")
+            if whole:
+                summary["tide_gpu_whole_subgroups_over_copy_bound"] = round(whole / bound, 3)
         summary["copy_bound_each_alone_seconds"] = round(alone, 4)
         if gpu:
             summary["tide_gpu_over_copy_bound_each_alone"] = round(gpu / alone, 3)
@@ -221,14 +226,23 @@ def main() -> int:
     tt.empty_cache()
 
     seconds = {}
-    for placement in ("cpu", "gpu", 2, "auto"):
-        name = f"tide_{placement}"
+    # "gpu" once more with whole subgroups (TIDE_GPU_CHUNK past any subgroup): what the chunked
+    # pipeline gains, in the same run.
+    for placement, chunk in (("cpu", None), ("gpu", None), ("gpu", WHOLE_SUBGROUPS), (2, None),
+                             ("auto", None)):
+        name = f"tide_{placement}" + ("_whole_subgroups" if chunk else "")
         try:
             net = model(torch, args.layers, args.width, torch.bfloat16)
-            opt = tt.AdamW(net.parameters(), lr=1e-4, placement=placement)
+            if chunk:
+                os.environ["TIDE_GPU_CHUNK"] = chunk
+            try:
+                opt = tt.AdamW(net.parameters(), lr=1e-4, placement=placement)
+            finally:
+                os.environ.pop("TIDE_GPU_CHUNK", None)
             s, plan = time_steps(torch, net, opt, args.steps, args.width, torch.bfloat16)
             seconds[name] = s
             emit({"case": "step", "impl": "tide", "placement": placement, "params": params,
+                  "gpu_chunk": chunk or "default",
                   "seconds": round(s, 4), "params_per_s": round(params / s),
                   "gpu_subgroups": plan.get("gpu_subgroups"),
                   "cpu_subgroups": plan.get("cpu_subgroups")})

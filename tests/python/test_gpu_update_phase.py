@@ -82,9 +82,13 @@ def test_the_summary_carries_both_bounds_and_both_ratios(bench):
     assert s["tide_gpu_over_copy_bound_met"] is True
     assert s["tide_cpu_over_tide_auto"] == round(0.118 / 0.097, 3)
     assert s["tide_auto_over_torch_fused_gpu"] == round(0.097 / 0.02, 3)
+    assert "tide_gpu_whole_subgroups_over_copy_bound" not in s  # that case did not run
     # Slower than 1.10x the bound: reported as not met.
     s = bench.summarize(params, {**seconds, "tide_gpu": 0.2}, rates)
     assert s["tide_gpu_over_copy_bound_met"] is False
+    # The same placement without chunks, beside it.
+    s = bench.summarize(params, {**seconds, "tide_gpu_whole_subgroups": 0.15}, rates)
+    assert s["tide_gpu_whole_subgroups_over_copy_bound"] == round(0.15 / bound, 3)
 
 
 def test_the_summary_without_some_measurements(bench):
