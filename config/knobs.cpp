@@ -350,7 +350,8 @@ std::span<const Knob> knobs() {
       {"TIDE_GPU_CHUNK", kGpuChunkAccepts,
        "executor: parameters per chunk of a GPU subgroup's copies and update; a chunk's update "
        "starts once its copy-in is done and its copy-out once its update is, so the pipeline "
-       "fills and drains one chunk at a time, not one subgroup (default 4M)",
+       "fills and drains one chunk at a time, not one subgroup; a subgroup is split into at most "
+       "64 chunks, larger ones where this would give more (default 4M)",
        &gpu_chunk},
       {"TIDE_SUBGROUP_SIZE", "an integer >= 1, optionally with a K, M or G suffix (x1024^n)",
        "tide.torch.AdamW/Adam: elements per optimizer subgroup when the subgroup_size argument "

@@ -123,6 +123,9 @@ bool residency_from_env();
 // Parameters per chunk of a GPU subgroup's copies and update (ExecutorOptions::gpu_chunk_params):
 // 4Mi, 56 MiB of fp32 state and bf16 gradient, about 1 ms over a 55 GB/s link.
 inline constexpr std::uint64_t kDefaultGpuChunkParams = std::uint64_t{4} << 20;
+// A subgroup is split into at most this many chunks, however small the chunks asked for: each
+// costs a launch and a few events.
+inline constexpr std::uint64_t kMaxGpuChunks = 64;
 // TIDE_GPU_CHUNK if set (strictly parsed; config::EnvError), else kDefaultGpuChunkParams.
 std::uint64_t gpu_chunk_from_env();
 
@@ -151,7 +154,8 @@ struct ExecutorOptions {
   // A GPU subgroup's copies and update go in chunks of this many parameters (a multiple of
   // kernels::kQuantBlock): a chunk's update starts once its copy-in is done and its copy-out once
   // its update is, so each end of the pipeline waits for one chunk, not one subgroup. Resident
-  // subgroups, updated in place, are one chunk. The C ABI takes it from TIDE_GPU_CHUNK.
+  // subgroups, updated in place, are one chunk; no subgroup is more than kMaxGpuChunks. The C
+  // ABI takes it from TIDE_GPU_CHUNK.
   std::uint64_t gpu_chunk_params = kDefaultGpuChunkParams;
   // Where the GPU buffers come from. Null: tide's caching allocator of the device when the
   // process uses it (PyTorch through tide.torch.use_allocator(), which is where the headroom

@@ -177,9 +177,12 @@ struct Executor::Phase {
     return {first, std::min(t.chunk, state.params(t.subgroup) - first)};
   }
   // Chunks of a subgroup of n parameters: a resident one is updated in place, so in one launch
-  // (see complete_in_place).
+  // (see complete_in_place); the others in at most kMaxGpuChunks, whatever the option says.
   std::uint64_t chunk_params(std::uint64_t n, bool resident) const {
-    return resident ? std::max<std::uint64_t>(n, 1) : x.options_.gpu_chunk_params;
+    if (resident) return std::max<std::uint64_t>(n, 1);
+    constexpr std::uint64_t q = kernels::kQuantBlock;
+    const std::uint64_t fewest = (n + kMaxGpuChunks * q - 1) / (kMaxGpuChunks * q) * q;
+    return std::max(x.options_.gpu_chunk_params, fewest);
   }
   std::size_t chunks_of(std::uint64_t n, bool resident) const {
     const std::uint64_t c = chunk_params(n, resident);

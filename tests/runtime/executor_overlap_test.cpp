@@ -304,6 +304,21 @@ TEST(ExecutorOverlap, AChunkIsUpdatedAndCopiedOutWhileTheNextChunksAreStillComin
   expect_matches(s.model, s.ref);
 }
 
+// However small the chunks asked for, a subgroup is at most kMaxGpuChunks launches.
+TEST(ExecutorOverlap, ASubgroupIsAtMostTheMostChunks) {
+  ReadyModel s(1, kernels::kQuantBlock);  // would be 128 chunks
+  static_assert(kParams / kernels::kQuantBlock > kMaxGpuChunks);
+  control().record(4096);
+  const PhaseReport report = s.executor->run(hyper(1), Policy::all_gpu(), kHeadroom);
+  const Ops ops = control().ops();
+  control().record(0);
+  expect_complete(ops);
+  EXPECT_EQ(updates(ops).size(), kMaxGpuChunks);
+  EXPECT_TRUE(report.fault.empty()) << report.fault;
+  s.ref.step(s.grads, hyper(1));
+  expect_matches(s.model, s.ref);
+}
+
 TEST(ExecutorOverlap, TheNextGpuSubgroupIsCopiedInWhileTheLastOnesUpdateIsHeld) {
   ReadyModel s(6);
   const planner::Plan plan = s.executor->plan_for(Policy::all_gpu(), kHeadroom);
