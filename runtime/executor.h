@@ -157,6 +157,10 @@ struct ExecutorOptions {
   // subgroups, updated in place, are one chunk; no subgroup is more than kMaxGpuChunks. The C
   // ABI takes it from TIDE_GPU_CHUNK.
   std::uint64_t gpu_chunk_params = kDefaultGpuChunkParams;
+  // How long a phase's coordinating thread sleeps when nothing wakes it: a lost device runs no
+  // callback, so it polls now and then to find out. No healthy phase waits for it (tests make it
+  // long to prove that).
+  std::chrono::microseconds poll_interval{20000};
   // Where the GPU buffers come from. Null: tide's caching allocator of the device when the
   // process uses it (PyTorch through tide.torch.use_allocator(), which is where the headroom
   // comes from too: the buffers are carved from its cache), else the driver (cuMemAlloc).

@@ -35,10 +35,6 @@ double seconds_since(Clock::time_point start) {
 enum Stage { kH2dStart, kH2dEnd, kD2hEnd, kStages };
 enum ChunkStage { kChunkIn, kUpdateStart, kUpdateEnd, kOutStart, kOutEnd, kChunkStages };
 
-// How long the coordinator sleeps when nothing wakes it: a lost device runs no callback, so it
-// polls now and then to find out.
-constexpr std::chrono::microseconds kPoll{20000};
-
 std::string what_of(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -97,6 +93,7 @@ struct Executor::Phase {
   // The GPU side.
   void set_up_gpu();
   bool start_next();
+  bool poll();
   GpuTask make_task(std::size_t lane);
   void copy_in(GpuTask& t);
   void copy_state_chunk(const GpuTask& t, ModelParams::Range r, bool weights_on_device);
@@ -108,7 +105,6 @@ struct Executor::Phase {
   void complete_in_place(const GpuTask& t);
   void drop_waiting();
   bool any_waiting() const;
-  void poll();
   void commit(const GpuTask& t);
   // The CPU side.
   std::uint64_t update_on_cpu(std::size_t s) const;
@@ -650,20 +646,24 @@ bool Executor::Phase::start_next() {
 }
 
 // Commits the GPU subgroups whose copy-out completed, in order.
-void Executor::Phase::poll() {
+// True when it committed one: its lane may take the next subgroup.
+bool Executor::Phase::poll() {
+  bool any = false;
   while (!in_flight.empty()) {
     bool done = false;
     try {
       done = event(in_flight.front(), kD2hEnd).done();
     } catch (...) {
       device_failed(std::current_exception());
-      return;
+      return any;
     }
-    if (!done) return;
+    if (!done) return any;
     const GpuTask t = in_flight.front();
     in_flight.pop_front();
     commit(t);
+    any = true;
   }
+  return any;
 }
 
 void Executor::Phase::commit(const GpuTask& t) {
@@ -742,14 +742,18 @@ void Executor::Phase::run(const std::exception_ptr& no_context) {
       while (next < order.size()) roll_forward(order[next++]);
       drop_waiting();
     }
-    poll();
+    const bool committed_one = poll();
     take_cpu_results();
     if (!closed && next == order.size() && in_flight.empty() && !any_waiting()) {
       worker->close();
       closed = true;
     }
     if (closed && worker->finished()) break;
-    wakeup->wait(kPoll);
+    // A lane a commit freed takes the next subgroup now, not after the next wake-up: with one
+    // lane (or weights that are the state, which never wait behind a lane) nothing else wakes
+    // the coordinator until the poll interval.
+    if (committed_one) continue;
+    wakeup->wait(x.options_.poll_interval);
   }
   worker.reset();
   join();
@@ -905,7 +909,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   w.footprint = fp;
   w.headroom_bytes = std::numeric_limits<std::uint64_t>::max() / 2;
   // Resident subgroups copied no state over the link: their times are not the model's copies,
-  // and refine nothing (ran lists them as GPU subgroups after the refinement).
+  // and refine the GPU update's rate only (ran lists them as GPU subgroups after the refinement).
   std::vector<std::size_t> ran, resident_ran;
   for (const GpuTask& t : phase.committed) (t.resident ? resident_ran : ran).push_back(t.subgroup);
   const std::size_t buffers_used = phase.lanes.size();
@@ -922,7 +926,17 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
     if (headroom_cap_ >= headroom_bytes) headroom_cap_ = 0;
   }
   report.headroom_cap = headroom_cap_;
-  if (options_.refine && report.fault.empty()) refiner_.observe_phase(report.ran, fp, timings);
+  if (options_.refine && report.fault.empty()) {
+    refiner_.observe_phase(report.ran, fp, timings);
+    // A resident update is a GPU update like any other: its kernel time refines the GPU's rate,
+    // so that the guard (plan_with) sees it where resident updates are slow (the stand-in's CPU
+    // mode, whose kernels run on one host thread).
+    for (std::size_t s : resident_ran) {
+      refiner_.observe(planner::RateKind::gpu_update,
+                       static_cast<double>(state_.params(s)) / fp.gpu_update_scale(),
+                       report.timings[s].gpu_update_s);
+    }
+  }
   for (std::size_t s : resident_ran) {
     report.ran.subgroups[s].device = planner::Device::gpu;
     report.ran.subgroups[s].resident = true;

@@ -5,6 +5,7 @@
 // the commit); no master copy, gradient buffer or offload; frozen slices untouched; and a step
 // with a fault (every copy and allocation failing in turn, the device lost at each call) either
 // completes exactly or changes nothing, parameters included.
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -203,6 +204,28 @@ TEST_F(HostParamsTest, StepsMatchTheCpuKernelUnderEveryPlacement) {
   for (const Policy& policy : {Policy::all_gpu(), Policy::every(2)}) {
     steps_match_reference(policy, Dtype::kBFloat16);
   }
+}
+
+// fp32 weights are the state: a lane's next subgroup never waits behind it, so the commit that
+// frees the lane must start the next one at once. Found by tide.torch with an fp32 model and
+// resident subgroups on one lane: every subgroup after the first waited the coordinator's poll
+// interval (20 ms), 8 subgroups 165 ms instead of 21. The interval is an hour here: a phase that
+// depends on it never ends within the test's time.
+TEST_F(HostParamsTest, ACommitThatFreesTheOnlyLaneStartsTheNextSubgroup) {
+  const driver::CurrentContext context;
+  HostParams model;
+  ExecutorOptions options = options_for_test();
+  options.planner.max_buffers = 1;
+  options.poll_interval = std::chrono::hours(1);
+  Executor executor(*model.state, options);
+  Snapshot expected = Snapshot::of(model);
+  model.give_gradients(executor, 1);
+  expected = reference_step(model, executor, expected, hyper(1));
+  const PhaseReport& r = executor.run(hyper(1), Policy::all_gpu(), kHeadroom);
+  EXPECT_TRUE(r.fault.empty()) << r.fault;
+  EXPECT_EQ(r.ran.gpu_order.size(), kSizes.size());
+  EXPECT_EQ(r.ran.buffers, 1u);
+  EXPECT_TRUE(Snapshot::of(model) == expected);
 }
 
 TEST_F(HostParamsTest, FrozenSlicesAreLeftAsTheyAre) {

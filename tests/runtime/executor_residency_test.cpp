@@ -148,6 +148,34 @@ TEST_F(ResidencyTest, TheSetFollowsTheHeldMemoryWithHysteresis) {
 
 // Where only part of the state fits, resident subgroups would take the memory the others need
 // to be copied in, and those would go to a slow CPU: the plan without residency is kept.
+// Resident updates refine the GPU's rate like any GPU update: where they are slower than the CPU
+// (here the stand-in's kernels, run on one host thread, against test rates that call the GPU
+// 1e10 params/s) the guard sees it and the state goes home. Found by `make run` on the stand-in's
+// CPU mode: every subgroup stayed resident, the update phase 25x slower than on the CPU.
+TEST_F(ResidencyTest, SlowResidentUpdatesAreMeasuredAndLeft) {
+  const driver::CurrentContext context;
+  Model model(kSizes);
+  Reference ref(*model.state);
+  ExecutorOptions options = resident_options(memory);
+  options.refine = true;
+  Executor executor(*model.state, options);
+  const double assumed = executor.rates().gpu_update;
+  std::vector<std::size_t> resident;
+  for (int step = 1; step <= 40; ++step) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), kHeadroom);
+    ref.step(grads, hyper(step));
+    ASSERT_TRUE(report.fault.empty()) << report.fault;
+    resident.push_back(report.resident_subgroups);
+  }
+  EXPECT_EQ(resident.front(), kSizes.size());
+  EXPECT_LT(executor.rates().gpu_update, assumed / 10);
+  EXPECT_EQ(resident.back(), 0u) << "resident subgroups never left";
+  executor.sync_state(false);
+  expect_matches(model, ref);
+}
+
 TEST_F(ResidencyTest, PartialResidencyThatWouldBeSlowerIsNotTaken) {
   const driver::CurrentContext context;
   Model model({4096, 4096, 4096, 4096});
