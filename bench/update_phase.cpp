@@ -434,9 +434,9 @@ int main(int argc, char** argv) {
         std::string extra;
         if (p.kind == Policy::Kind::gpu) {
           // The link's limit: the state and gradients in and the state out, both directions at
-          // once at the simulated rate.
+          // once at the simulated rate, so the copy-in's bytes bound it.
           const double sb = setup.state->state_bytes();
-          const double bound = std::max(w * (sb + 2), w * sb) / (gbps * 1e9);
+          const double bound = w * (sb + 2) / (gbps * 1e9);
           char text[160];
           std::snprintf(text, sizeof text,
                         ",\"copy_bound_seconds\":%.4f,\"over_copy_bound\":%.3f,"

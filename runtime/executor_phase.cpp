@@ -125,9 +125,10 @@ struct Executor::Phase {
   const kernels::AdamHyper& hyper;
   PhaseReport& report;
   const bool gradients_on_gpu;
-  // The new low-precision weights are a copy of their own (else the state itself: fp32
-  // parameters, or bf16 master weights at the slot's start).
-  const bool low = state.separate_weights();
+  // The new low-precision weights are a copy of their own, staged in the buffer
+  // (Executor::needs_staging); else the state itself: fp32 parameters, or bf16 master weights at
+  // the slot's start.
+  const bool low = x.needs_staging();
   const bool bf16_master = state.bf16_master();
   const unsigned gs = state.grad_bytes();
   const unsigned ps = state.param_bytes();
@@ -156,7 +157,6 @@ struct Executor::Phase {
   void free_staging(const GpuTask& t);
   std::vector<UpdateBuffer> buffer;
   std::deque<Lane> lanes;  // one per buffer (a deque: they never move)
-  bool staging = false;    // the low-precision weights go to a staging area (needs_staging)
   UpdateBuffer counters;   // one nonfinite counter per chunk of a planned GPU subgroup
   std::uint64_t* host_counters = nullptr;  // pinned
   std::size_t host_counter_count = 0;
@@ -289,14 +289,13 @@ void Executor::Phase::roll_forward(std::size_t s) {
 }
 
 void Executor::Phase::set_up_gpu() {
-  // Bytes of one subgroup's buffer: state, the gradient unless kept on the GPU, and a staging
-  // area for the low-precision weights unless they go over the gradient.
-  staging = x.needs_staging();
+  // Bytes of one subgroup's buffer: state, the gradient unless kept on the GPU, and the staging
+  // area of low-precision weights.
   auto bytes_of = [&](std::size_t s) {
     const std::uint64_t n = state.params(s);
     std::uint64_t b = state.slot_bytes(s) + wb * n;
     if (!gradients_on_gpu) b += n * gs;
-    if (staging) b += n * ps;
+    if (low) b += n * ps;
     return b;
   };
   for (std::size_t s : order) {
@@ -502,7 +501,7 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
       throw;
     }
   }
-  if (staging && lane.written_recorded) x.compute_->wait(lane.written);
+  if (low && lane.written_recorded) x.compute_->wait(lane.written);
   for (std::size_t c = 0; c < t.chunks; ++c) {
     update_chunk(t, c);
     t.kernel_enqueued = true;

@@ -5,9 +5,11 @@ has no CUDA driver, against the host stand-in driver, exactly as `make run` does
 """
 
 import ctypes.util
+import importlib.util
 import os
 import pathlib
 import sys
+import types
 
 import pytest
 
@@ -16,6 +18,15 @@ BUILD = pathlib.Path(os.environ.get("TIDE_BUILD_DIR", REPO / "build"))
 STANDIN = BUILD / "lib" / "libtide_standin_cuda.so"
 
 sys.path.insert(0, str(REPO / "python"))
+
+
+def load_script(path: pathlib.Path) -> types.ModuleType:
+    """A script of the repository (a benchmark, a tool under scripts/) loaded as a module by its
+    path, under its file's name, so that tests call its functions without running its main."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # PyTorch on one thread (before it is imported; subprocesses inherit it): its OpenMP threads
 # spin while waiting, and on a small machine they fight tide's own CPU threads for the cores (the

@@ -3,21 +3,17 @@ registry (`tide env`), the CLI (`tide --help`), the C ABI (include/tide/tide.h) 
 JSON in docs/results/ (docs/results.md and README.md's results table). Each is regenerated into a
 temporary folder and compared with the committed one. The Sphinx build itself is `make docs`."""
 
-import importlib.util
 import json
 import pathlib
 import re
 
 import pytest
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def gen_docs():
-    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gen_docs.py"
-    spec = importlib.util.spec_from_file_location("gen_docs", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gen_docs.py")
 
 
 def check(committed, fresh: str, command: str) -> None:

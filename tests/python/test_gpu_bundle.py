@@ -7,7 +7,6 @@ The whole flow is rehearsed by `GPU_CHECK_STANDIN=1` (docs/contributing/testing.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -17,6 +16,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import load_script
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
@@ -163,9 +163,7 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
 
 
 def test_the_steps_fit_eight_minutes():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_script(SCRIPTS / "gpu_check.py")
     assert sum(gpu_check.STEPS.values()) <= gpu_check.BUDGET <= 8 * 60 - 15  # 15 s: the report
     steps = gpu_check.Steps({}, gpu_check.BUDGET, 1)
     after = sum(gpu_check.STEPS[n] for n in ("example", "bench-gpu_update_phase",
@@ -181,9 +179,7 @@ def test_the_steps_fit_eight_minutes():
 def test_a_cuda_context_error_in_any_log_fails_its_step(tmp_path, monkeypatch):
     """The first real GPU's symptoms (issue 25) fail the check wherever they are printed, even in
     a step whose command exited 0 (a fault tide redid on the CPU still logged it)."""
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_script(SCRIPTS / "gpu_check.py")
     monkeypatch.setattr(gpu_check, "REPO", tmp_path)
     (tmp_path / "clean.log").write_text("fine\nCUDA_ERROR_DEVICE_UNAVAILABLE: no context error\n")
     (tmp_path / "dirty.log").write_text(
@@ -203,9 +199,7 @@ def test_the_check_runs_whole_iterations_within_their_step():
     """bench/gpu_iteration.py is a step of the check (the last), with fewer steps than its default
     and a time cap inside what is left of the step's limit when it starts, so that it prints its
     summary before the check would end it."""
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPTS / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_script(SCRIPTS / "gpu_check.py")
     assert list(gpu_check.STEPS)[-1] == "bench-gpu_iteration"
     source = (SCRIPTS / "gpu_check.py").read_text()
     assert '"gpu_iteration")' in source and (REPO / "bench" / "gpu_iteration.py").is_file()
@@ -218,9 +212,6 @@ def test_the_check_runs_whole_iterations_within_their_step():
     options = gpu_check.bench_options(steps, "gpu_iteration")
     assert float(options[options.index("--time-cap") + 1]) <= 30 - gpu_check.GPU_ITERATION_MARGIN
     # The options are the bench's own: it parses them.
-    spec = importlib.util.spec_from_file_location("gpu_iteration",
-                                                  REPO / "bench" / "gpu_iteration.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(REPO / "bench" / "gpu_iteration.py")
     parsed = bench.parse_args(options)
     assert (parsed.steps, parsed.warmup, parsed.time_cap) == (3, 1, float(options[-1]))

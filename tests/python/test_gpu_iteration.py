@@ -5,7 +5,6 @@ agreement computed from records, and the whole flow rehearsed on the CPU over th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -14,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import load_script
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_iteration.py"
@@ -21,10 +21,7 @@ SCRIPT = REPO / "bench" / "gpu_iteration.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_iteration", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -4,7 +4,6 @@ make gpu-check runs the benchmark), and its one line without a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import pathlib
@@ -12,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import load_script
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_update_phase.py"
@@ -19,10 +19,7 @@ SCRIPT = REPO / "bench" / "gpu_update_phase.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_update_phase", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_the_bytes_each_way(bench):
