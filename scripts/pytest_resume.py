@@ -52,6 +52,7 @@ class _Progress:
 
 
 _progress: _Progress | None = None
+FAILURE_CHARS = 3000  # of each failure's report kept: its end, where the error is
 _RANK = ["passed", "xpassed", "skipped", "xfailed", "failed", "errors"]  # the worst phase wins
 
 
@@ -84,6 +85,10 @@ def pytest_runtest_logreport(report) -> None:
         return
     if report.failed:
         outcome = "failed" if report.when == "call" else "errors"
+        # Written as it happens: a run cut at its deadline prints no summary, yet keeps why.
+        text = str(report.longrepr).strip()
+        _progress.write(failure=report.nodeid, when=report.when,
+                        message=text[-FAILURE_CHARS:])
     elif report.skipped:
         outcome = "xfailed" if hasattr(report, "wasxfail") else "skipped"
     elif report.when == "call":
@@ -189,6 +194,7 @@ def main() -> int:
     crashes: list[dict] = []
     collection_errors: dict[str, str] = {}
     collected: list[str] = []
+    failure_messages: dict[str, str] = {}  # nodeid -> the end of its first failing report
     start = time.monotonic()
     deadline = start + args.deadline
     rounds, status, exit_codes = 0, "finished", []
@@ -204,6 +210,8 @@ def main() -> int:
         for r in records:
             if "collected" in r:
                 collected = r["collected"] if rounds == 1 else collected
+            elif "failure" in r:
+                failure_messages.setdefault(r["failure"], f"[{r['when']}] {r['message']}")
             elif "collect_error" in r:
                 collection_errors[r["collect_error"]] = r["message"]
             elif "start" in r:
@@ -236,11 +244,14 @@ def main() -> int:
     summary = {**counts, "rounds": rounds, "status": status, "exit_codes": exit_codes,
                "seconds": round(time.monotonic() - start, 1), "crashes": crashes,
                "failures": [t for t, o in outcomes.items() if o in ("failed", "errors")],
-               "collection_error_messages": collection_errors}
+               "collection_error_messages": collection_errors,
+               "failure_messages": failure_messages}
     print("pytest_resume: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
           f" ({rounds} process{'es' if rounds > 1 else ''}; {status})", flush=True)
     for c in crashes:
         print(f"pytest_resume: crashed: {c['test']}: {c['reason']}", flush=True)
+    for test, message in failure_messages.items():
+        print(f"pytest_resume: FAILED {test}:\n{message}\n", flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     bad = counts["failed"] + counts["errors"] + counts["crashed"] + counts["not_run"]
