@@ -39,7 +39,8 @@ while read -r name; do
 done < <(for f in "${elves[@]}"; do readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; done |
          sort -u | grep -v -x -F -f <(cd "$stage/build" && find . -type f -printf '%f\n'))
 for name in $(printf '%s\n' "${needed[@]}" | sort -u); do
-  path=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}')
+  # All of ldconfig's output is read: an early exit would end it with SIGPIPE, failing under pipefail.
+  path=$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ && !found {print $NF; found = 1}')
   [[ -n $path ]] || { echo "gpu-bundle: $name (needed) is not installed here" >&2; exit 1; }
   cp -L "$path" "$stage/build/lib/bundled/$name"
   elves+=("$stage/build/lib/bundled/$name")
