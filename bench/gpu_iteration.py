@@ -419,7 +419,8 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
     data = batches(torch, args, args.warmup + args.steps)
     if cuda:  # the peak of the steps, with everything the model and optimizer hold
         torch.cuda.reset_peak_memory_stats()
-    iters, updates, losses, plan = [], [], [], {}
+    iters, updates, losses, plan, steps = [], [], [], {}, []
+    counters = allocator_counters(torch) if cuda else {}
     for i, (x, y) in enumerate(data):
         x, y = x.to(device), y.to(device)
         sync()
@@ -435,10 +436,19 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
         sync()
         t3 = time.perf_counter()
         losses.append(loss.item())
+        plan = getattr(opt, "last_plan", None) or {}
         if i >= args.warmup:
             iters.append(t3 - t0)
             updates.append(t2 - t1)
-        plan = getattr(opt, "last_plan", None) or {}
+            # Where each timed step's time went, and what was resident: a set that changes every
+            # step (memory pressure evicting what the plan brings back) shows here.
+            steps.append({"forward_backward_ms": round((t1 - t0) * 1e3, 2),
+                          "update_ms": round((t2 - t1) * 1e3, 2),
+                          "zero_grad_ms": round((t3 - t2) * 1e3, 2),
+                          **({"resident_subgroups": plan["resident_subgroups"]}
+                             if "resident_subgroups" in plan else {})})
+        if i + 1 == args.warmup and cuda:
+            counters = allocator_counters(torch)
     record.update({"iteration_s": round(statistics.median(iters), 5),
                    "update_s": round(statistics.median(updates), 5),
                    "timed_steps": len(iters), "losses": [float(f"{v:.6g}") for v in losses]})
@@ -449,8 +459,21 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
     if plan:
         record["plan"] = {k: v for k, v in plan.items()
                           if k in ("gpu_subgroups", "cpu_subgroups") or "resident" in k}
+    record["steps"] = steps
+    if cuda:  # over the timed steps: driver calls and retries of the allocator under the cap
+        after = allocator_counters(torch)
+        record["allocator"] = {k: after[k] - counters.get(k, 0) for k in after}
     del model, opt
     return record
+
+
+def allocator_counters(torch) -> dict:
+    """The allocator's counters (PyTorch's names; tide's when its allocator is installed): its
+    driver allocations and frees, retries after freeing its cache or reclaiming resident state,
+    and out-of-memory errors."""
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ("num_device_alloc", "num_device_free",
+                                              "num_alloc_retries", "num_ooms")}
 
 
 def worker(args) -> int:

@@ -179,6 +179,10 @@ def test_the_flow_rehearsed_on_the_cpu():
     assert by["bandwidth"]["host_memory_gbps"] > 0
     for case in ("torch_gpu", "torch_offload", "tide_auto"):
         assert by[case]["iteration_s"] > 0 and len(by[case]["losses"]) == 2
+        # Each timed step's parts, and (tide) what was resident after it.
+        [step] = by[case]["steps"]
+        assert step["forward_backward_ms"] > 0 and step["update_ms"] > 0
+        assert ("resident_subgroups" in step) == (case == "tide_auto")
     assert "no device memory to cap" in by["capped_tide_auto"]["not_run"]
     s = by["summary"]
     assert s["losses_agree"] is True and s["max_rel_loss_diff"] <= s["loss_rtol"]
