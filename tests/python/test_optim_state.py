@@ -284,8 +284,13 @@ def test_views_derived_from_the_state_show_it_and_take_writes_through_data(place
     both.step()
     both.step()
     saved = both.opt.state_dict()["state"][which]
+    from tide.torch import _bucket
+
     for key, view in derived.items():
-        assert torch.equal(view, saved[key].view(-1)[1:]), key
+        # Failed on an H200 with torch 2.11 for ("gpu", WHOLE) only: the message says whether
+        # that torch could move the views' storage (_swap_data_ptr_) with the slot.
+        assert torch.equal(view, saved[key].view(-1)[1:]), (
+            f"{key}; torch {torch.__version__}, storage swap available: {_bucket._SWAP}")
     derived["exp_avg"].data.copy_(derived["exp_avg"] * 0.5)
     for name, o in both.torch.items():
         o.state[both.copies[name][which]]["exp_avg"].view(-1)[1:].mul_(0.5)
