@@ -633,13 +633,61 @@ def _target(text: str) -> str:
     return escape(text.replace(">=", "≥").replace("<=", "≤"))
 
 
-def gpu_iteration_lines(runs: list[dict], compact: bool = False) -> list[str]:
-    """The whole-iteration results of every gpu_iteration run (compact: README's short form)."""
+GPU_ITERATION_PLOT = "gpu_iteration.png"  # in docs/, beside results.md
+
+
+def _gpu_iteration_runs(runs: list[dict]) -> list[dict]:
+    """The gpu_iteration runs, those with the no-offload floor (the whole set of configurations)
+    first: a run of the capped cases alone comes after the run it completes."""
     found = [r for r in runs if r["name"] == GPU_ITERATION]
+    return sorted(found, key=lambda r: not any(c.get("case") == "torch_gpu" and
+                                               isinstance(c.get("iteration_s"), (int, float))
+                                               for c in r["records"]))
+
+
+def gpu_iteration_plot(runs: list[dict], out: pathlib.Path) -> bool:
+    """Bars of each configuration's iteration, split into the update phase and the rest, for the
+    first gpu_iteration run (and the capped cases of the others): `out`, a PNG. False (nothing
+    written) without a run."""
+    found = _gpu_iteration_runs(runs)
+    bars = [(r["case"], r["iteration_s"], r.get("update_s") or 0.0)
+            for run in found for r in run["records"]
+            if r.get("case") not in (None, "summary", "bandwidth")
+            and isinstance(r.get("iteration_s"), (int, float))]
+    if not bars:
+        return False
+    import matplotlib  # noqa: PLC0415 - only this subcommand draws
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(bars) + 1.8))
+    names = [b[0] for b in bars][::-1]
+    update = [b[2] * 1e3 for b in bars][::-1]
+    rest = [(b[1] - b[2]) * 1e3 for b in bars][::-1]
+    ax.barh(names, rest, color="#8fa8c8", label="forward, backward, zero_grad")
+    ax.barh(names, update, left=rest, color="#d9822b", label="optimizer step (update phase)")
+    for y, (r, u) in enumerate(zip(rest, update)):
+        ax.text(r + u, y, f" {r + u:.0f}", va="center", fontsize=8)
+    m = next((r.get("machine") for run in found for r in run["records"] if r.get("machine")), {})
+    ax.set_xlabel("ms per training iteration (median)")
+    ax.set_title(f"{m.get('gpu', 'GPU')}, {m.get('date', '')[:10]}, commit "
+                 f"{str(m.get('commit', ''))[:10]}", fontsize=9)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return True
+
+
+def gpu_iteration_lines(runs: list[dict], compact: bool = False,
+                        plot: str | None = None) -> list[str]:
+    """The whole-iteration results of every gpu_iteration run (compact: README's short form);
+    `plot`: the path of gpu_iteration_plot's picture, shown after the first run's table."""
+    found = _gpu_iteration_runs(runs)
     if not found:
         return [GPU_ITERATION_NONE]
     lines: list[str] = []
-    for run in found:
+    for index, run in enumerate(found):
         records = [r for r in run["records"] if "case" in r]
         summary = next((r for r in records if r["case"] == "summary"), {})
         bandwidth = next((r for r in records if r["case"] == "bandwidth"), {})
@@ -679,6 +727,9 @@ def gpu_iteration_lines(runs: list[dict], compact: bool = False) -> list[str]:
                 f"| {escape(r['case'])} | {escape(str(r.get('placement', '')))} | {cap} | {ms} | "
                 f"{_fmt(round(up * 1e3, 1)) if isinstance(up, (int, float)) else '–'} | {over} | "
                 f"{_fmt(r['peak_device_gib']) if 'peak_device_gib' in r else '–'} | {escape(note)} |")
+        if plot and index == 0:
+            lines += ["", f"![Whole training iterations on a real GPU: each configuration's "
+                          f"update phase and the rest]({plot})"]
         lines += ["", "| ratio | value | target | met |", "| --- | --- | --- | --- |"]
         for key, what in GPU_ITERATION_RATIOS:
             if summary.get(key) is None and key + "_target" not in summary:
@@ -729,7 +780,8 @@ def gen_results(folder: pathlib.Path) -> str:
               "`bench/gpu_iteration.py` ([what it measures](benchmarks.md#whole-iterations-on-a-real-gpu)),",
               "from `make gpu-check`'s report: seconds per training iteration of a bf16 transformer",
               "under each configuration, and over the no-offload floor (`torch_gpu`: fp32 master",
-              "weights and Adam state on the GPU).", ""] + gpu_iteration_lines(runs) + [""]
+              "weights and Adam state on the GPU).", ""] + gpu_iteration_lines(
+                  runs, plot=GPU_ITERATION_PLOT) + [""]
     picture = timeline_lines(folder, "tide_memory.png")
     if picture:
         lines += ["## Memory timeline", ""] + picture + [""]
@@ -772,7 +824,8 @@ def readme_with_results(readme: str, folder: pathlib.Path) -> str:
         "", "**Whole training iterations on a real GPU** (`bench/gpu_iteration.py` in "
         "`make gpu-check`; every configuration and ratio: [Results](docs/results.md)):", ""]
     readme = _between(readme, README_BEGIN, README_END,
-                      table + gpu_iteration_lines(runs, compact=True))
+                      table + gpu_iteration_lines(runs, compact=True,
+                                                  plot="docs/" + GPU_ITERATION_PLOT))
     return _between(readme, TIMELINE_BEGIN, TIMELINE_END,
                     timeline_lines(folder, "docs/tide_memory.png"))
 
@@ -923,6 +976,9 @@ def main(argv: list[str] | None = None) -> None:
         write(args.out, gen_abi(args.header))
     elif args.what == "results":
         write(args.out, gen_results(args.results))
+        picture = args.out.parent / GPU_ITERATION_PLOT
+        if gpu_iteration_plot(load_results(args.results), picture):
+            print(f"gen_docs: {picture}")
         if args.readme:
             readme = pathlib.Path(args.readme)
             readme.write_text(readme_with_results(readme.read_text(), args.results))

@@ -191,3 +191,20 @@ def test_gpu_iteration_bandwidth_with_both_directions_at_once(gen_docs, tmp_path
     section = gen_docs.gen_results(tmp_path).split("## Whole iterations on a real GPU", 1)[1]
     assert ("50 GB/s to the GPU, 40 GB/s back each alone, 30 and 25 GB/s with both at once"
             in section)
+
+
+def test_the_gpu_iteration_plot(gen_docs, repo, tmp_path):
+    """scripts/gen_docs.py results draws the whole-iteration bars from the committed reports (the
+    README shows the picture under their table); nothing without a gpu_iteration run."""
+    pytest.importorskip("matplotlib")
+    runs = gen_docs.load_results(repo / "docs" / "results")
+    out = tmp_path / "plot.png"
+    has_run = any(r["name"] == gen_docs.GPU_ITERATION for r in runs)
+    assert gen_docs.gpu_iteration_plot(runs, out) == has_run
+    if has_run:
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (repo / "docs" / gen_docs.GPU_ITERATION_PLOT).is_file(), "committed beside results.md"
+        assert f"](docs/{gen_docs.GPU_ITERATION_PLOT})" in (repo / "README.md").read_text()
+    assert not gen_docs.gpu_iteration_plot([r for r in runs if r["name"] != gen_docs.GPU_ITERATION],
+                                           tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
