@@ -463,8 +463,29 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
     if cuda:  # over the timed steps: driver calls and retries of the allocator under the cap
         after = allocator_counters(torch)
         record["allocator"] = {k: after[k] - counters.get(k, 0) for k in after}
+        if case["impl"] == "tide":
+            record["telemetry"] = allocator_telemetry(tt)
     del model, opt
     return record
+
+
+def allocator_telemetry(tt) -> dict:
+    """With tide's allocator: its headroom forecast after the last step (what residency and the
+    plan were given), the last iteration's peaks by phase (live and reserved: the gap is what
+    the cache holds and fragmentation costs under a cap), and the last out-of-memory, if any."""
+    alloc = tt.allocator
+    if not alloc.is_using_allocator():
+        return {}
+    gib = 2**30
+    last = (alloc.iteration_stats(max_iterations=64) or [{}])[-1]  # oldest first
+    forecast = alloc.headroom()
+    return {"forecast_gib": {k: round(v / gib, 3) for k, v in forecast.items()
+                             if k.endswith("_bytes")},
+            "last_iteration_peak_gib": {
+                name: {"live": round(p["peak_live_bytes"] / gib, 3),
+                       "reserved": round(p["peak_reserved_bytes"] / gib, 3)}
+                for name, p in last.get("phases", {}).items()},
+            "last_oom": alloc.last_oom()}
 
 
 def allocator_counters(torch) -> dict:

@@ -204,3 +204,33 @@ def test_a_spent_time_cap_runs_nothing_and_says_so():
     summary = lines[-1]
     assert summary["case"] == "summary" and len(summary["not_run"]) == 12
     assert summary["failed"] == [] and summary["losses_agree"] is None
+
+
+def test_the_allocator_telemetry_of_a_tide_case(bench):
+    """What a tide case records of tide's allocator after its steps (forecast, the last
+    iteration's live and reserved peaks by phase, the last out-of-memory), in GiB; nothing
+    without tide's allocator."""
+    import types
+
+    gib = 2**30
+    calls = {}
+
+    def iteration_stats(max_iterations):
+        calls["max_iterations"] = max_iterations
+        return [{"phases": {"forward": {"peak_live_bytes": 5 * gib, "peak_reserved_bytes": 6 * gib},
+                            "update": {"peak_live_bytes": 3 * gib,
+                                       "peak_reserved_bytes": 7 * gib}}}]
+
+    alloc = types.SimpleNamespace(
+        is_using_allocator=lambda: True, iteration_stats=iteration_stats,
+        headroom=lambda: {"headroom_bytes": gib, "held_headroom_bytes": gib // 2,
+                          "iterations": 5, "detected": False},
+        last_oom=lambda: None)
+    t = bench.allocator_telemetry(types.SimpleNamespace(allocator=alloc))
+    assert t == {"forecast_gib": {"headroom_bytes": 1.0, "held_headroom_bytes": 0.5},
+                 "last_iteration_peak_gib": {"forward": {"live": 5.0, "reserved": 6.0},
+                                             "update": {"live": 3.0, "reserved": 7.0}},
+                 "last_oom": None}
+    assert calls["max_iterations"] >= 1
+    alloc.is_using_allocator = lambda: False
+    assert bench.allocator_telemetry(types.SimpleNamespace(allocator=alloc)) == {}
