@@ -84,7 +84,9 @@ def test_tide_gpu_chunk_is_checked(monkeypatch, value):
     import tide.torch as tt
 
     monkeypatch.setenv("TIDE_GPU_CHUNK", value)
-    params = [torch.nn.Parameter(torch.zeros(8))]
+    # On the device tide steps: on a GPU it refuses CPU parameters before it reads the knob.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    params = [torch.nn.Parameter(torch.zeros(8, device=device))]
     if value in {"4K", "4m"}:
         tt.AdamW(params, lr=1e-3)
     else:

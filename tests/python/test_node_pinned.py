@@ -112,7 +112,9 @@ PAGEABLE = r"""
 import hashlib, json, sys, warnings
 import torch, tide.torch as tt
 torch.manual_seed(0)
-m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])  # 1.05M parameters
+device = "cuda" if torch.cuda.is_available() else "cpu"  # where tide steps parameters
+layers = [torch.nn.Linear(512, 512) for _ in range(4)]  # 1.05M parameters
+m = torch.nn.Sequential(*layers).to(device)
 placement = int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1]
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -121,7 +123,7 @@ with warnings.catch_warnings(record=True) as caught:
 said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
 for step in range(3):
     opt.zero_grad()
-    x = torch.randn(8, 512, generator=torch.Generator().manual_seed(step))
+    x = torch.randn(8, 512, generator=torch.Generator().manual_seed(step)).to(device)
     m(x).square().mean().backward()
     opt.step()
 digest = hashlib.sha256()

@@ -150,7 +150,8 @@ def test_bf16_model_is_bf16_rounding_of_fp32_master_weights():
         assert torch.equal(p.detach().cpu(), master.to(torch.bfloat16))
         off = float((master - m.detach().cpu()).abs().max() / m.detach().abs().max())
         assert off <= master_bound(m.detach(), f.detach()), index
-        assert torch.allclose(saved[index]["exp_avg"], ref_opt.state[m]["exp_avg"],
+        # tide saves its state from host memory; torch keeps it where the parameters are.
+        assert torch.allclose(saved[index]["exp_avg"], ref_opt.state[m]["exp_avg"].cpu(),
                               rtol=1e-5, atol=1e-9)
 
 

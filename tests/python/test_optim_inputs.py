@@ -194,7 +194,7 @@ def test_tide_library_at_a_wrong_file_is_a_tide_error_naming_it(repo, build_dir,
 
 def test_a_pinned_arena_knob_out_of_range_is_reported_under_its_name(repo):
     code = ("import torch, tide.torch as tt\n"
-            "try:\n    tt.AdamW([torch.nn.Parameter(torch.zeros(4))])\n"
+            f"try:\n    tt.AdamW([torch.nn.Parameter(torch.zeros(4, device={DEVICE!r}))])\n"
             "except Exception as e:\n    print(type(e).__name__, e)\n")
     result = run_python(repo, code, TIDE_PINNED_CHUNK="1MiB")
     assert 'TIDE_PINNED_CHUNK="1MiB" is not valid: TIDE_PINNED_CHUNK accepts a size from 4MiB ' \
@@ -221,8 +221,9 @@ def test_state_larger_than_the_host_can_give_is_refused_when_the_optimizer_is_ma
     """Host memory is a budget (issue 27): optimizer state beyond what TIDE_HOST_MEMORY_LIMIT, the
     cgroup's limit and MemAvailable leave is refused at construction, saying how much is needed
     and how much there is, instead of the OOM killer ending the job later. Within it, it works."""
+    # 2^20 fp32 parameters: 12 MiB of fp32 state at least.
     code = ("import torch, tide.torch as tt\n"
-            "p = torch.nn.Parameter(torch.zeros(1 << 20))\n"  # 12 MiB of fp32 state at least
+            f"p = torch.nn.Parameter(torch.zeros(1 << 20, device={DEVICE!r}))\n"
             "try:\n    tt.AdamW([p])\n    print('made')\n"
             "except Exception as e:\n    print(type(e).__name__, e)\n")
     refused = run_python(repo, code, TIDE_HOST_MEMORY_LIMIT="8MiB")

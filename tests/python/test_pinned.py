@@ -2,43 +2,53 @@
 extensions), its private jemalloc invisible to the process, arena memory as CPU tensors."""
 
 import ctypes
+import functools
 import gc
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from dynamic_symbols import ALLOCATORS, defining_library
 from tide import _lib, pinned
 
-RTLD_DEFAULT = ctypes.c_void_p(0)
-
-
-class DlInfo(ctypes.Structure):
-    _fields_ = [
-        ("dli_fname", ctypes.c_char_p),
-        ("dli_fbase", ctypes.c_void_p),
-        ("dli_sname", ctypes.c_char_p),
-        ("dli_saddr", ctypes.c_void_p),
-    ]
-
-
-def defining_library(symbol: str) -> str:
-    """The file that defines `symbol` as the process resolves it (dlsym(RTLD_DEFAULT))."""
-    libdl = ctypes.CDLL(None)
-    libdl.dlsym.restype = ctypes.c_void_p
-    libdl.dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
-    address = libdl.dlsym(RTLD_DEFAULT, symbol.encode())
-    assert address, f"{symbol} does not resolve"
-    info = DlInfo()
-    assert libdl.dladdr(ctypes.c_void_p(address), ctypes.byref(info))
-    return info.dli_fname.decode()
+TESTS = pathlib.Path(__file__).resolve().parent
 
 
 def libtide(build_dir):
     return build_dir / "lib" / "libtide.so"
+
+
+def allocators_after(code: str) -> dict[str, str]:
+    """The file defining each of malloc, free, calloc and realloc in a fresh Python process,
+    after it has run `code`."""
+    code += (f"\nimport sys\nsys.path.insert(0, {str(TESTS)!r})\n"
+             "from dynamic_symbols import ALLOCATORS, defining_library\n"
+             "for name in ALLOCATORS:\n"
+             "    print(name, defining_library(name))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "static TLS" not in result.stderr
+    assert result.returncode == 0, result.stderr
+    found = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert set(ALLOCATORS) <= found.keys(), result.stdout
+    return {name: found[name] for name in ALLOCATORS}
+
+
+@functools.cache
+def allocators_without_tide() -> dict[str, str]:
+    """What a process that never loads tide resolves them to: glibc's, or the Python executable's
+    own where it links an allocator in (as python-build-standalone's interpreters do)."""
+    return allocators_after("import torch")
+
+
+def assert_the_process_keeps_its_allocators(found: dict[str, str]):
+    """tide's jemalloc is private: it never becomes the process's malloc."""
+    for name, library in found.items():
+        assert "libtide" not in library and "jemalloc" not in library, (name, library)
+    assert found == allocators_without_tide()
 
 
 def standin_stat(name: str) -> int:
@@ -64,12 +74,10 @@ def test_libtide_needs_no_static_tls_and_hides_jemalloc(build_dir):
         assert name not in defined, f"libtide.so defines {name}"
 
 
-def test_fresh_process_after_torch_allocates_and_keeps_glibc_malloc(repo, build_dir):
+def test_fresh_process_after_torch_allocates_and_keeps_its_malloc(build_dir):
     # torch first: it uses much of the static TLS a dlopen()ed library could get.
     code = (
-        "import torch, ctypes, os, sys\n"
-        f"sys.path.insert(0, {str(repo / 'tests' / 'python')!r})\n"
-        "from test_pinned import defining_library\n"
+        "import torch, ctypes, os\n"
         f"lib = ctypes.CDLL({str(libtide(build_dir))!r}, mode=os.RTLD_LOCAL)\n"
         "arena = ctypes.c_void_p()\n"
         "assert lib.tide_pinned_arena_create(None, ctypes.byref(arena)) == 0, lib.tide_last_error\n"
@@ -80,25 +88,16 @@ def test_fresh_process_after_torch_allocates_and_keeps_glibc_malloc(repo, build_
         "    ctypes.memset(ptr, 1, n)\n"
         "    assert lib.tide_pinned_free(arena, ptr, ctypes.c_size_t(n)) == 0\n"
         "assert lib.tide_pinned_arena_destroy(arena) == 0\n"
-        "for name in ('malloc', 'free', 'calloc', 'realloc'):\n"
-        "    print(name, defining_library(name))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(repo / "python")))
-    assert "static TLS" not in result.stderr
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.split("\n")
-    for name in ("malloc", "free", "calloc", "realloc"):
-        line = next(l for l in lines if l.startswith(name + " "))
-        assert line.split()[1].endswith("libc.so.6"), line
+    assert_the_process_keeps_its_allocators(allocators_after(code))
 
 
-def test_malloc_is_glibcs_in_this_process_too():
+def test_this_process_keeps_its_malloc_too():
     with pinned.PinnedArena() as arena:
         t = arena.empty(1000)
         del t
         gc.collect()
-    assert defining_library("malloc").endswith("libc.so.6")
+    assert_the_process_keeps_its_allocators({name: defining_library(name) for name in ALLOCATORS})
 
 
 def test_tensor_uses_arena_memory_without_copy():
@@ -131,6 +130,8 @@ def test_memory_returns_to_the_arena_when_the_last_view_is_gone():
     arena.close()
 
 
+@pytest.mark.skipif("libtide_standin_cuda" not in os.environ.get("TIDE_CUDA_DRIVER", ""),
+                    reason="reads the stand-in driver's counters of host registrations")
 def test_arena_memory_is_pinned_through_the_stand_in():
     gc.collect()
     registers, unregisters = standin_stat("host_registers"), standin_stat("host_unregisters")

@@ -197,12 +197,14 @@ def train_mlp(state_dtype, steps=300):
     x = torch.randn(4096, 32, generator=g)
     # Noisy targets: the loss settles near the noise's variance (0.09) instead of going to 0.
     y = torch.sin(x @ torch.randn(32, 4, generator=g)) + 0.3 * torch.randn(4096, 4, generator=g)
+    x, y = x.to(DEVICE), y.to(DEVICE)  # where tide steps the model
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
                                 torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
     torch.manual_seed(0)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             layer.reset_parameters()
+    model.to(DEVICE)
     opt = tt.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, state_dtype=state_dtype,
                    subgroup_size=20000, placement=2)
     for _ in range(steps):
@@ -376,15 +378,15 @@ def test_a_parameter_without_a_gradient_keeps_its_state():
     elements fill whole blocks, and their values within a code's rounding where a block is shared
     with a parameter that was updated (the block is requantized, FrozenQ8Blocks)."""
     g = torch.Generator().manual_seed(3)
-    params = [torch.nn.Parameter(torch.randn(n, generator=g)) for n in (512, 100, 300)]
+    params = [torch.nn.Parameter(torch.randn(n, generator=g).to(DEVICE)) for n in (512, 100, 300)]
     opt = tt.AdamW(params, lr=LR, subgroup_size=4096, state_dtype="q8")
     for p in params:
-        p.grad = torch.randn(p.shape, generator=g)
+        p.grad = torch.randn(p.shape, generator=g).to(DEVICE)
     opt.step()
     before = opt.state_dict()["state"]
     weights = [p.detach().clone() for p in params]
     params[0].grad = params[1].grad = None  # frozen; the third is updated
-    params[2].grad = torch.randn(300, generator=g) * 100
+    params[2].grad = torch.randn(300, generator=g).to(DEVICE) * 100
     opt.step()
     after = opt.state_dict()["state"]
     assert torch.equal(params[0], weights[0]) and torch.equal(params[1], weights[1])
@@ -404,21 +406,22 @@ def test_the_kernel_api_takes_8bit_moments():
     """tide.kernels.cpu_adam_step with uint8 moments and their scales (tide_cpu_adam_step with the scales in its tide_state_format)
     computes the optimizer's CPU step: the same bits from the same state."""
     g = torch.Generator().manual_seed(5)
-    p = torch.nn.Parameter(torch.randn(1000, generator=g))
-    master = p.detach().clone()
+    p = torch.nn.Parameter(torch.randn(1000, generator=g).to(DEVICE))
+    master = p.detach().cpu().clone()  # the kernel API steps host tensors
     opt = tt.AdamW([p], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, state_dtype="q8")
-    p.grad = torch.randn(1000, generator=g)
+    p.grad = torch.randn(1000, generator=g).to(DEVICE)
     opt.step()
+    grad = p.grad.cpu()
     codes = torch.zeros(2048 + 256, dtype=torch.uint8)
     skip = -codes.data_ptr() % 256
     m, v = codes[skip:skip + 1000], codes[skip + 1024:skip + 2024]
     scales = torch.zeros(2, 4)
-    kernels.cpu_adam_step(master, p.grad, m, v, step=1, lr=LR, betas=BETAS, eps=EPS,
+    kernels.cpu_adam_step(master, grad, m, v, step=1, lr=LR, betas=BETAS, eps=EPS,
                           weight_decay=WD, exp_avg_scale=scales[0], exp_avg_sq_scale=scales[1])
     sd = opt.state_dict()["state"][0]
-    assert torch.equal(master, p.detach())
+    assert torch.equal(master, p.detach().cpu())
     assert torch.equal(m, sd["exp_avg_q8"]) and torch.equal(v, sd["exp_avg_sq_q8"])
     assert torch.equal(scales[0], sd["exp_avg_q8_scales"])
     assert torch.equal(scales[1], sd["exp_avg_sq_q8_scales"])
     with pytest.raises(TypeError, match="exp_avg_scale"):
-        kernels.cpu_adam_step(master, p.grad, m, v, step=2)
+        kernels.cpu_adam_step(master, grad, m, v, step=2)
