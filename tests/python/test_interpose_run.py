@@ -127,8 +127,10 @@ def test_the_report_is_json(tide, build_dir, tmp_path):
     trace = json.loads((tmp_path / "out.trace.json").read_text())
     assert report["telemetry"]["phases"]["peak_bytes"]["backward"] == 20 << 20
     assert report["traces"] == ["out.trace.json"], "next to the report, as it was named"
+    # Failed on an H200 (from the bundle, debug info stripped): the sites' first frames say why.
     assert any(site["frames"][0].get("function", "").startswith("report_child_forward")
-               for site in report["stacks"]["top_sites"])
+               for site in report["stacks"]["top_sites"]), [
+        site["frames"][:3] for site in report["stacks"]["top_sites"][:3]]
     assert {e["name"] for e in trace["traceEvents"]} >= {"memory", "forward", "backward", "update"}
 
 
