@@ -266,7 +266,10 @@ void Executor::offer_to_reclaim() {
   if (a == nullptr) return;
   reclaimer_ = a->add_reclaimer([this](std::uint64_t bytes) -> std::uint64_t {
     const std::unique_lock lock(residency_mutex_, std::try_to_lock);
-    return lock.owns_lock() ? evict_locked(bytes) : 0;
+    if (!lock.owns_lock()) return 0;
+    const std::uint64_t freed = evict_locked(bytes);
+    if (freed > 0) note_pressure_locked();
+    return freed;
   });
   reclaimed_from_ = a;
 }
@@ -286,6 +289,38 @@ std::uint64_t Executor::evict_locked(std::uint64_t max_bytes) {
   return before - residency_.bytes();
 }
 
+std::uint64_t Executor::resident_cost(std::size_t s) const {
+  // A resident subgroup holds its gradient's buffer too (kept on the GPU by prepare() with
+  // gradients_on_gpu, else by keep_resident_gradients()).
+  return state_.slot_bytes(s) + state_.params(s) * state_.grad_bytes();
+}
+
+void Executor::note_pressure_locked() {
+  std::uint64_t stayed = resident_working_bytes();
+  for (std::size_t s = 0; s < state_.size(); ++s) {
+    if (residency_.resident(s)) stayed += resident_cost(s);
+  }
+  pressure_budget_ = pressure_budget_ ? std::min(*pressure_budget_, stayed) : stayed;
+  reclaimed_ = true;
+}
+
+void Executor::relax_pressure() {
+  quiet_phases_ = reclaimed_ ? 0 : quiet_phases_ + 1;
+  reclaimed_ = false;
+  if (!pressure_budget_ || quiet_phases_ < kQuietPhases) return;
+  std::uint64_t largest = 0, all = resident_working_bytes();
+  for (std::size_t s = 0; s < state_.size(); ++s) {
+    largest = std::max(largest, resident_cost(s));
+    all += resident_cost(s);
+  }
+  *pressure_budget_ += std::max(*pressure_budget_ / 4, largest);
+  // Past every subgroup's cost (with the hysteresis band) it cannot bind any more.
+  if (static_cast<double>(*pressure_budget_) * (1.0 - options_.residency_hysteresis) >=
+      static_cast<double>(all)) {
+    pressure_budget_.reset();
+  }
+}
+
 std::uint64_t Executor::resident_working_bytes() const {
   std::uint64_t largest = 0;
   for (std::size_t s = 0; s < state_.size(); ++s) largest = std::max(largest, state_.params(s));
@@ -300,16 +335,14 @@ std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t 
     return none;
   }
   planner::ResidencyInput in;
-  in.held_bytes = held_bytes;
+  in.held_bytes = pressure_budget_ ? std::min(held_bytes, *pressure_budget_) : held_bytes;
   in.working_bytes = resident_working_bytes();
   in.hysteresis = options_.residency_hysteresis;
   in.resident = residency_.flags();
   in.allowed.assign(state_.size(), 1);
   in.slot_bytes.resize(state_.size());
   for (std::size_t s = 0; s < state_.size(); ++s) {
-    // A resident subgroup holds its gradient's buffer too (kept on the GPU by prepare() with
-    // gradients_on_gpu, else by keep_resident_gradients()).
-    in.slot_bytes[s] = state_.slot_bytes(s) + state_.params(s) * state_.grad_bytes();
+    in.slot_bytes[s] = resident_cost(s);
     // Frozen slices are saved from and restored into the pinned slot around the phase;
     // pageable subgroups are updated on the CPU only.
     if (frozen_.any(s) || state_.pageable(s)) in.allowed[s] = 0;

@@ -315,6 +315,16 @@ class Executor {
   // as save() zeroes them in pinned buffers (so that their update is finite, then undone).
   void zero_frozen_kept_gradients();
   std::uint64_t evict_locked(std::uint64_t max_bytes);
+  // A residency budget unit of subgroup s: its state slot and its kept gradient.
+  std::uint64_t resident_cost(std::size_t s) const;
+  // The allocator took resident state back (its forecast left too little): the budget is capped
+  // at what stayed, so that the evicted state does not rejoin at the next phase only to be
+  // evicted again in the forward pass.
+  void note_pressure_locked();
+  // After a phase: once kQuietPhases have passed without a reclaim, the cap grows by a quarter
+  // (at least one subgroup) each phase, and goes once it no longer binds. A forecast that keeps
+  // missing the same pressure costs one eviction per kQuietPhases phases, not one per step.
+  void relax_pressure();
   void write_params_locked(std::size_t s);
   // With resident state under tide's allocator: it may take the state back home before an
   // allocation would fail (CachingAllocator::add_reclaimer).
@@ -339,6 +349,12 @@ class Executor {
   allocator::device::CachingAllocator* reclaimed_from_ = nullptr;
   std::uint64_t reclaimer_ = 0;
   std::uint64_t headroom_cap_ = 0;
+  // Under residency_mutex_: the residency budget's cap after a reclaim (none: no pressure seen),
+  // and whether the allocator reclaimed since the last phase.
+  std::optional<std::uint64_t> pressure_budget_;
+  bool reclaimed_ = false;
+  int quiet_phases_ = 0;  // phases since the last reclaim
+  static constexpr int kQuietPhases = 8;
   PhaseReport report_;
   FrozenSlices frozen_;
   std::unique_ptr<ModelParams> model_params_;  // where the model's parameters are

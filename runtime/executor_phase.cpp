@@ -940,6 +940,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
     report.ran.subgroups[s].device = planner::Device::gpu;
     report.ran.subgroups[s].resident = true;
   }
+  relax_pressure();
   offer_to_reclaim();
   if (!options_.gradients_on_gpu) keep_resident_gradients();
   report.resident_subgroups = residency_.count();
