@@ -196,6 +196,13 @@ def pytest_figures(path: pathlib.Path, ignored: dict) -> dict:
         figures["crashes"] = r["crashes"]
     if r.get("failures"):
         figures["failed_tests"] = r["failures"]
+    if r.get("failure_messages"):
+        figures["failure_messages"] = r["failure_messages"]
+    if r.get("not_run_tests"):  # by file: what GPU_CHECK_PYTEST_ARGS gives the next run
+        files: dict[str, int] = {}
+        for test in r["not_run_tests"]:
+            files[test.split("::", 1)[0]] = files.get(test.split("::", 1)[0], 0) + 1
+        figures["not_run_files"] = files
     if r.get("collection_error_messages"):
         figures["collection_error_messages"] = r["collection_error_messages"]
     if ignored:
@@ -377,6 +384,14 @@ def bench_options(steps: Steps, bench: str) -> list[str]:
     return []
 
 
+def _last_line(message: str) -> str:
+    """What a failure says, short: pytest's first "E" line (the exception and its message; the
+    lines after it detail the comparison), else its last line."""
+    lines = [l.strip() for l in message.splitlines() if l.strip()]
+    said = [l for l in lines if l.startswith("E ")][:1] or lines[-1:]
+    return "`" + (said[0][:200].replace("`", "'") if said else "?") + "`"
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     b = report.get("bundle") or {}
@@ -394,7 +409,7 @@ def markdown(report: dict) -> str:
     for s in report["steps"]:
         shown = {k: v for k, v in s["figures"].items()
                  if k not in ("lines", "crashes", "failed_tests", "collection_error_messages",
-                              "left_out", "tide_info")}
+                              "left_out", "tide_info", "failure_messages", "not_run_files")}
         if "lines" in s["figures"]:
             shown["json_lines"] = len(s["figures"]["lines"])
         lines.append(f"| {s['step']} | {s['status']} | {s['seconds']} | "
@@ -402,7 +417,12 @@ def markdown(report: dict) -> str:
     for s in report["steps"]:
         f = s["figures"]
         detail = [f"- crashed: `{c['test']}`: {c['reason']}" for c in f.get("crashes", [])]
-        detail += [f"- failed: `{t}`" for t in f.get("failed_tests", [])]
+        messages = f.get("failure_messages", {})
+        detail += [f"- failed: `{t}`" + (f": {_last_line(messages[t])}" if t in messages else "")
+                   for t in f.get("failed_tests", [])]
+        if f.get("not_run_files"):
+            detail += [f"- not reached: `{p}` ({n} tests)" for p, n in f["not_run_files"].items()]
+            detail += [f"- the next run, for those: `GPU_CHECK_PYTEST_ARGS=\"{' '.join(f['not_run_files'])}\"`"]
         if f.get("tide_info"):
             detail += ["```", *f["tide_info"], "```"]
         detail += [f"- collection error: `{p}`: {why}"

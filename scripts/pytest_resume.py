@@ -244,6 +244,7 @@ def main() -> int:
     summary = {**counts, "rounds": rounds, "status": status, "exit_codes": exit_codes,
                "seconds": round(time.monotonic() - start, 1), "crashes": crashes,
                "failures": [t for t, o in outcomes.items() if o in ("failed", "errors")],
+               "not_run_tests": [t for t in collected if t not in finished],
                "collection_error_messages": collection_errors,
                "failure_messages": failure_messages}
     print("pytest_resume: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +

@@ -137,8 +137,37 @@ def test_a_crash_ends_one_test_and_the_run_goes_on_in_order(tmp_path):
                             {"test": name + "test_fourth_hangs",
                              "reason": "over the per-test time limit"}], r.stdout
     assert s["failures"] == [name + "test_third_fails"]
+    # Why it failed, kept as it happened (a run cut at its deadline prints no summary).
+    assert "assert False" in s["failure_messages"][name + "test_third_fails"]
     assert {k: s[k] for k in ("collected", "passed", "failed", "crashed", "not_run", "rounds")} == \
         {"collected": 5, "passed": 2, "failed": 1, "crashed": 2, "not_run": 0, "rounds": 3}
+
+
+def test_a_run_cut_at_its_deadline_names_what_it_did_not_reach(tmp_path, monkeypatch):
+    """The H200's suite needed more than the loan left: the summary names the tests not run and
+    the failures' reasons, and gpu-check's report lists the files for the next run."""
+    (tmp_path / "test_slow.py").write_text(
+        "import time\n\ndef test_fails():\n    assert 1 == 2, 'the reason'\n\n"
+        "def test_slow():\n    time.sleep(60)\n\ndef test_never():\n    pass\n")
+    out = tmp_path / "summary.json"
+    r = run([sys.executable, SCRIPTS / "pytest_resume.py", "--deadline", "8", "--json", out, "--",
+             "-q", "-p", "no:cacheprovider", tmp_path / "test_slow.py"], cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    s = json.loads(out.read_text())
+    assert s["status"].startswith("cut at the deadline")
+    assert s["not_run_tests"] == ["test_slow.py::test_slow", "test_slow.py::test_never"]
+    assert "the reason" in s["failure_messages"]["test_slow.py::test_fails"]
+
+    gpu_check = load_script(SCRIPTS / "gpu_check.py")
+    figures = gpu_check.pytest_figures(out, {})
+    assert figures["not_run_files"] == {"test_slow.py": 2}
+    report = {"machine": gpu_check.machine(), "bundle": None, "mode": "m", "archs": "", "passed": False,
+              "seconds": 1, "budget_seconds": 1, "time_scale": 1,
+              "steps": [{"step": "pytest", "status": "failed", "seconds": 1, "figures": figures}]}
+    page = gpu_check.markdown(report)
+    assert "- failed: `test_slow.py::test_fails`: `E       AssertionError: the reason`" in page
+    assert "- not reached: `test_slow.py` (2 tests)" in page
+    assert 'GPU_CHECK_PYTEST_ARGS="test_slow.py"' in page
 
 
 def test_a_clean_run_is_one_process(tmp_path):
