@@ -276,7 +276,9 @@ TEST(ExecutorAllocatorResidency, PressureTheForecastMissesTakesStateBackOnceNotE
       auto grads = model.make_gradients(step);
       model.offload_all(executor);
       const PhaseReport& r = executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB);
-      if (step == 1) ASSERT_EQ(r.resident_subgroups, kSubgroups);
+      if (step == 1) {
+        ASSERT_EQ(r.resident_subgroups, kSubgroups);
+      }
       ref.step(grads, hyper(step));
       executor.release_buffers();
     }

@@ -272,7 +272,9 @@ TEST_F(ResidencyTest, NoMemoryForAJoiningSlotFallsBackToTheCpu) {
       ref.step(grads, hyper(step));
       EXPECT_TRUE(report.not_updated.empty());
       EXPECT_TRUE(report.fault.empty()) << report.fault;
-      if (step == 1) EXPECT_EQ(report.resident_subgroups, 2u);
+      if (step == 1) {
+        EXPECT_EQ(report.resident_subgroups, 2u);
+      }
       if (step == 2 && report.fallback_subgroups > 0 && report.resident_subgroups >= 2 &&
           report.resident_subgroups < kSizes.size()) {
         joining_failed = true;
