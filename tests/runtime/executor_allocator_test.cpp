@@ -162,134 +162,121 @@ TEST_F(ExecutorAllocatorTest, KeptGradientsLeaveTheForwardPassItsRoom) {
 namespace tide::runtime::testing {
 namespace {
 
-// Resident state under tide's allocator: an allocation that would fail because of it takes it
-// back home first (the executor's reclaimer), and succeeds; no out-of-memory is recorded, and
-// the state is intact in its pinned slots.
-TEST(ExecutorAllocatorResidency, AnAllocationThatWouldFailEvictsResidentStateInstead) {
-  const driver::CurrentContext context;
-  allocator::testing::DeviceStandin standin;
-  const std::uint64_t capacity = standin.capacity();
-  standin.set_capacity(64 * kMiB);
-  {
-    Model model(std::vector<std::uint64_t>(kSubgroups, kParams), 3);  // 6 MiB on the device
-    allocator::device::CachingAllocator& a = allocator::device::device_allocator(0);
-    // Iterations whose passes peaked at 16 MiB of activations (as many as the forecast's window,
-    // so that other tests' iterations are out of it): the held headroom forecast (what may be
-    // held through an iteration) has room for the whole state, 18 MiB.
+// Resident state under tide's allocator, 64 MiB of device memory: the model takes 6 MiB, and
+// iterations whose passes peaked at 16 MiB of activations make the held headroom forecast (what
+// may be held through an iteration) room for the whole state, 18 MiB.
+struct ExecutorAllocatorResidency : ::testing::Test {
+  void SetUp() override {
+    capacity = standin.capacity();
+    standin.set_capacity(64 * kMiB);
+    model = std::make_unique<Model>(std::vector<std::uint64_t>(kSubgroups, kParams), 3);
+    allocator = &allocator::device::device_allocator(0);
+    // What other tests allocated since their last mark ends here (an iteration without an update
+    // phase, which the forecast skips); then as many iterations as the forecast's window.
+    allocator->mark(allocator::telemetry::Mark::kIterationEnd);
     for (int i = 0; i < 5; ++i) {
-      a.mark(allocator::telemetry::Mark::kForward);
-      void* activations = a.allocate(16 * kMiB, nullptr);
+      allocator->mark(allocator::telemetry::Mark::kForward);
+      void* activations = allocator->allocate(16 * kMiB, nullptr);
       ASSERT_NE(activations, nullptr);
-      a.deallocate(activations, 16 * kMiB, nullptr);
-      a.mark(allocator::telemetry::Mark::kUpdate);
-      a.mark(allocator::telemetry::Mark::kIterationEnd);
+      allocator->deallocate(activations, 16 * kMiB, nullptr);
+      allocator->mark(allocator::telemetry::Mark::kUpdate);
+      allocator->mark(allocator::telemetry::Mark::kIterationEnd);
     }
-    ASSERT_GT(a.headroom().held_headroom, 30 * kMiB);
-
-    Reference ref(*model.state);
-    ExecutorOptions options;
+    ASSERT_GT(allocator->headroom().held_headroom, 30 * kMiB);
     options.rates = test_rates();
     options.refine = false;
     options.residency = true;
-    Executor executor(*model.state, options);
-    auto grads = model.make_gradients(1);
-    model.offload_all(executor);
-    const PhaseReport& r = executor.run(hyper(1), Policy::automatic_policy(), 40 * kMiB);
-    ref.step(grads, hyper(1));
-    ASSERT_EQ(r.resident_subgroups, kSubgroups);
-    executor.release_buffers();
-    const std::size_t ooms = a.ooms().size();
-
-    // The next forward pass needs more than the resident state leaves.
-    const std::uint64_t want = 48 * kMiB;
-    ASSERT_LT(driver::memory_info().free_bytes + (a.usage().reserved - a.usage().live), want);
-    void* big = a.allocate(want, nullptr);
-    ASSERT_NE(big, nullptr);
-    EXPECT_LT(executor.residency().count(), kSubgroups);
-    EXPECT_EQ(a.ooms().size(), ooms);
-    executor.sync_state(false);  // the evicted state is home; the rest comes with it
-    expect_matches(model, ref);
-    a.deallocate(big, want, nullptr);
-
-    // The forecast missed that pressure once, so what it took back does not rejoin at the next
-    // phase (the next forward pass could take it again); it rejoins once phases have passed
-    // without pressure, and the steps go on exactly.
-    const std::size_t stayed = executor.residency().count();
-    std::vector<std::size_t> counts;
-    for (int step = 2; step <= 20; ++step) {
-      grads = model.make_gradients(step);
-      model.offload_all(executor);
-      counts.push_back(
-          executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB).resident_subgroups);
-      ref.step(grads, hyper(step));
-      executor.release_buffers();
-    }
-    EXPECT_EQ(counts.front(), stayed);
-    EXPECT_TRUE(std::is_sorted(counts.begin(), counts.end()));
-    EXPECT_EQ(counts.back(), kSubgroups);
-    executor.sync_state(false);
-    expect_matches(model, ref);
   }
-  allocator::device::device_allocator(0).empty_cache();
-  standin.set_capacity(capacity);
+  void TearDown() override {
+    model.reset();
+    allocator->empty_cache();
+    standin.set_capacity(capacity);
+  }
+
+  const driver::CurrentContext context;
+  allocator::testing::DeviceStandin standin;
+  std::unique_ptr<Model> model;
+  allocator::device::CachingAllocator* allocator = nullptr;
+  ExecutorOptions options;
+  std::uint64_t capacity = 0;
+};
+
+// An allocation that would fail because of resident state takes it back home first (the
+// executor's reclaimer), and succeeds; no out-of-memory is recorded, and the state is intact in
+// its pinned slots.
+TEST_F(ExecutorAllocatorResidency, AnAllocationThatWouldFailEvictsResidentStateInstead) {
+  allocator::device::CachingAllocator& a = *allocator;
+  Reference ref(*model->state);
+  Executor executor(*model->state, options);
+  auto grads = model->make_gradients(1);
+  model->offload_all(executor);
+  const PhaseReport& r = executor.run(hyper(1), Policy::automatic_policy(), 40 * kMiB);
+  ref.step(grads, hyper(1));
+  ASSERT_EQ(r.resident_subgroups, kSubgroups);
+  executor.release_buffers();
+  const std::size_t ooms = a.ooms().size();
+
+  // The next forward pass needs more than the resident state leaves.
+  const std::uint64_t want = 48 * kMiB;
+  ASSERT_LT(driver::memory_info().free_bytes + (a.usage().reserved - a.usage().live), want);
+  void* big = a.allocate(want, nullptr);
+  ASSERT_NE(big, nullptr);
+  EXPECT_LT(executor.residency().count(), kSubgroups);
+  EXPECT_EQ(a.ooms().size(), ooms);
+  executor.sync_state(false);  // the evicted state is home; the rest comes with it
+  expect_matches(*model, ref);
+  a.deallocate(big, want, nullptr);
+
+  // The forecast missed that pressure once, so what it took back does not rejoin at the next
+  // phase (the next forward pass could take it again); it rejoins once phases have passed
+  // without pressure, and the steps go on exactly.
+  const std::size_t stayed = executor.residency().count();
+  std::vector<std::size_t> counts;
+  for (int step = 2; step <= 20; ++step) {
+    grads = model->make_gradients(step);
+    model->offload_all(executor);
+    counts.push_back(
+        executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB).resident_subgroups);
+    ref.step(grads, hyper(step));
+    executor.release_buffers();
+  }
+  EXPECT_EQ(counts.front(), stayed);
+  EXPECT_TRUE(std::is_sorted(counts.begin(), counts.end()));
+  EXPECT_EQ(counts.back(), kSubgroups);
+  executor.sync_state(false);
+  expect_matches(*model, ref);
 }
 
 // A forward pass that needs more than the forecast says, every step (the allocator's forecast
 // counts live bytes; what fragmentation reserves under a cap it does not see): resident state is
 // taken back once, not at every step to rejoin at the next phase (the H200's capped iterations
 // spent 25 ms more outside the update phase than a fixed placement with the same update).
-TEST(ExecutorAllocatorResidency, PressureTheForecastMissesTakesStateBackOnceNotEveryStep) {
-  const driver::CurrentContext context;
-  allocator::testing::DeviceStandin standin;
-  const std::uint64_t capacity = standin.capacity();
-  standin.set_capacity(64 * kMiB);
-  {
-    Model model(std::vector<std::uint64_t>(kSubgroups, kParams), 3);
-    allocator::device::CachingAllocator& a = allocator::device::device_allocator(0);
-    // What other tests allocated since their last mark ends here (an iteration without an update
-    // phase, which the forecast skips); then the forecast: passes that peak at 16 MiB.
-    a.mark(allocator::telemetry::Mark::kIterationEnd);
-    for (int i = 0; i < 5; ++i) {
-      a.mark(allocator::telemetry::Mark::kForward);
-      void* activations = a.allocate(16 * kMiB, nullptr);
-      ASSERT_NE(activations, nullptr);
-      a.deallocate(activations, 16 * kMiB, nullptr);
-      a.mark(allocator::telemetry::Mark::kUpdate);
-      a.mark(allocator::telemetry::Mark::kIterationEnd);
+TEST_F(ExecutorAllocatorResidency, PressureTheForecastMissesTakesStateBackOnceNotEveryStep) {
+  Reference ref(*model->state);
+  Executor executor(*model->state, options);
+  int evictions = 0;
+  for (int step = 1; step <= 12; ++step) {
+    if (step > 1) {  // a forward pass the forecast does not see (no marks): 48 MiB
+      const std::size_t before = executor.residency().count();
+      void* big = allocator->allocate(48 * kMiB, nullptr);
+      ASSERT_NE(big, nullptr) << "step " << step;
+      evictions += executor.residency().count() < before ? 1 : 0;
+      allocator->deallocate(big, 48 * kMiB, nullptr);
     }
-    ASSERT_GT(a.headroom().held_headroom, 30 * kMiB);
-    Reference ref(*model.state);
-    ExecutorOptions options;
-    options.rates = test_rates();
-    options.refine = false;
-    options.residency = true;
-    Executor executor(*model.state, options);
-    int evictions = 0;
-    for (int step = 1; step <= 12; ++step) {
-      if (step > 1) {  // a forward pass the forecast does not see (no marks): 48 MiB
-        const std::size_t before = executor.residency().count();
-        void* big = a.allocate(48 * kMiB, nullptr);
-        ASSERT_NE(big, nullptr) << "step " << step;
-        evictions += executor.residency().count() < before ? 1 : 0;
-        a.deallocate(big, 48 * kMiB, nullptr);
-      }
-      auto grads = model.make_gradients(step);
-      model.offload_all(executor);
-      const PhaseReport& r = executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB);
-      if (step == 1) {
-        ASSERT_EQ(r.resident_subgroups, kSubgroups);
-      }
-      ref.step(grads, hyper(step));
-      executor.release_buffers();
+    auto grads = model->make_gradients(step);
+    model->offload_all(executor);
+    const PhaseReport& r = executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB);
+    if (step == 1) {
+      ASSERT_EQ(r.resident_subgroups, kSubgroups);
     }
-    // Once at the first, and at most once more when the cap is tried again after quiet phases.
-    EXPECT_GE(evictions, 1);
-    EXPECT_LE(evictions, 2);
-    executor.sync_state(false);
-    expect_matches(model, ref);
+    ref.step(grads, hyper(step));
+    executor.release_buffers();
   }
-  allocator::device::device_allocator(0).empty_cache();
-  standin.set_capacity(capacity);
+  // Once at the first, and at most once more when the cap is tried again after quiet phases.
+  EXPECT_GE(evictions, 1);
+  EXPECT_LE(evictions, 2);
+  executor.sync_state(false);
+  expect_matches(*model, ref);
 }
 
 }  // namespace
