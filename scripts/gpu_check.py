@@ -18,6 +18,7 @@ files are everything. Exit status 0 when every step passed.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime
 import importlib.util
@@ -199,10 +200,8 @@ def pytest_figures(path: pathlib.Path, ignored: dict) -> dict:
     if r.get("failure_messages"):
         figures["failure_messages"] = r["failure_messages"]
     if r.get("not_run_tests"):  # by file: what GPU_CHECK_PYTEST_ARGS gives the next run
-        files: dict[str, int] = {}
-        for test in r["not_run_tests"]:
-            files[test.split("::", 1)[0]] = files.get(test.split("::", 1)[0], 0) + 1
-        figures["not_run_files"] = files
+        figures["not_run_files"] = dict(collections.Counter(
+            test.split("::", 1)[0] for test in r["not_run_tests"]))
     if r.get("collection_error_messages"):
         figures["collection_error_messages"] = r["collection_error_messages"]
     if ignored:
@@ -384,7 +383,7 @@ def bench_options(steps: Steps, bench: str) -> list[str]:
     return []
 
 
-def _last_line(message: str) -> str:
+def _error_line(message: str) -> str:
     """What a failure says, short: pytest's first "E" line (the exception and its message; the
     lines after it detail the comparison), else its last line."""
     lines = [l.strip() for l in message.splitlines() if l.strip()]
@@ -418,7 +417,7 @@ def markdown(report: dict) -> str:
         f = s["figures"]
         detail = [f"- crashed: `{c['test']}`: {c['reason']}" for c in f.get("crashes", [])]
         messages = f.get("failure_messages", {})
-        detail += [f"- failed: `{t}`" + (f": {_last_line(messages[t])}" if t in messages else "")
+        detail += [f"- failed: `{t}`" + (f": {_error_line(messages[t])}" if t in messages else "")
                    for t in f.get("failed_tests", [])]
         if f.get("not_run_files"):
             detail += [f"- not reached: `{p}` ({n} tests)" for p, n in f["not_run_files"].items()]
