@@ -295,25 +295,46 @@ std::uint64_t Executor::resident_cost(std::size_t s) const {
   return state_.slot_bytes(s) + state_.params(s) * state_.grad_bytes();
 }
 
-void Executor::note_pressure_locked() {
+void Executor::note_pressure_locked(std::uint64_t give_back) {
   std::uint64_t stayed = resident_working_bytes();
   for (std::size_t s = 0; s < state_.size(); ++s) {
     if (residency_.resident(s)) stayed += resident_cost(s);
   }
+  stayed -= std::min(stayed, give_back);
   pressure_budget_ = pressure_budget_ ? std::min(*pressure_budget_, stayed) : stayed;
+  if (relaxed_) quiet_needed_ = std::min(2 * quiet_needed_, kMaxQuietPhases);
+  relaxed_ = false;
   reclaimed_ = true;
+}
+
+void Executor::note_released_cache_locked() {
+  allocator::device::CachingAllocator* a = buffers_.caching_allocator();
+  if (a == nullptr) return;
+  const std::uint64_t releases = a->usage().cache_releases;
+  const bool released = releases > cache_releases_seen_;
+  cache_releases_seen_ = releases;
+  // A reclaim since the last phase has already capped the budget for the same pressure.
+  if (!released || reclaimed_ || residency_.count() == 0) return;
+  std::uint64_t resident = 0, largest = 0;
+  for (std::size_t s = 0; s < state_.size(); ++s) {
+    if (!residency_.resident(s)) continue;
+    resident += resident_cost(s);
+    largest = std::max(largest, resident_cost(s));
+  }
+  note_pressure_locked(std::max(resident / 4, largest));
 }
 
 void Executor::relax_pressure() {
   quiet_phases_ = reclaimed_ ? 0 : quiet_phases_ + 1;
   reclaimed_ = false;
-  if (!pressure_budget_ || quiet_phases_ < kQuietPhases) return;
+  if (!pressure_budget_ || quiet_phases_ < quiet_needed_) return;
   std::uint64_t largest = 0, all = resident_working_bytes();
   for (std::size_t s = 0; s < state_.size(); ++s) {
     largest = std::max(largest, resident_cost(s));
     all += resident_cost(s);
   }
   *pressure_budget_ += std::max(*pressure_budget_ / 4, largest);
+  relaxed_ = true;
   // Past every subgroup's cost (with the hysteresis band) it cannot bind any more.
   if (static_cast<double>(*pressure_budget_) * (1.0 - options_.residency_hysteresis) >=
       static_cast<double>(all)) {
@@ -415,8 +436,8 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
     sub.start_s = resident_s;
     // Its gradient comes over the link unless it was kept on the GPU (a prepared plan's, or a
     // resident subgroup's since the last phase: keep_resident_gradients).
-    const bool kept = w.footprint.gradients_on_gpu || offload_->device_gradient(s) != 0;
-    const double grad_in_s = kept ? 0.0 : params * state_.grad_bytes() / r.h2d;
+    const bool grad_kept = w.footprint.gradients_on_gpu || offload_->device_gradient(s) != 0;
+    const double grad_in_s = grad_kept ? 0.0 : params * state_.grad_bytes() / r.h2d;
     sub.h2d_end_s = resident_s + grad_in_s;
     sub.update_end_s = sub.h2d_end_s + params / gpu_rate;
     sub.end_s = sub.update_end_s;

@@ -318,12 +318,18 @@ class Executor {
   // A residency budget unit of subgroup s: its state slot and its kept gradient.
   std::uint64_t resident_cost(std::size_t s) const;
   // The allocator took resident state back (its forecast left too little): the budget is capped
-  // at what stayed, so that the evicted state does not rejoin at the next phase only to be
-  // evicted again in the forward pass.
-  void note_pressure_locked();
-  // After a phase: once kQuietPhases have passed without a reclaim, the cap grows by a quarter
-  // (at least one subgroup) each phase, and goes once it no longer binds. A forecast that keeps
-  // missing the same pressure costs one eviction per kQuietPhases phases, not one per step.
+  // at what stayed, less `give_back`, so that the evicted state does not rejoin at the next phase
+  // only to be evicted again in the forward pass.
+  void note_pressure_locked(std::uint64_t give_back = 0);
+  // Before a phase's plan: if, since the last phase, the allocator served an allocation only by
+  // giving its cache back to the driver while state was resident (live bytes fitted, what
+  // fragmentation reserves did not: the forecast cannot see it), the residency budget gives up a
+  // quarter of the resident state (at least one subgroup), as after a reclaim.
+  void note_released_cache_locked();
+  // After a phase: once quiet_needed_ phases have passed without pressure, the cap grows by a
+  // quarter (at least one subgroup) each phase, and goes once it no longer binds. Pressure that
+  // follows such growth doubles quiet_needed_ (up to kMaxQuietPhases): a forecast that keeps
+  // missing the same pressure costs one eviction per many phases, not one per step.
   void relax_pressure();
   void write_params_locked(std::size_t s);
   // With resident state under tide's allocator: it may take the state back home before an
@@ -355,6 +361,11 @@ class Executor {
   bool reclaimed_ = false;
   int quiet_phases_ = 0;  // phases since the last reclaim
   static constexpr int kQuietPhases = 8;
+  static constexpr int kMaxQuietPhases = 64;
+  int quiet_needed_ = kQuietPhases;
+  bool relaxed_ = false;  // the cap grew (or went) since the last pressure
+  // The allocator's Usage::cache_releases after the last phase.
+  std::uint64_t cache_releases_seen_ = 0;
   PhaseReport report_;
   FrozenSlices frozen_;
   std::unique_ptr<ModelParams> model_params_;  // where the model's parameters are

@@ -873,6 +873,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   const bool prepared = prepared_.has_value();
   PhaseReport report;
   // Unprepared: the gradients were offloaded to host memory.
+  note_released_cache_locked();
   const std::uint64_t held = options_.residency && !prepared ? residency_held(headroom_bytes) : 0;
   report.planned = prepared ? *prepared_ : plan_with(policy, headroom_bytes, false, held);
   for (planner::SubgroupPlan& sub : report.planned.subgroups) {
@@ -942,6 +943,11 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   }
   relax_pressure();
   offer_to_reclaim();
+  // The phase's own allocations released the cache for its plan: only what comes after counts
+  // as pressure from resident state (note_released_cache_locked), its kept gradients included.
+  if (allocator::device::CachingAllocator* a = buffers_.caching_allocator()) {
+    cache_releases_seen_ = a->usage().cache_releases;
+  }
   if (!options_.gradients_on_gpu) keep_resident_gradients();
   report.resident_subgroups = residency_.count();
   report.resident_bytes = residency_.bytes();

@@ -88,6 +88,10 @@ class CachingAllocator final : public DeviceMemoryResource {
   struct Usage {
     std::uint64_t live = 0;
     std::uint64_t reserved = 0;
+    // Allocations served only by giving the cache back to the driver first (a synchronize, an
+    // unmap and a map again) since the allocator was made; unlike stats()' num_alloc_retries,
+    // never reset, so that a holder of memory can tell whether it squeezes the rest.
+    std::uint64_t cache_releases = 0;
   };
   Usage usage() const;
   void reset_peak_stats();
@@ -232,6 +236,7 @@ class CachingAllocator final : public DeviceMemoryResource {
   std::uint64_t peak_allocation_[3] = {};
   std::uint64_t peak_active_[3] = {};
   std::uint64_t num_alloc_retries_ = 0;
+  std::uint64_t cache_releases_ = 0;  // as num_alloc_retries_, never reset (Usage)
   std::uint64_t num_ooms_ = 0;
   std::uint64_t num_sync_all_streams_ = 0;
   std::uint64_t num_device_alloc_ = 0;

@@ -38,6 +38,7 @@ Block* CachingAllocator::allocate_slow_locked(std::size_t bytes, std::size_t rou
   // ...then give the cache back to the driver and try once more.
   release_cached_locked();
   ++num_alloc_retries_;
+  ++cache_releases_;
   limit_hit = false;
   if (Block* b = grow_locked(rounded, pool, stream, &limit_hit)) return b;
   if (last_try) record_oom_locked(bytes, rounded, stream, limit_hit);

@@ -146,7 +146,7 @@ AllocatorStats CachingAllocator::stats() const {
 
 CachingAllocator::Usage CachingAllocator::usage() const {
   const std::lock_guard lock(mutex_);
-  return Usage{live_locked(), reserved_locked()};
+  return Usage{live_locked(), reserved_locked(), cache_releases_};
 }
 
 void CachingAllocator::reset_peak_stats() {

@@ -279,5 +279,50 @@ TEST_F(ExecutorAllocatorResidency, PressureTheForecastMissesTakesStateBackOnceNo
   expect_matches(*model, ref);
 }
 
+// Forward passes whose live bytes fit beside the resident state but whose blocks do not: what
+// they free cannot serve what they ask next (20 MiB freed, 22 MiB asked), the allocator maps more
+// at each step, and at its limit it serves them only by giving its whole cache back (a device
+// synchronize, unmapping and mapping again). Nothing fails, so nothing is reclaimed, and the
+// forecast (live bytes) sees no pressure: without a reaction it went on every few steps with all
+// six subgroups resident. Each such release costs the residency budget a quarter.
+TEST_F(ExecutorAllocatorResidency, ForwardPassesThatReleaseTheCacheShrinkResidency) {
+  using allocator::telemetry::Mark;
+  Reference ref(*model->state);
+  Executor executor(*model->state, options);
+  std::size_t resident = 0, releasing_steps = 0;
+  for (int step = 1; step <= 20; ++step) {
+    const std::uint64_t releases = allocator->usage().cache_releases;
+    allocator->mark(Mark::kForward);
+    void* a = allocator->allocate(20 * kMiB, nullptr);
+    void* b = allocator->allocate(2 * kMiB, nullptr);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    allocator->deallocate(a, 20 * kMiB, nullptr);
+    void* c = allocator->allocate(22 * kMiB, nullptr);
+    ASSERT_NE(c, nullptr) << "step " << step;
+    allocator->mark(Mark::kBackward);
+    allocator->deallocate(b, 2 * kMiB, nullptr);
+    allocator->deallocate(c, 22 * kMiB, nullptr);
+    const bool released = allocator->usage().cache_releases > releases;
+    allocator->mark(Mark::kUpdate);
+    auto grads = model->make_gradients(step);
+    model->offload_all(executor);
+    const PhaseReport& r = executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB);
+    ref.step(grads, hyper(step));
+    executor.release_buffers();
+    allocator->mark(Mark::kIterationEnd);
+    if (step == 1) {
+      ASSERT_EQ(r.resident_subgroups, kSubgroups);
+    } else if (released && resident > 0) {
+      ++releasing_steps;
+      EXPECT_LT(r.resident_subgroups, resident) << "step " << step << " released the cache";
+    }
+    resident = r.resident_subgroups;
+  }
+  EXPECT_GE(releasing_steps, 1u);  // the pattern does squeeze the cache
+  executor.sync_state(false);
+  expect_matches(*model, ref);
+}
+
 }  // namespace
 }  // namespace tide::runtime::testing
