@@ -183,6 +183,20 @@ void Executor::release_buffers() {
   const driver::ContextScope scope(context_);
   settle();
   buffers_.clear();
+  hand_freed_blocks_over();
+}
+
+void Executor::hand_freed_blocks_over() {
+  allocator::device::CachingAllocator* a = buffers_.caching_allocator();
+  if (a == nullptr) return;
+  const std::uint64_t frees = a->frees_so_far();
+  try {
+    synchronize_streams();
+  } catch (...) {
+    return;  // they wait for the allocator's events, as any block freed on a stream
+  }
+  // Every buffer and slot of the executor is allocated on the compute stream.
+  a->streams_waited(compute_->get(), frees);
 }
 
 void Executor::write_params(std::size_t s) {
@@ -286,6 +300,7 @@ std::uint64_t Executor::evict_locked(std::uint64_t max_bytes) {
     residency_.to_host(s, *d2h_);
     residency_.drop(s);
   }
+  hand_freed_blocks_over();
   return before - residency_.bytes();
 }
 

@@ -331,6 +331,11 @@ class Executor {
   // follows such growth doubles quiet_needed_ (up to kMaxQuietPhases): a forecast that keeps
   // missing the same pressure costs one eviction per many phases, not one per step.
   void relax_pressure();
+  // After buffers or slots were freed: waits for the phase's streams, then lets the allocator
+  // hand the freed blocks to any stream (CachingAllocator::streams_waited), so that the next
+  // forward pass reuses them instead of growing the cache beside them (under a cap, growing
+  // ends in the allocator giving its whole cache back). Nothing if the streams cannot be waited.
+  void hand_freed_blocks_over();
   void write_params_locked(std::size_t s);
   // With resident state under tide's allocator: it may take the state back home before an
   // allocation would fail (CachingAllocator::add_reclaimer).

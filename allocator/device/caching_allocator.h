@@ -75,6 +75,14 @@ class CachingAllocator final : public DeviceMemoryResource {
   // The block at `ptr` (allocated) is used on `stream` too: not reused before that stream's work
   // submitted until its free completes.
   void record_stream(void* ptr, CUstream stream);
+  // Stream order without an event, for a holder that waits for its own streams (tide's executor
+  // after its phase). Blocks freed on a stream serve other streams only once an event shows
+  // their uses done, and the allocator records one only when short of memory: meanwhile a
+  // request on another stream grows the cache instead. frees_so_far(), read after the holder's
+  // frees, then streams_waited() once it has waited for every use of those blocks: they serve
+  // any stream at once.
+  std::uint64_t frees_so_far() const;
+  void streams_waited(CUstream stream, std::uint64_t frees);
   // Whether `ptr` is a block this allocator handed out (and not yet freed).
   bool owns(void* ptr) const;
   // Gives every cached free block back to the driver (after waiting for pending frees).

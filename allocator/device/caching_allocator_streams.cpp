@@ -54,6 +54,17 @@ bool CachingAllocator::fence_locked(CUstream stream) {
   return false;
 }
 
+std::uint64_t CachingAllocator::frees_so_far() const {
+  const std::lock_guard lock(mutex_);
+  return free_seq_;
+}
+
+void CachingAllocator::streams_waited(CUstream stream, std::uint64_t frees) {
+  const std::lock_guard lock(mutex_);
+  if (stream == kAnyStream) return;
+  promote_locked(stream, frees);
+}
+
 void CachingAllocator::promote_locked(CUstream stream, std::uint64_t covers) {
   for (BlockPool& pool : pools_) {
     for (Block* b : pool.tagged(stream)) {

@@ -122,6 +122,37 @@ TEST_P(StreamReuseTest, RecordStreamDelaysReuseUntilTheOtherStreamIsDone) {
   }
 }
 
+// A holder that waits for its own stream (tide's executor after its phase) hands what it freed
+// there to any stream at once (streams_waited); what it frees after reading frees_so_far() still
+// waits for that stream's work.
+TEST_P(StreamReuseTest, BlocksFreedBeforeTheHolderWaitedServeAnyStreamAndNoLaterOnes) {
+  const std::size_t size = GetParam();
+  CachingAllocator a(0, config(0));
+  driver::Stream s1;
+  driver::Stream s2;
+  void* x = a.allocate(size, s1.get());
+  void* v = a.allocate(size, s1.get());
+  busy(s1, x);
+  a.deallocate(x, size, s1.get());
+  const std::uint64_t frees = a.frees_so_far();
+  s1.synchronize();
+  a.streams_waited(s1.get(), frees);
+  void* y = a.allocate(size, s2.get());
+  EXPECT_EQ(y, x);
+  busy(s1, v);
+  a.deallocate(v, size, s1.get());
+  a.streams_waited(s1.get(), frees);  // covers x only
+  ASSERT_FALSE(s1.idle()) << "the copy should still run";
+  void* w = a.allocate(size, s2.get());
+  if (w == v) {
+    EXPECT_TRUE(s1.idle()) << "a block freed after frees_so_far() went to stream 2 while busy";
+  }
+  EXPECT_NE(w, v);
+  a.deallocate(w, size, s2.get());
+  a.deallocate(y, size, s2.get());
+  s1.synchronize();
+}
+
 std::string size_name(const ::testing::TestParamInfo<std::size_t>& p) {
   return p.param <= kMiB ? "small" : "large";
 }
