@@ -872,8 +872,8 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   if (!ready_ || offload_->offloads() != ready_offloads_) ready(hyper);
   const bool prepared = prepared_.has_value();
   PhaseReport report;
-  // Unprepared: the gradients were offloaded to host memory.
   note_released_cache_locked();
+  // Unprepared: the gradients were offloaded to host memory.
   const std::uint64_t held = options_.residency && !prepared ? residency_held(headroom_bytes) : 0;
   report.planned = prepared ? *prepared_ : plan_with(policy, headroom_bytes, false, held);
   for (planner::SubgroupPlan& sub : report.planned.subgroups) {

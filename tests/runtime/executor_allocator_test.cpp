@@ -193,6 +193,34 @@ struct ExecutorAllocatorResidency : ::testing::Test {
     standin.set_capacity(capacity);
   }
 
+  // One marked iteration: a forward pass whose freed blocks cannot serve what it asks next (20
+  // MiB freed, 22 MiB asked), then an automatic phase at `step`. `released`: whether the forward
+  // pass made the allocator give its cache back.
+  void fragmenting_iteration(Executor& executor, Reference& ref, int step, PhaseReport* report,
+                             bool* released) {
+    using allocator::telemetry::Mark;
+    const std::uint64_t releases = allocator->usage().cache_releases;
+    allocator->mark(Mark::kForward);
+    void* a = allocator->allocate(20 * kMiB, nullptr);
+    void* b = allocator->allocate(2 * kMiB, nullptr);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    allocator->deallocate(a, 20 * kMiB, nullptr);
+    void* c = allocator->allocate(22 * kMiB, nullptr);
+    ASSERT_NE(c, nullptr) << "step " << step;
+    allocator->mark(Mark::kBackward);
+    allocator->deallocate(b, 2 * kMiB, nullptr);
+    allocator->deallocate(c, 22 * kMiB, nullptr);
+    *released = allocator->usage().cache_releases > releases;
+    allocator->mark(Mark::kUpdate);
+    auto grads = model->make_gradients(step);
+    model->offload_all(executor);
+    *report = executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB);
+    ref.step(grads, hyper(step));
+    executor.release_buffers();
+    allocator->mark(Mark::kIterationEnd);
+  }
+
   const driver::CurrentContext context;
   allocator::testing::DeviceStandin standin;
   std::unique_ptr<Model> model;
@@ -286,31 +314,13 @@ TEST_F(ExecutorAllocatorResidency, PressureTheForecastMissesTakesStateBackOnceNo
 // forecast (live bytes) sees no pressure: without a reaction it went on every few steps with all
 // six subgroups resident. Each such release costs the residency budget a quarter.
 TEST_F(ExecutorAllocatorResidency, ForwardPassesThatReleaseTheCacheShrinkResidency) {
-  using allocator::telemetry::Mark;
   Reference ref(*model->state);
   Executor executor(*model->state, options);
   std::size_t resident = 0, releasing_steps = 0;
   for (int step = 1; step <= 20; ++step) {
-    const std::uint64_t releases = allocator->usage().cache_releases;
-    allocator->mark(Mark::kForward);
-    void* a = allocator->allocate(20 * kMiB, nullptr);
-    void* b = allocator->allocate(2 * kMiB, nullptr);
-    ASSERT_NE(a, nullptr);
-    ASSERT_NE(b, nullptr);
-    allocator->deallocate(a, 20 * kMiB, nullptr);
-    void* c = allocator->allocate(22 * kMiB, nullptr);
-    ASSERT_NE(c, nullptr) << "step " << step;
-    allocator->mark(Mark::kBackward);
-    allocator->deallocate(b, 2 * kMiB, nullptr);
-    allocator->deallocate(c, 22 * kMiB, nullptr);
-    const bool released = allocator->usage().cache_releases > releases;
-    allocator->mark(Mark::kUpdate);
-    auto grads = model->make_gradients(step);
-    model->offload_all(executor);
-    const PhaseReport& r = executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB);
-    ref.step(grads, hyper(step));
-    executor.release_buffers();
-    allocator->mark(Mark::kIterationEnd);
+    PhaseReport r;
+    bool released = false;
+    ASSERT_NO_FATAL_FAILURE(fragmenting_iteration(executor, ref, step, &r, &released));
     if (step == 1) {
       ASSERT_EQ(r.resident_subgroups, kSubgroups);
     } else if (released && resident > 0) {
@@ -330,29 +340,13 @@ TEST_F(ExecutorAllocatorResidency, ForwardPassesThatReleaseTheCacheShrinkResiden
 // step, and release the cache at its limit again and again (every few steps, at 40 steps). The
 // executor waits for its streams when it releases its buffers, and says so to the allocator.
 TEST_F(ExecutorAllocatorResidency, ForwardPassesBesideResidentStateSettle) {
-  using allocator::telemetry::Mark;
   Reference ref(*model->state);
   Executor executor(*model->state, options);
   std::vector<std::uint64_t> releases;
   for (int step = 1; step <= 40; ++step) {
-    allocator->mark(Mark::kForward);
-    void* a = allocator->allocate(20 * kMiB, nullptr);
-    void* b = allocator->allocate(2 * kMiB, nullptr);
-    ASSERT_NE(a, nullptr);
-    ASSERT_NE(b, nullptr);
-    allocator->deallocate(a, 20 * kMiB, nullptr);
-    void* c = allocator->allocate(22 * kMiB, nullptr);
-    ASSERT_NE(c, nullptr) << "step " << step;
-    allocator->mark(Mark::kBackward);
-    allocator->deallocate(b, 2 * kMiB, nullptr);
-    allocator->deallocate(c, 22 * kMiB, nullptr);
-    allocator->mark(Mark::kUpdate);
-    auto grads = model->make_gradients(step);
-    model->offload_all(executor);
-    executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB);
-    ref.step(grads, hyper(step));
-    executor.release_buffers();
-    allocator->mark(Mark::kIterationEnd);
+    PhaseReport r;
+    bool released = false;
+    ASSERT_NO_FATAL_FAILURE(fragmenting_iteration(executor, ref, step, &r, &released));
     releases.push_back(allocator->usage().cache_releases);
   }
   // The last 20 steps: no release. (Growing 2 MiB a step, the cache reached its limit within 20.)
