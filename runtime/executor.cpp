@@ -21,6 +21,7 @@
 #include "runtime/device_params.h"
 #include "runtime/host_params.h"
 #include "runtime/memory_pressure.h"
+#include "runtime/wakeup.h"
 
 namespace tide::runtime {
 
@@ -518,28 +519,56 @@ void Executor::zero_frozen_kept_gradients() {
   }
 }
 
-void Executor::end_unplanned_residency(planner::Plan& plan) {
+std::vector<Executor::Homeward> Executor::send_unplanned_home(
+    planner::Plan& plan, const std::shared_ptr<Wakeup>& wakeup) {
   std::vector<std::size_t> leaving;
   for (std::size_t s = 0; s < state_.size(); ++s) {
     if (residency_.resident(s) && !plan.subgroups[s].resident) leaving.push_back(s);
   }
-  if (leaving.empty()) return;
-  std::vector<std::size_t> stuck;  // could not be copied home: they stay resident this phase
+  std::vector<Homeward> sent;
+  if (leaving.empty()) return sent;
+  std::vector<std::size_t> stuck;  // could not be sent home: they stay resident this phase
   try {
     settle();
     synchronize_streams();
     for (std::size_t s : leaving) {
+      Homeward h{
+          .subgroup = s, .arrived = driver::Event(), .sent = std::chrono::steady_clock::now()};
       try {
-        residency_.to_host(s, *d2h_);
-        residency_.drop(s);
+        if (!residency_.send_home(s, *d2h_)) {
+          residency_.drop(s);  // its pinned slot is current already (a synced mirror)
+          continue;
+        }
+        h.arrived.record(*d2h_);
+        d2h_->host_callback([w = wakeup] { w->notify(); });
+        sent.push_back(std::move(h));
       } catch (...) {
+        stuck.push_back(s);  // a copy may be under way: the join waits for it
+      }
+    }
+    // Frozen slices are saved from the pinned slot before the phase: theirs must be there.
+    for (auto h = sent.begin(); h != sent.end();) {
+      if (!frozen_.any(h->subgroup)) {
+        ++h;
+        continue;
+      }
+      h->arrived.synchronize();
+      residency_.arrived(h->subgroup);
+      residency_.drop(h->subgroup);
+      h = sent.erase(h);
+    }
+  } catch (...) {
+    // The device failed: whatever was sent is seen by the phase (as lost), the rest stays.
+    for (std::size_t s : leaving) {
+      const bool is_sent =
+          std::any_of(sent.begin(), sent.end(), [s](const Homeward& h) { return h.subgroup == s; });
+      if (!is_sent && residency_.resident(s) &&
+          std::find(stuck.begin(), stuck.end(), s) == stuck.end()) {
         stuck.push_back(s);
       }
     }
-  } catch (...) {
-    stuck = leaving;
   }
-  if (stuck.empty()) return;
+  if (stuck.empty()) return sent;
   // Their state is on the device only: it is updated there (if the device still can), never
   // from the stale pinned slot. Another bucket of the same step may already have been updated,
   // so this does not throw: a device that is lost loses them (not_updated).
@@ -554,6 +583,7 @@ void Executor::end_unplanned_residency(planner::Plan& plan) {
   }
   plan.gpu_order.insert(plan.gpu_order.begin(), stuck.begin(), stuck.end());
   plan.buffers = std::max<std::size_t>(plan.buffers, 1);
+  return sent;
 }
 
 planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_bytes,

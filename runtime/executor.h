@@ -97,6 +97,8 @@ class AdamGpu;
 
 namespace tide::runtime {
 
+class Wakeup;
+
 // Which subgroups go to the GPU.
 struct Policy {
   enum class Kind : std::uint8_t { automatic, cpu, gpu, interleave, first };
@@ -179,6 +181,9 @@ struct PhaseReport {
     std::chrono::steady_clock::time_point start, end;
   };
   std::vector<Span> cpu_spans;
+  // By subgroup: for one that left residency in this phase, when its state was sent home (the
+  // copy enqueued) and when the phase saw it there; the clock's epoch for the others.
+  std::vector<Span> home_spans;
   double seconds = 0;                    // measured, from the first enqueue to the join
   double cpu_seconds = 0;                // the CPU workers' busy time
   std::uint64_t nonfinite = 0;           // elements left unchanged: non-finite gradient or update
@@ -302,9 +307,20 @@ class Executor {
   // By subgroup, whether it may be updated on the GPU (not when its state is pageable); empty:
   // all may.
   std::vector<char> gpu_allowed() const;
-  // Residents the plan does not keep go back to their pinned slots; those that cannot (a failed
-  // device) stay resident in `plan` for this phase.
-  void end_unplanned_residency(planner::Plan& plan);
+  // A subgroup leaving residency: the copy of its state home is enqueued, `arrived` recorded
+  // after it, and its device slot held until the phase sees that event done.
+  struct Homeward {
+    std::size_t subgroup = 0;
+    driver::Event arrived;
+    std::chrono::steady_clock::time_point sent;
+  };
+  // Residents the plan does not keep are sent back to their pinned slots, without waiting: the
+  // phase hands each to the CPU once its copy is done, and starts GPU work once all are. Those
+  // with frozen slices (saved from the pinned slot before the phase) are waited for here. Those
+  // whose copy cannot be enqueued (a failed device) stay resident in `plan` for this phase.
+  // `wakeup` is notified as each copy completes.
+  std::vector<Homeward> send_unplanned_home(planner::Plan& plan,
+                                            const std::shared_ptr<Wakeup>& wakeup);
   // residency_budget, or nothing when the allocator cannot be asked (a lost device).
   std::uint64_t residency_held(std::uint64_t headroom_bytes);
   // After a phase: the next backward pass offloads resident subgroups' gradients into GPU

@@ -79,12 +79,15 @@ struct Executor::Lane {
 // One phase, from the coordinating (calling) thread.
 struct Executor::Phase {
   Phase(Executor& executor, const kernels::AdamHyper& step_hyper, PhaseReport& phase_report,
-        bool gradients_kept_on_gpu)
+        bool gradients_kept_on_gpu, std::shared_ptr<Wakeup> phase_wakeup,
+        std::vector<Homeward> sent_home)
       : x(executor),
         state(executor.state_),
         hyper(step_hyper),
         report(phase_report),
-        gradients_on_gpu(gradients_kept_on_gpu) {}
+        gradients_on_gpu(gradients_kept_on_gpu),
+        wakeup(std::move(phase_wakeup)),
+        homeward(std::move(sent_home)) {}
 
   // `no_context`: the device's context could not be made current (a lost device): every
   // subgroup is updated on the CPU.
@@ -113,6 +116,10 @@ struct Executor::Phase {
   void roll_forward(std::size_t s);
   void settle_copy_in(const GpuTask& t);
   void take_cpu_results();
+  // Leaving residency: the subgroups whose state arrived home leave their device slots, and
+  // those planned on the CPU go to it.
+  void take_arrivals();
+  bool is_homeward(std::size_t s) const;
   // Faults.
   void fault(const std::exception_ptr& error);
   void device_failed(const std::exception_ptr& error);
@@ -135,8 +142,12 @@ struct Executor::Phase {
   ModelParams& model = *x.model_params_;
   const unsigned wb = model.weight_bytes_in_buffer();  // the weights, after the state slot
 
-  std::shared_ptr<Wakeup> wakeup = std::make_shared<Wakeup>();
+  std::shared_ptr<Wakeup> wakeup;
   std::unique_ptr<CpuWorker> worker;
+  // Sent home before the phase, not yet seen there (GPU work starts once none is left), and
+  // those of them planned on the CPU.
+  std::vector<Homeward> homeward;
+  std::vector<std::size_t> awaiting_cpu;
   bool gpu_stopped = false;   // a fault: no more GPU work is started
   bool device_usable = true;  // false once a wait or query failed: no driver call but the join
   bool allocation_failed = false;
@@ -221,6 +232,10 @@ void Executor::Phase::device_failed(const std::exception_ptr& error) {
     abandon(t, /*memory=*/false);
   }
   drop_waiting();
+  // Their state never arrived: it stays on the device, lost with it (to_cpu reports them; those
+  // planned on the GPU are rolled forward to the same end).
+  homeward.clear();
+  for (std::size_t s : std::exchange(awaiting_cpu, {})) to_cpu(s);
 }
 
 // A GPU subgroup that was started: its copy-in may still be reading its state. Wait for it; or,
@@ -725,17 +740,59 @@ void Executor::Phase::take_cpu_results() {
   }
 }
 
+bool Executor::Phase::is_homeward(std::size_t s) const {
+  return std::any_of(homeward.begin(), homeward.end(),
+                     [s](const Homeward& h) { return h.subgroup == s; });
+}
+
+void Executor::Phase::take_arrivals() {
+  for (auto h = homeward.begin(); h != homeward.end();) {
+    bool done = false;
+    try {
+      done = h->arrived.done();
+    } catch (...) {
+      device_failed(std::current_exception());
+      return;
+    }
+    if (!done) {
+      ++h;
+      continue;
+    }
+    const std::size_t s = h->subgroup;
+    report.home_spans[s] = {h->sent, Clock::now()};
+    residency.arrived(s);
+    residency.drop(s);  // its slot's memory goes to the lanes (freed on the compute stream)
+    h = homeward.erase(h);
+    const auto cpu = std::find(awaiting_cpu.begin(), awaiting_cpu.end(), s);
+    if (cpu != awaiting_cpu.end()) {
+      awaiting_cpu.erase(cpu);
+      to_cpu(s);
+    }
+  }
+}
+
 void Executor::Phase::run(const std::exception_ptr& no_context) {
   if (no_context) device_failed(no_context);
   order = report.planned.gpu_order;
   worker = std::make_unique<CpuWorker>([this](std::size_t s) { return update_on_cpu(s); }, wakeup);
-  // Through to_cpu: a subgroup that was resident may have its gradient kept on the GPU.
-  for (std::size_t s : report.planned.cpu_order) to_cpu(s);
+  // Through to_cpu: a subgroup that was resident may have its gradient kept on the GPU. Those
+  // whose state is on its way home go once it is there, after the others.
+  for (std::size_t s : report.planned.cpu_order) {
+    if (is_homeward(s)) {
+      awaiting_cpu.push_back(s);
+    } else {
+      to_cpu(s);
+    }
+  }
+  take_arrivals();
   if (!order.empty() && device_usable) set_up_gpu();
 
   bool closed = false;
   for (;;) {
-    while (!gpu_stopped && device_usable && next < order.size() && start_next()) {
+    take_arrivals();
+    // GPU work waits for the states sent home: their slots' memory is in the plan's headroom.
+    while (!gpu_stopped && device_usable && homeward.empty() && next < order.size() &&
+           start_next()) {
     }
     if (gpu_stopped || !device_usable) {
       while (next < order.size()) roll_forward(order[next++]);
@@ -743,7 +800,8 @@ void Executor::Phase::run(const std::exception_ptr& no_context) {
     }
     const bool committed_one = poll();
     take_cpu_results();
-    if (!closed && next == order.size() && in_flight.empty() && !any_waiting()) {
+    if (!closed && next == order.size() && in_flight.empty() && !any_waiting() &&
+        homeward.empty()) {
       worker->close();
       closed = true;
     }
@@ -881,12 +939,29 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
     const auto s = static_cast<std::size_t>(&sub - report.planned.subgroups.data());
     if (sub.resident && frozen_.any(s)) sub.resident = false;
   }
-  end_unplanned_residency(report.planned);
   report.timings.assign(state_.size(), planner::SubgroupTiming{});
   report.devices.assign(state_.size(), planner::Device::cpu);
   report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
-  zero_frozen_kept_gradients();
-  const FrozenSlices::Saved frozen = frozen_.save(state_);
+  report.home_spans.assign(state_.size(), PhaseReport::Span{});
+  auto wakeup = std::make_shared<Wakeup>();
+  std::vector<Homeward> sent_home = send_unplanned_home(report.planned, wakeup);
+  std::optional<FrozenSlices::Saved> frozen;
+  try {
+    zero_frozen_kept_gradients();
+    frozen.emplace(frozen_.save(state_));
+  } catch (...) {
+    // The step does not happen: what was sent home is waited for (no copy lands later), and
+    // is home; a copy the device cannot finish leaves its state resident.
+    for (Homeward& h : sent_home) {
+      try {
+        h.arrived.synchronize();
+        residency_.arrived(h.subgroup);
+        residency_.drop(h.subgroup);
+      } catch (...) {
+      }
+    }
+    throw;
+  }
   ready_ = false;
   prepared_.reset();
   const bool gradients_on_gpu = prepared && buffers_.has_gradients();
@@ -894,10 +969,10 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
 
   // From here on the step completes (see executor.h): nothing below throws.
   const auto start = Clock::now();
-  Phase phase(*this, hyper, report, gradients_on_gpu);
+  Phase phase(*this, hyper, report, gradients_on_gpu, std::move(wakeup), std::move(sent_home));
   phase.run(no_context);
   report.seconds = seconds_since(start);
-  frozen_.restore(state_, frozen);
+  frozen_.restore(state_, *frozen);
   // Host-resident gradients are the caller's memory: none is read after this step.
   model_params_->forget_gradients();
   for (std::size_t s : phase.written) stale_params_[s] = 0;

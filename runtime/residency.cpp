@@ -49,6 +49,19 @@ void Residency::to_host(std::size_t s, const driver::Stream& stream) {
   x.host_current = true;
 }
 
+bool Residency::send_home(std::size_t s, const driver::Stream& stream) {
+  Slot& x = slots_.at(s);
+  if (x.host_current) return false;
+  driver::copy_to_host_async(state_.slot(s), x.device.get(), state_.slot_bytes(s), stream);
+  return true;
+}
+
+void Residency::arrived(std::size_t s) {
+  Slot& x = slots_.at(s);
+  if (x.device.get() == 0) throw std::logic_error("tide: residency: nothing was sent home");
+  x.host_current = true;
+}
+
 void Residency::host_written(std::size_t s) {
   Slot& x = slots_.at(s);
   if (!x.host_current) throw std::logic_error("tide: residency: the pinned slot is not current");

@@ -48,6 +48,12 @@ class Residency {
   // Copies subgroup s's device slot into its pinned slot (synchronously, on `stream`) when the
   // pinned slot is not current. Throws CudaError when the device fails (nothing changed).
   void to_host(std::size_t s, const driver::Stream& stream);
+  // The same copy, only enqueued: false when the pinned slot is current already (nothing to
+  // send). The pinned slot is the state once the caller has seen the copy done and said so
+  // (arrived); until then nothing may read it. Throws CudaError when refused (nothing changed).
+  bool send_home(std::size_t s, const driver::Stream& stream);
+  // The copy send_home enqueued for subgroup s is done: its pinned slot is current.
+  void arrived(std::size_t s);
   // The pinned slot was (or may have been) written: it is the state, the device slot is stale.
   void host_written(std::size_t s);
   // Frees subgroup s's device slot; its pinned slot must be current (std::logic_error if not).

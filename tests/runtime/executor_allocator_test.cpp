@@ -349,8 +349,13 @@ TEST_F(ExecutorAllocatorResidency, ForwardPassesBesideResidentStateSettle) {
     ASSERT_NO_FATAL_FAILURE(fragmenting_iteration(executor, ref, step, &r, &released));
     releases.push_back(allocator->usage().cache_releases);
   }
-  // The last 20 steps: no release. (Growing 2 MiB a step, the cache reached its limit within 20.)
-  EXPECT_EQ(releases.back(), releases[19]);
+  // The last 20 steps: at most one release. Growing 2 MiB a step, the cache would reach its limit
+  // several times in 20. One may remain: after quiet phases the residency budget grows again, and
+  // whether the grown set meets the same pressure depends on how many lanes the phases took
+  // (commits that come sooner or later on a loaded machine), and the wait before the next
+  // attempt doubles (8, then 16 phases): seen under three runs at once, with and without the
+  // asynchronous leaving.
+  EXPECT_LE(releases.back() - releases[19], 1u);
   EXPECT_GT(executor.residency().count(), 0u);
   executor.sync_state(false);
   expect_matches(*model, ref);

@@ -1,11 +1,14 @@
 // Resident subgroups (runtime/residency.h): placement "auto" keeps the state of the subgroups
 // the held memory allows on the device across phases. Their updates copy no state over the link
 // and give the reference's bits; the pinned slots are a mirror made current by sync_state; the
-// set follows the memory (joins, leaves, stays within the hysteresis band); and faults keep the
-// step contract: a failed copy or allocation is completed on the CPU from the device's state, a
-// lost device loses only what was never mirrored, and says so.
+// set follows the memory (joins; leaves, its state sent home while the CPU works; stays within
+// the hysteresis band); and faults keep the step contract: a failed copy or allocation is
+// completed on the CPU from the device's state, a lost device loses only what was never
+// mirrored, and says so.
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "allocator/memory_resource.h"
 #include "tests/runtime/executor_fixture.h"
@@ -311,6 +314,103 @@ TEST_F(ResidencyTest, ALostDeviceLosesOnlyTheUnmirroredStateAndSaysSo) {
   // The device back, so that the executor and the state can wait for their work and free it
   // (with the device lost they leak it on purpose: queued work may still write it).
   faults.device_lost(0);
+}
+
+// Leaving residency does not stop the phase: the states are sent home together, and each
+// goes to the CPU once it is there, while the later ones are still on their way (a slow
+// device-to-host link here). Before, every leaving state was copied home, one wait each,
+// before the phase began.
+TEST_F(ResidencyTest, LeavingStatesGoToTheCpuAsEachArrivesHome) {
+  const driver::CurrentContext context;
+  Model model(kSizes);
+  Reference ref(*model.state);
+  Executor executor(*model.state, resident_options(memory));
+  const Policy policy = Policy::automatic_policy();
+  auto grads = model.make_gradients(1);
+  model.offload_all(executor);
+  executor.run(hyper(1), policy, kHeadroom);
+  ref.step(grads, hyper(1));
+  ASSERT_EQ(executor.last_report().resident_subgroups, kSizes.size());
+  grads = model.make_gradients(2);
+  model.offload_all(executor);
+  faults.set_bandwidth(0, 0.001);  // 1 MB/s home: tens of milliseconds per state
+  // No memory may be held: every state leaves, and the CPU updates them all.
+  const PhaseReport& report = executor.run(hyper(2), policy, 0);
+  faults.set_bandwidth(0, 0);
+  ref.step(grads, hyper(2));
+  ASSERT_TRUE(report.fault.empty()) << report.fault;
+  EXPECT_EQ(report.resident_subgroups, 0u);
+  EXPECT_EQ(executor.residency().bytes(), 0u);
+  const auto never = PhaseReport::Span{}.end;  // the clock's epoch: not sent home
+  auto first_cpu = never, last_home = never;
+  for (std::size_t s = 0; s < kSizes.size(); ++s) {
+    const PhaseReport::Span& home = report.home_spans[s];
+    const PhaseReport::Span& cpu = report.cpu_spans[s];
+    ASSERT_NE(home.end, never) << s;
+    ASSERT_EQ(report.devices[s], planner::Device::cpu) << s;
+    EXPECT_GE(cpu.start, home.end) << "subgroup " << s << " was updated before it was home";
+    if (s == 0 || cpu.start < first_cpu) first_cpu = cpu.start;
+    last_home = std::max(last_home, home.end);
+  }
+  EXPECT_LT(first_cpu, last_home) << "the CPU waited for every state to be home";
+  expect_matches(model, ref);  // without a sync: the pinned slots hold the state
+}
+
+// The device lost at each driver call of a phase in which every state leaves residency: each
+// subgroup is updated exactly (its state and gradient came home), or reported not updated with
+// its state as it was (home, its gradient lost) or still on the lost device, and then syncing
+// the state fails rather than serve a stale mirror.
+TEST_F(ResidencyTest, ADeviceLostWhileStatesGoHomeLosesOnlyThoseNotHome) {
+  const Policy policy = Policy::automatic_policy();
+  auto leave_all = [&](std::uint64_t lose_at) {
+    const driver::CurrentContext context;
+    Model model(kSizes);
+    Reference ref(*model.state);
+    Executor executor(*model.state, resident_options(memory));
+    auto grads = model.make_gradients(1);
+    model.offload_all(executor);
+    executor.run(hyper(1), policy, kHeadroom);
+    ref.step(grads, hyper(1));
+    EXPECT_EQ(executor.last_report().resident_subgroups, kSizes.size());
+    const Reference before = ref;
+    grads = model.make_gradients(2);
+    model.offload_all(executor);
+    executor.ready(hyper(2));
+    ref.step(grads, hyper(2));
+    faults.reset_stats();
+    faults.device_lost(lose_at);
+    const PhaseReport report = executor.run(hyper(2), policy, 0);
+    const std::uint64_t calls = faults.stats().driver_calls;
+    bool on_lost_device = false;
+    for (std::size_t s = 0; s < kSizes.size(); ++s) {
+      const std::string at =
+          "device lost at call " + std::to_string(lose_at) + ", subgroup " + std::to_string(s);
+      const bool updated = std::find(report.not_updated.begin(), report.not_updated.end(), s) ==
+                           report.not_updated.end();
+      if (executor.residency().resident(s)) {
+        EXPECT_FALSE(updated) << at;  // its state stayed on the device, which is lost
+        on_lost_device = true;
+        continue;
+      }
+      const Reference& expected = updated ? ref : before;
+      const std::size_t bytes = kSizes[s] * model.state->moment_bytes();
+      EXPECT_EQ(0, std::memcmp(model.state->param(s), expected.p[s].data(), kSizes[s] * 4)) << at;
+      EXPECT_EQ(
+          0, std::memcmp(model.state->exp_avg(s), expected.m[s].data() + expected.skip_m[s], bytes))
+          << at;
+      EXPECT_EQ(0, std::memcmp(model.state->exp_avg_sq(s),
+                               expected.v[s].data() + expected.skip_v[s], bytes))
+          << at;
+    }
+    if (lose_at == 0) EXPECT_TRUE(report.not_updated.empty());
+    if (!report.not_updated.empty()) EXPECT_FALSE(report.fault.empty());
+    if (on_lost_device) EXPECT_ANY_THROW(executor.sync_state(false)) << lose_at;
+    faults.device_lost(0);  // so that the executor can wait for its work and free it
+    return calls;
+  };
+  const std::uint64_t calls = leave_all(0);
+  ASSERT_GT(calls, 0u);
+  for (std::uint64_t n = 1; n <= calls + 1; ++n) leave_all(n);
 }
 
 TEST_F(ResidencyTest, EvictBringsEveryStateHomeAndFreesItsMemory) {
