@@ -109,6 +109,11 @@ ChildRun run_child(const std::string& mode, const std::vector<std::string>& extr
   run.report = read(run.report_path);
   run.trace = read(base + ".trace.json");
   run.err = read(err_path);
+  if (report.empty()) {
+    // Read: gone, so that a later child given the same process id cannot pass on this one's.
+    std::filesystem::remove(run.report_path);
+    std::filesystem::remove(base + ".trace.json");
+  }
   return run;
 }
 
