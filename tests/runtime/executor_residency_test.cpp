@@ -402,9 +402,15 @@ TEST_F(ResidencyTest, ADeviceLostWhileStatesGoHomeLosesOnlyThoseNotHome) {
                                expected.v[s].data() + expected.skip_v[s], bytes))
           << at;
     }
-    if (lose_at == 0) EXPECT_TRUE(report.not_updated.empty());
-    if (!report.not_updated.empty()) EXPECT_FALSE(report.fault.empty());
-    if (on_lost_device) EXPECT_ANY_THROW(executor.sync_state(false)) << lose_at;
+    if (lose_at == 0) {
+      EXPECT_TRUE(report.not_updated.empty());
+    }
+    if (!report.not_updated.empty()) {
+      EXPECT_FALSE(report.fault.empty());
+    }
+    if (on_lost_device) {
+      EXPECT_ANY_THROW(executor.sync_state(false)) << lose_at;
+    }
     faults.device_lost(0);  // so that the executor can wait for its work and free it
     return calls;
   };
