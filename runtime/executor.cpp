@@ -554,7 +554,6 @@ std::vector<Executor::Homeward> Executor::send_unplanned_home(
       }
       h->arrived.synchronize();
       residency_.arrived(h->subgroup);
-      residency_.drop(h->subgroup);
       h = sent.erase(h);
     }
   } catch (...) {

@@ -760,8 +760,7 @@ void Executor::Phase::take_arrivals() {
     }
     const std::size_t s = h->subgroup;
     report.home_spans[s] = {h->sent, Clock::now()};
-    residency.arrived(s);
-    residency.drop(s);  // its slot's memory goes to the lanes (freed on the compute stream)
+    residency.arrived(s);  // its slot's memory goes to the lanes (freed on the compute stream)
     h = homeward.erase(h);
     const auto cpu = std::find(awaiting_cpu.begin(), awaiting_cpu.end(), s);
     if (cpu != awaiting_cpu.end()) {
@@ -956,7 +955,6 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
       try {
         h.arrived.synchronize();
         residency_.arrived(h.subgroup);
-        residency_.drop(h.subgroup);
       } catch (...) {
       }
     }

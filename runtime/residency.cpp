@@ -60,6 +60,7 @@ void Residency::arrived(std::size_t s) {
   Slot& x = slots_.at(s);
   if (x.device.get() == 0) throw std::logic_error("tide: residency: nothing was sent home");
   x.host_current = true;
+  drop(s);
 }
 
 void Residency::host_written(std::size_t s) {

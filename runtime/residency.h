@@ -52,7 +52,8 @@ class Residency {
   // send). The pinned slot is the state once the caller has seen the copy done and said so
   // (arrived); until then nothing may read it. Throws CudaError when refused (nothing changed).
   bool send_home(std::size_t s, const driver::Stream& stream);
-  // The copy send_home enqueued for subgroup s is done: its pinned slot is current.
+  // The copy send_home enqueued for subgroup s is done: its pinned slot is current, and its
+  // device slot is freed.
   void arrived(std::size_t s);
   // The pinned slot was (or may have been) written: it is the state, the device slot is stale.
   void host_written(std::size_t s);

@@ -38,6 +38,20 @@ struct ResidencyTest : ::testing::Test {
   }
 };
 
+// Step 1 with room for every state (the reference steps too), then step 2's gradients offloaded;
+// returns them, for the reference.
+std::vector<std::vector<std::uint16_t>> step_with_room_then_offload(Model& model,
+                                                                    Executor& executor,
+                                                                    Reference& ref) {
+  auto grads = model.make_gradients(1);
+  model.offload_all(executor);
+  executor.run(hyper(1), Policy::automatic_policy(), kHeadroom);
+  ref.step(grads, hyper(1));
+  grads = model.make_gradients(2);
+  model.offload_all(executor);
+  return grads;
+}
+
 std::uint64_t state_bytes(const OptimizerState& state) {
   std::uint64_t b = 0;
   for (std::size_t s = 0; s < state.size(); ++s) b += state.slot_bytes(s);
@@ -229,13 +243,8 @@ TEST_F(ResidencyTest, AFailedCopyIsCompletedOnTheCpuFromTheDeviceState) {
     Reference ref(*model.state);
     Executor executor(*model.state, resident_options(memory));
     const Policy policy = Policy::automatic_policy();
-    auto grads = model.make_gradients(1);
-    model.offload_all(executor);
-    executor.run(hyper(1), policy, kHeadroom);
-    ref.step(grads, hyper(1));
+    auto grads = step_with_room_then_offload(model, executor, ref);
     ASSERT_EQ(executor.last_report().resident_subgroups, kSizes.size());
-    grads = model.make_gradients(2);
-    model.offload_all(executor);
     faults.fail_copy(n);
     const PhaseReport& report = executor.run(hyper(2), policy, kHeadroom);
     faults.fail_copy(0);
@@ -326,13 +335,8 @@ TEST_F(ResidencyTest, LeavingStatesGoToTheCpuAsEachArrivesHome) {
   Reference ref(*model.state);
   Executor executor(*model.state, resident_options(memory));
   const Policy policy = Policy::automatic_policy();
-  auto grads = model.make_gradients(1);
-  model.offload_all(executor);
-  executor.run(hyper(1), policy, kHeadroom);
-  ref.step(grads, hyper(1));
+  const auto grads = step_with_room_then_offload(model, executor, ref);
   ASSERT_EQ(executor.last_report().resident_subgroups, kSizes.size());
-  grads = model.make_gradients(2);
-  model.offload_all(executor);
   faults.set_bandwidth(0, 0.001);  // 1 MB/s home: tens of milliseconds per state
   // No memory may be held: every state leaves, and the CPU updates them all.
   const PhaseReport& report = executor.run(hyper(2), policy, 0);
@@ -367,14 +371,9 @@ TEST_F(ResidencyTest, ADeviceLostWhileStatesGoHomeLosesOnlyThoseNotHome) {
     Model model(kSizes);
     Reference ref(*model.state);
     Executor executor(*model.state, resident_options(memory));
-    auto grads = model.make_gradients(1);
-    model.offload_all(executor);
-    executor.run(hyper(1), policy, kHeadroom);
-    ref.step(grads, hyper(1));
+    const auto grads = step_with_room_then_offload(model, executor, ref);
     EXPECT_EQ(executor.last_report().resident_subgroups, kSizes.size());
     const Reference before = ref;
-    grads = model.make_gradients(2);
-    model.offload_all(executor);
     executor.ready(hyper(2));
     ref.step(grads, hyper(2));
     faults.reset_stats();
