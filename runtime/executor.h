@@ -17,7 +17,8 @@
 // host memory alone (ready(): the gradients are in pinned memory, work a failed phase left queued
 // is done); a failure there leaves everything as it was and is rethrown. After that nothing
 // changes a subgroup's state but a commit: a GPU subgroup's result becomes its state only when
-// its whole copy-out completed, and the model's parameters are written only from committed state.
+// its whole copy-out completed, and the model's parameters are written only from committed state
+// (or from a resident update's, which nothing but a lost device can stop once enqueued).
 // A fault after that point never leaves a half-made step; what the executor does, by fault:
 // - a GPU buffer, its counters or a spare slot cannot be allocated (memory pressure): that
 //   subgroup is updated on the CPU instead (fallback_subgroups), later plans get less headroom;
@@ -43,7 +44,9 @@
 //
 // Resident subgroups (ExecutorOptions::residency, runtime/residency.h) are GPU subgroups whose
 // state stays in device memory: they are updated in place there (copied in only when joining),
-// have no copy-out, and their commit records that the device slot is their state. Run on the CPU
+// have no copy-out, and their commit records that the device slot is their state. Once such an
+// update is enqueued in place it cannot be undone, so its weights' write is enqueued behind it
+// and its lane takes the next subgroup at once, with no host round trip. Run on the CPU
 // after a fault, their state is first copied home; a device lost with it loses it since its last
 // copy home
 // (`not_updated`). docs/design/runtime.md#resident-subgroups.

@@ -65,6 +65,11 @@ struct Executor::GpuTask {
   bool resident = false;
   bool kernel_enqueued = false;  // its update will happen unless the device fails
   CUdeviceptr state = 0;         // where its state is updated: its device slot, or the lane's
+  // Resident, its pinned slot stale: nothing can undo its update once enqueued, so its new
+  // weights' write is enqueued right behind the kernel, not at its commit, and its lane takes
+  // the next subgroup at once (no host round trip between resident updates).
+  bool written_early = false;
+  bool write_failed = false;  // that write could not be enqueued: retried at the join
 };
 
 // One GPU buffer and the subgroups that use it in turn.
@@ -103,6 +108,7 @@ struct Executor::Phase {
   void update_chunk(const GpuTask& t, std::size_t c);
   void copy_out_chunk(const GpuTask& t, std::size_t c);
   void update_and_copy_out(GpuTask& t);
+  void write_early(GpuTask& t);
   void finish(GpuTask t);
   void abandon(const GpuTask& t, bool memory);
   void complete_in_place(const GpuTask& t);
@@ -394,7 +400,10 @@ void Executor::Phase::copy_in(GpuTask& t) {
     t.state = residency.device_slot(s);
     if (!low) t.weights = t.state;
   }
-  if (lane.copied_out) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
+  // The lane's last copy-out reads its state area; a resident subgroup's copy-in writes only its
+  // gradient there, if any (its state goes to its device slot).
+  const bool writes_lane = !t.resident || t.grad_copied || wb != 0;
+  if (lane.copied_out && writes_lane) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
   if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
   event(t, kH2dStart).record(*x.h2d_);
   // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only the
@@ -527,6 +536,25 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   event(t, kD2hEnd).record(*x.d2h_);
   lane.copied_out = t.events;
   x.d2h_->host_callback([w = wakeup] { w->notify(); });
+  if (t.resident && t.staging == nullptr && !residency.host_current(s)) write_early(t);
+}
+
+// The write of a resident subgroup's new weights, enqueued behind its kernel: the next update
+// on the lane, which reuses the area the weights wait in, waits for it on the device.
+void Executor::Phase::write_early(GpuTask& t) {
+  Lane& lane = lanes[t.buffer];
+  t.written_early = true;
+  try {
+    x.params_->wait(chunk_event(t, t.chunks - 1, kUpdateEnd));
+    if (model.write_committed(t.subgroup, t.weights, nullptr, *x.params_)) {
+      lane.written.record(*x.params_);
+      lane.written_recorded = true;
+      written.push_back(t.subgroup);
+    }
+  } catch (...) {
+    fault(std::current_exception());  // no more GPU work starts: the lane is not reused
+    t.write_failed = true;
+  }
 }
 
 void Executor::Phase::free_staging(const GpuTask& t) { model.give_staging(t.subgroup, t.staging); }
@@ -536,7 +564,7 @@ void Executor::Phase::finish(GpuTask t) {
   Lane& lane = lanes[t.buffer];
   try {
     update_and_copy_out(t);
-    lane.running = t;
+    if (!t.written_early) lane.running = t;
     in_flight.push_back(t);
   } catch (...) {
     if (t.slot == nullptr && out_of_memory(std::current_exception())) {
@@ -606,7 +634,12 @@ bool Executor::Phase::start_next() {
   for (std::size_t i = 0; i < lanes.size() && !free; ++i) {
     if (!lanes[i].running && !lanes[i].next) free = i;
   }
-  if (!in_flight.empty() && !any_waiting()) behind = in_flight.front().buffer;
+  if (!any_waiting()) {
+    // The lane whose running subgroup commits first (one written early holds no lane).
+    const auto r = std::find_if(in_flight.begin(), in_flight.end(),
+                                [](const GpuTask& f) { return !f.written_early; });
+    if (r != in_flight.end()) behind = r->buffer;
+  }
   if (!free && buffer.size() < buffers_cap) {
     try {
       buffer.emplace_back(x.buffers_.memory(), buffer_bytes, x.compute_->get());
@@ -646,7 +679,7 @@ bool Executor::Phase::start_next() {
       return true;
     }
     update_and_copy_out(t);
-    lanes[t.buffer].running = t;
+    if (!t.written_early) lanes[t.buffer].running = t;
     in_flight.push_back(t);
   } catch (...) {
     if (t.slot == nullptr && out_of_memory(std::current_exception())) {
@@ -683,7 +716,7 @@ bool Executor::Phase::poll() {
 void Executor::Phase::commit(const GpuTask& t) {
   const std::size_t s = t.subgroup;
   Lane& lane = lanes[t.buffer];
-  lane.running.reset();
+  if (!t.written_early) lane.running.reset();  // else the lane was never held
   if (t.resident) {
     residency.updated_on_device(s);
   } else {
@@ -692,6 +725,10 @@ void Executor::Phase::commit(const GpuTask& t) {
   for (std::size_t c = 0; c < t.chunks; ++c) report.nonfinite += host_counters[t.counter + c];
   report.devices[s] = planner::Device::gpu;
   committed.push_back(t);
+  if (t.written_early) {
+    if (t.write_failed) unwritten.push_back(s);
+    return;
+  }
   // The weights reach the model from the committed state only.
   try {
     if (model.write_committed(s, t.weights, t.staging, *x.params_)) {

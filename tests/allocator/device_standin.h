@@ -46,6 +46,7 @@ class DeviceStandin {
     load(fail_copy_, "tide_standin_fail_copy");
     load(device_lost_, "tide_standin_device_lost");
     load(fail_pin_, "tide_standin_fail_pin");
+    load(fail_launch_, "tide_standin_fail_launch");
     load(set_hmm_, "tide_standin_set_hmm");
     load(pointer_attribute_, "cuPointerGetAttribute");
   }
@@ -80,12 +81,13 @@ class DeviceStandin {
   void set_bandwidth(double h2d_gbps, double d2h_gbps) const {
     check(set_bandwidth_(h2d_gbps, d2h_gbps), "tide_standin_set_bandwidth");
   }
-  // Fault injection: the nth device allocation, the nth copy, every driver call from the nth on
-  // (device lost) fail; 0 ends it.
+  // Fault injection: the nth device allocation, the nth copy, the nth kernel launch, every driver
+  // call from the nth on (device lost) fail; 0 ends it.
   void fail_alloc(std::uint64_t n) const { check(fail_alloc_(n), "tide_standin_fail_alloc"); }
   void fail_copy(std::uint64_t n) const { check(fail_copy_(n), "tide_standin_fail_copy"); }
   void device_lost(std::uint64_t n) const { check(device_lost_(n), "tide_standin_device_lost"); }
   void fail_pin(std::uint64_t n) const { check(fail_pin_(n), "tide_standin_fail_pin"); }
+  void fail_launch(std::uint64_t n) const { check(fail_launch_(n), "tide_standin_fail_launch"); }
   // Devices address pageable host memory (HMM), as tide's CPU mode needs.
   void hmm(bool on) const { check(set_hmm_(on ? 1 : 0), "tide_standin_set_hmm"); }
 
@@ -138,6 +140,7 @@ class DeviceStandin {
   int (*fail_copy_)(std::uint64_t) = nullptr;
   int (*device_lost_)(std::uint64_t) = nullptr;
   int (*fail_pin_)(std::uint64_t) = nullptr;
+  int (*fail_launch_)(std::uint64_t) = nullptr;
   int (*set_hmm_)(int) = nullptr;
   CUresult (*pointer_attribute_)(void*, CUpointer_attribute, CUdeviceptr) = nullptr;
 };

@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "allocator/memory_resource.h"
 #include "kernels/adam_kernel.h"
 #include "standin/standin.h"
 #include "tests/runtime/executor_fixture.h"
@@ -217,10 +218,10 @@ struct ReadyModel {
 // Every hold ends before the join, whatever happened to the test.
 class PhaseThread {
  public:
-  PhaseThread(Executor& executor, const Policy& policy)
-      : thread_([this, &executor, policy] {
+  PhaseThread(Executor& executor, const Policy& policy, int step = 1)
+      : thread_([this, &executor, policy, step] {
           try {
-            report_ = executor.run(hyper(1), policy, kHeadroom);
+            report_ = executor.run(hyper(step), policy, kHeadroom);
           } catch (...) {
             error_ = std::current_exception();
           }
@@ -443,6 +444,54 @@ TEST(ExecutorOverlap, CpuSubgroupsRunWhileGpuCopiesAreInFlight) {
               strictly, plan.cpu_order.size());
   EXPECT_EQ(report.nonfinite, s.ref.step(s.grads, hyper(1)));
   expect_matches(s.model, s.ref);
+}
+
+// Resident updates follow each other on the device: each one's new weights are written behind
+// its kernel, not once the host has seen it done, so one lane holds them all back to back. With
+// every kernel held, all of the phase's resident updates are seen submitted. Before, each waited
+// for the host to commit the last one (a driver callback and a wake-up): on an H200 the update
+// phase of 25 resident subgroups took 12.3 ms, twice torch's fused AdamW.
+TEST(ExecutorOverlap, ResidentUpdatesAreSubmittedWithoutWaitingForTheLastOnesCommit) {
+  constexpr std::size_t kSubgroups = 4;
+  const driver::CurrentContext context;
+  allocator::DriverResource memory;
+  Model model(std::vector<std::uint64_t>(kSubgroups, kParams));
+  Reference ref(*model.state);
+  ExecutorOptions options = options_for_test();
+  options.residency = true;
+  options.memory = &memory;
+  options.planner.max_buffers = 1;  // one lane
+  Executor executor(*model.state, options);
+  auto grads = model.make_gradients(1);
+  model.offload_all(executor);
+  executor.run(hyper(1), Policy::automatic_policy(), kHeadroom);  // joining
+  ref.step(grads, hyper(1));
+  ASSERT_EQ(executor.last_report().resident_subgroups, kSubgroups);
+  grads = model.make_gradients(2);
+  model.offload_all(executor);
+  executor.ready(hyper(2));
+  control().record(4096);
+  control().hold(TIDE_STANDIN_OP_KERNEL);
+  PhaseThread phase(executor, Policy::automatic_policy(), 2);
+  const bool all =
+      control().wait_until([](const Ops& ops) { return updates(ops).size() >= kSubgroups; });
+  const Ops held = control().ops();
+  EXPECT_TRUE(all) << "the resident updates were not all submitted while the first was held:\n"
+                   << describe(held);
+  const PhaseReport& report = phase.join();
+  const Ops ops = control().ops();
+  control().record(0);
+  expect_complete(ops);
+  ASSERT_TRUE(report.fault.empty()) << report.fault;
+  EXPECT_EQ(updates(ops).size(), kSubgroups);
+  for (std::size_t s = 0; s < kSubgroups; ++s) {
+    EXPECT_TRUE(report.planned.subgroups[s].resident) << s;
+    EXPECT_EQ(report.devices[s], planner::Device::gpu) << s;
+  }
+  EXPECT_TRUE(report.unwritten.empty());
+  ref.step(grads, hyper(2));
+  executor.sync_state(/*written=*/false);
+  expect_matches(model, ref);  // the device weights too
 }
 
 }  // namespace

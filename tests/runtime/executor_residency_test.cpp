@@ -34,6 +34,7 @@ struct ResidencyTest : ::testing::Test {
   void TearDown() override {
     faults.fail_copy(0);
     faults.fail_alloc(0);
+    faults.fail_launch(0);
     faults.device_lost(0);
   }
 };
@@ -260,6 +261,54 @@ TEST_F(ResidencyTest, AFailedCopyIsCompletedOnTheCpuFromTheDeviceState) {
     executor.sync_state(false);
     expect_matches(model, ref);
   }
+}
+
+// Every copy, then every kernel launch, of a steady resident step failing in turn (the copies
+// are the non-finite counters' and the new weights' writes, enqueued behind each kernel): the
+// step completes exactly, the model's weights included, and so does the next one. A kernel that
+// was refused leaves its subgroup's state untouched on the device, completed on the CPU; a write
+// that was refused is written again at the end of the phase.
+TEST_F(ResidencyTest, EveryCopyOrLaunchOfAResidentStepFailingInTurnStillCompletesIt) {
+  const Policy policy = Policy::automatic_policy();
+  enum class Fail { nothing, copy, launch };
+  // Returns the copies and launches of the step.
+  auto step_failing = [&](Fail what, std::uint64_t n) {
+    const std::string at = (what == Fail::copy ? "copy " : "launch ") + std::to_string(n);
+    const driver::CurrentContext context;
+    Model model(kSizes, /*split_every=*/2);
+    Reference ref(*model.state);
+    Executor executor(*model.state, resident_options(memory));
+    auto grads = step_with_room_then_offload(model, executor, ref);
+    EXPECT_EQ(executor.last_report().resident_subgroups, kSizes.size());
+    executor.ready(hyper(2));
+    faults.reset_stats();
+    if (what == Fail::copy) faults.fail_copy(n);
+    if (what == Fail::launch) faults.fail_launch(n);
+    const PhaseReport report = executor.run(hyper(2), policy, kHeadroom);
+    const tide_standin_stats stats = faults.stats();
+    faults.fail_copy(0);
+    faults.fail_launch(0);
+    ref.step(grads, hyper(2));
+    if (stats.injected_faults > 0) {
+      EXPECT_FALSE(report.fault.empty()) << at;
+    } else {
+      EXPECT_TRUE(report.fault.empty()) << at << ": " << report.fault;
+    }
+    EXPECT_TRUE(report.not_updated.empty()) << at;
+    EXPECT_TRUE(report.unwritten.empty()) << at;
+    grads = model.make_gradients(3);
+    model.offload_all(executor);
+    EXPECT_TRUE(executor.run(hyper(3), policy, kHeadroom).fault.empty()) << at;
+    ref.step(grads, hyper(3));
+    executor.sync_state(false);
+    expect_matches(model, ref);
+    return std::pair{stats.copies_h2d + stats.copies_d2h + stats.copies_d2d, stats.kernel_launches};
+  };
+  const auto [copies, launches] = step_failing(Fail::nothing, 0);
+  ASSERT_GT(copies, kSizes.size());  // a counter and at least one weights' write each
+  ASSERT_GE(launches, kSizes.size());
+  for (std::uint64_t n = 1; n <= copies; ++n) step_failing(Fail::copy, n);
+  for (std::uint64_t n = 1; n <= launches; ++n) step_failing(Fail::launch, n);
 }
 
 TEST_F(ResidencyTest, NoMemoryForAJoiningSlotFallsBackToTheCpu) {
