@@ -684,8 +684,9 @@ TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
  * is redone on the CPU from its untouched state. The step's tide_step_result says how it ended
  * and which subgroup is where: the model's parameters of some subgroups may not have been
  * written (the device could not take the new weights: write them from the master weights, or
- * call tide_optimizer_write_params once it can) and, only with gradients_on_gpu and a lost
- * device, some subgroups may not have been updated. No work the call enqueued writes
+ * call tide_optimizer_write_params once it can) and, only with a lost device, some subgroups
+ * may not have been updated: those whose gradient was kept on it (gradients_on_gpu) or whose
+ * state was resident there (tide_optimizer_sync_state). No work the call enqueued writes
  * anything after it returns but the same committed weights, and only where a lost device could
  * not be waited for. A step of several optimizers that must succeed or fail together calls
  * tide_optimizer_ready on every one of them first. */
