@@ -109,6 +109,11 @@ struct Executor::Phase {
   void copy_out_chunk(const GpuTask& t, std::size_t c);
   void update_and_copy_out(GpuTask& t);
   void write_early(GpuTask& t);
+  // A resident update enqueued in place over the only current copy of its state: nothing can
+  // redo it elsewhere, and nothing but a lost device stops it.
+  bool updated_for_good(const GpuTask& t) const {
+    return t.resident && t.kernel_enqueued && !residency.host_current(t.subgroup);
+  }
   void finish(GpuTask t);
   void abandon(const GpuTask& t, bool memory);
   void complete_in_place(const GpuTask& t);
@@ -536,7 +541,7 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   event(t, kD2hEnd).record(*x.d2h_);
   lane.copied_out = t.events;
   x.d2h_->host_callback([w = wakeup] { w->notify(); });
-  if (t.resident && t.staging == nullptr && !residency.host_current(s)) write_early(t);
+  if (t.staging == nullptr && updated_for_good(t)) write_early(t);
 }
 
 // The write of a resident subgroup's new weights, enqueued behind its kernel: the next update
@@ -579,7 +584,7 @@ void Executor::Phase::finish(GpuTask t) {
 // A started subgroup that will not complete on the GPU: updated on the CPU instead, from its
 // untouched state.
 void Executor::Phase::abandon(const GpuTask& t, bool memory) {
-  if (t.resident && t.kernel_enqueued && !residency.host_current(t.subgroup)) {
+  if (updated_for_good(t)) {
     complete_in_place(t);  // its update is under way: it cannot be redone elsewhere
     return;
   }

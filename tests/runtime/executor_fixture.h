@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "allocator/memory_resource.h"
 #include "driver/context.h"
 #include "driver/memory.h"
 #include "driver/stream.h"
@@ -251,6 +252,30 @@ inline ExecutorOptions options_for_test() {
   // Every GPU subgroup of the tests' sizes in several chunks, the last one partial.
   options.gpu_chunk_params = kTestGpuChunk;
   return options;
+}
+
+// Resident subgroups (runtime/residency.h) in memory from `memory`: the headroom a test gives
+// is what may be held.
+inline ExecutorOptions resident_options(allocator::DeviceMemoryResource& memory) {
+  ExecutorOptions options = options_for_test();
+  options.residency = true;
+  options.memory = &memory;
+  return options;
+}
+
+// Step 1 of a resident executor with `headroom` (room for every state: they all join; the
+// reference steps too), then step 2's gradients offloaded; returns them, for the reference.
+inline std::vector<std::vector<std::uint16_t>> step_with_room_then_offload(Model& model,
+                                                                           Executor& executor,
+                                                                           Reference& ref,
+                                                                           std::uint64_t headroom) {
+  auto grads = model.make_gradients(1);
+  model.offload_all(executor);
+  executor.run(hyper(1), Policy::automatic_policy(), headroom);
+  ref.step(grads, hyper(1));
+  grads = model.make_gradients(2);
+  model.offload_all(executor);
+  return grads;
 }
 
 // A stand-in "GPU" whose Adam kernel takes count / rate seconds of sleep and computes nothing:

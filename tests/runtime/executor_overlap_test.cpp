@@ -457,18 +457,11 @@ TEST(ExecutorOverlap, ResidentUpdatesAreSubmittedWithoutWaitingForTheLastOnesCom
   allocator::DriverResource memory;
   Model model(std::vector<std::uint64_t>(kSubgroups, kParams));
   Reference ref(*model.state);
-  ExecutorOptions options = options_for_test();
-  options.residency = true;
-  options.memory = &memory;
+  ExecutorOptions options = resident_options(memory);
   options.planner.max_buffers = 1;  // one lane
   Executor executor(*model.state, options);
-  auto grads = model.make_gradients(1);
-  model.offload_all(executor);
-  executor.run(hyper(1), Policy::automatic_policy(), kHeadroom);  // joining
-  ref.step(grads, hyper(1));
+  const auto grads = step_with_room_then_offload(model, executor, ref, kHeadroom);
   ASSERT_EQ(executor.last_report().resident_subgroups, kSubgroups);
-  grads = model.make_gradients(2);
-  model.offload_all(executor);
   executor.ready(hyper(2));
   control().record(4096);
   control().hold(TIDE_STANDIN_OP_KERNEL);

@@ -21,13 +21,6 @@ using Faults = allocator::testing::DeviceStandin;
 constexpr std::uint64_t kHeadroom = std::uint64_t{1} << 30;
 const std::vector<std::uint64_t> kSizes = {3000, 4096, 777, 10000, 2048};
 
-ExecutorOptions resident_options(allocator::DeviceMemoryResource& memory) {
-  ExecutorOptions options = options_for_test();
-  options.residency = true;
-  options.memory = &memory;  // a given resource: the headroom is what may be held
-  return options;
-}
-
 struct ResidencyTest : ::testing::Test {
   Faults faults;
   allocator::DriverResource memory;
@@ -38,20 +31,6 @@ struct ResidencyTest : ::testing::Test {
     faults.device_lost(0);
   }
 };
-
-// Step 1 with room for every state (the reference steps too), then step 2's gradients offloaded;
-// returns them, for the reference.
-std::vector<std::vector<std::uint16_t>> step_with_room_then_offload(Model& model,
-                                                                    Executor& executor,
-                                                                    Reference& ref) {
-  auto grads = model.make_gradients(1);
-  model.offload_all(executor);
-  executor.run(hyper(1), Policy::automatic_policy(), kHeadroom);
-  ref.step(grads, hyper(1));
-  grads = model.make_gradients(2);
-  model.offload_all(executor);
-  return grads;
-}
 
 std::uint64_t state_bytes(const OptimizerState& state) {
   std::uint64_t b = 0;
@@ -244,7 +223,7 @@ TEST_F(ResidencyTest, AFailedCopyIsCompletedOnTheCpuFromTheDeviceState) {
     Reference ref(*model.state);
     Executor executor(*model.state, resident_options(memory));
     const Policy policy = Policy::automatic_policy();
-    auto grads = step_with_room_then_offload(model, executor, ref);
+    auto grads = step_with_room_then_offload(model, executor, ref, kHeadroom);
     ASSERT_EQ(executor.last_report().resident_subgroups, kSizes.size());
     faults.fail_copy(n);
     const PhaseReport& report = executor.run(hyper(2), policy, kHeadroom);
@@ -278,7 +257,7 @@ TEST_F(ResidencyTest, EveryCopyOrLaunchOfAResidentStepFailingInTurnStillComplete
     Model model(kSizes, /*split_every=*/2);
     Reference ref(*model.state);
     Executor executor(*model.state, resident_options(memory));
-    auto grads = step_with_room_then_offload(model, executor, ref);
+    auto grads = step_with_room_then_offload(model, executor, ref, kHeadroom);
     EXPECT_EQ(executor.last_report().resident_subgroups, kSizes.size());
     executor.ready(hyper(2));
     faults.reset_stats();
@@ -384,7 +363,7 @@ TEST_F(ResidencyTest, LeavingStatesGoToTheCpuAsEachArrivesHome) {
   Reference ref(*model.state);
   Executor executor(*model.state, resident_options(memory));
   const Policy policy = Policy::automatic_policy();
-  const auto grads = step_with_room_then_offload(model, executor, ref);
+  const auto grads = step_with_room_then_offload(model, executor, ref, kHeadroom);
   ASSERT_EQ(executor.last_report().resident_subgroups, kSizes.size());
   faults.set_bandwidth(0, 0.001);  // 1 MB/s home: tens of milliseconds per state
   // No memory may be held: every state leaves, and the CPU updates them all.
@@ -420,7 +399,7 @@ TEST_F(ResidencyTest, ADeviceLostWhileStatesGoHomeLosesOnlyThoseNotHome) {
     Model model(kSizes);
     Reference ref(*model.state);
     Executor executor(*model.state, resident_options(memory));
-    const auto grads = step_with_room_then_offload(model, executor, ref);
+    const auto grads = step_with_room_then_offload(model, executor, ref, kHeadroom);
     EXPECT_EQ(executor.last_report().resident_subgroups, kSizes.size());
     const Reference before = ref;
     executor.ready(hyper(2));
