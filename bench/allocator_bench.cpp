@@ -7,6 +7,10 @@
 //    measured in the same run, interleaved, best of several rounds (the machine may be shared).
 //    "tide_no_thread_cache" is tide's locked core alone (TIDE_ALLOC_THREAD_CACHE=0), and
 //    "alloc_pair_large" the same for 16 sizes from 1 MiB to 64 MiB (tide's core; glibc mmaps).
+//    Each line gives the cycle's working set and the per-thread cache's capacity: the sizes add up
+//    to 4.2 MiB, over the default 4 MiB, so one pair in 16 goes through the core's lock.
+//    "alloc_pair_in_cache" is the same cycle with each thread's cache holding all of it: the
+//    thread-cache path alone, which is what two threads must not slow down.
 //  - {"bench":"replay","trace":NAME,"peak_reserved_over_live":X,"driver_allocs_after_iter2":N,
 //    ...}: generated transformer training traces (allocator/telemetry/synthetic_trace.h), 20
 //    iterations each, replayed through a fresh allocator configured by the TIDE_ALLOC_* variables.
@@ -106,9 +110,19 @@ void glibc_pair(std::size_t size) {
   std::free(p);
 }
 
+// The bytes the cycle keeps cached: each size rounded as the allocator rounds it (512 bytes).
+std::size_t working_set(const std::vector<std::size_t>& sizes) {
+  std::size_t total = 0;
+  for (std::size_t s : sizes) total += (s + 511) / 512 * 512;
+  return total;
+}
+
+// `cache_all`: each thread's cache is made large enough for the whole cycle.
 void pair_benchmark(const char* bench, const std::vector<std::size_t>& sizes,
-                    const char* sizes_text) {
+                    const char* sizes_text, bool cache_all = false) {
   AllocatorConfig cached = AllocatorConfig::from_environment();
+  if (cache_all)
+    cached.thread_cache_bytes = std::max(cached.thread_cache_bytes, working_set(sizes));
   AllocatorConfig uncached = cached;
   uncached.thread_cache_bytes = 0;
   CachingAllocator with_cache(0, cached);
@@ -129,15 +143,21 @@ void pair_benchmark(const char* bench, const std::vector<std::size_t>& sizes,
       glibc.keep_best(time_pairs(threads, sizes, kPairsPerRound, glibc_pair));
       core.keep_best(time_pairs(threads, sizes, kPairsPerRound / 4, tide_pair(core_only)));
     }
-    for (auto [impl, t] : {std::pair{"glibc", glibc}, std::pair{"tide", tide},
-                           std::pair{"tide_no_thread_cache", core}}) {
+    struct Line {
+      const char* impl;
+      PairTime t;
+      std::size_t thread_cache_bytes;  // per thread (0: none; glibc has its own)
+    };
+    for (const Line& l : {Line{"glibc", glibc, 0}, Line{"tide", tide, cached.thread_cache_bytes},
+                          Line{"tide_no_thread_cache", core, 0}}) {
       std::printf(
           "{\"bench\":\"%s\",\"impl\":\"%s\",\"threads\":%d,\"ns_per_pair\":%.1f,"
-          "\"cpu_ns_per_pair\":%.1f,\"sizes\":\"%s\",\"rounds\":%d,\"statistic\":\"best\"",
-          bench, impl, threads, t.wall_ns, t.cpu_ns, sizes_text, kRounds);
-      if (std::string_view(impl) != "glibc") {
-        std::printf(",\"over_glibc\":%.2f,\"cpu_over_glibc\":%.2f", t.wall_ns / glibc.wall_ns,
-                    t.cpu_ns / glibc.cpu_ns);
+          "\"cpu_ns_per_pair\":%.1f,\"sizes\":\"%s\",\"working_set_bytes\":%zu,"
+          "\"rounds\":%d,\"statistic\":\"best\"",
+          bench, l.impl, threads, l.t.wall_ns, l.t.cpu_ns, sizes_text, working_set(sizes), kRounds);
+      if (std::string_view(l.impl) != "glibc") {
+        std::printf(",\"thread_cache_bytes\":%zu,\"over_glibc\":%.2f,\"cpu_over_glibc\":%.2f",
+                    l.thread_cache_bytes, l.t.wall_ns / glibc.wall_ns, l.t.cpu_ns / glibc.cpu_ns);
       }
       std::printf("}\n");
     }
@@ -255,7 +275,9 @@ int main() {
       cpu.c_str(), std::thread::hardware_concurrency(), driver.c_str(),
       tide::driver::device_name(0).c_str(), static_cast<double>(total) / (1u << 30));
   std::fflush(stdout);
-  pair_benchmark("alloc_pair", log_uniform_sizes(512, 1u << 20, 16, 1), "16 sizes, 512B-1MiB");
+  const std::vector<std::size_t> small = log_uniform_sizes(512, 1u << 20, 16, 1);
+  pair_benchmark("alloc_pair", small, "16 sizes, 512B-1MiB");
+  pair_benchmark("alloc_pair_in_cache", small, "16 sizes, 512B-1MiB", true);
   pair_benchmark("alloc_pair_large", log_uniform_sizes(1u << 20, 64u << 20, 16, 2),
                  "16 sizes, 1MiB-64MiB");
   replay_benchmark();

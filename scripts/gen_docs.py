@@ -524,6 +524,9 @@ def _provenance(c: dict) -> str:
 HEADLINES = [
     ("allocator", {"bench": "alloc_pair", "impl": "tide", "threads": 1},
      "device allocator: allocate+free pair, 512 B–1 MiB, 1 thread", "over_glibc", "× glibc"),
+    ("allocator", {"bench": "alloc_pair_in_cache", "impl": "tide", "threads": 2},
+     "device allocator: the same pairs on 2 threads, within the threads' caches", "over_glibc",
+     "× glibc"),
     ("allocator", {"bench": "alloc_pair_large", "impl": "tide", "threads": 1},
      "device allocator: pair, 1–64 MiB, 1 thread", "over_glibc", "× glibc"),
     ("allocator", {"bench": "replay", "trace": "gpt-1.3b"},
