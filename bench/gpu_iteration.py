@@ -7,8 +7,9 @@ sequence 1024, batch 8, vocabulary 2048, about 4.1e8 parameters (--blocks, --d-m
 --batch; --smoke for a tiny one). Every configuration trains it from the same initial weights on
 the same batches (arithmetic sequences of tokens: something to learn) with the same AdamW
 hyperparameters, and each step is timed whole: forward, backward, optimizer step, zero_grad, with
-torch.cuda.synchronize() before the forward and around the step, so that the update phase is
-timed on its own too. The configurations:
+torch.cuda.synchronize() before the forward, between forward and backward and around the step,
+so that each part is timed on its own too (one synchronize more than a training loop has, in
+every configuration alike). The configurations:
 
   - torch_gpu, the no-offload floor: the bf16 model with fp32 master weights, gradients and Adam
     state all on the GPU, torch.optim.AdamW(fused=True) on the masters, the bf16 weights copied
@@ -421,11 +422,14 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
     iters, updates, losses, plan, steps = [], [], [], {}, []
     counters = allocator_counters(torch) if cuda else {}
+    last = counters
     for i, (x, y) in enumerate(data):
         x, y = x.to(device), y.to(device)
         sync()
         t0 = time.perf_counter()
         loss = model(x, y)
+        sync()
+        tf = time.perf_counter()
         loss.backward()
         sync()
         t1 = time.perf_counter()
@@ -442,13 +446,21 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
             updates.append(t2 - t1)
             # Where each timed step's time went, and what was resident: a set that changes every
             # step (memory pressure evicting what the plan brings back) shows here.
+            # The allocator's retries in this step (each one released the cache or reclaimed
+            # resident state) and where tide offloaded gradients: under a cap, the forward and
+            # backward passes' extra time has one of these beside it.
+            now = allocator_counters(torch) if cuda else {}
             steps.append({"forward_backward_ms": round((t1 - t0) * 1e3, 2),
+                          "forward_ms": round((tf - t0) * 1e3, 2),
                           "update_ms": round((t2 - t1) * 1e3, 2),
                           "zero_grad_ms": round((t3 - t2) * 1e3, 2),
-                          **({"resident_subgroups": plan["resident_subgroups"]}
-                             if "resident_subgroups" in plan else {})})
+                          **({"alloc_retries": now["num_alloc_retries"] - last["num_alloc_retries"]}
+                             if cuda else {}),
+                          **{k: plan[k] for k in STEP_PLAN_KEYS if k in plan}})
+            last = now
         if i + 1 == args.warmup and cuda:
             counters = allocator_counters(torch)
+            last = counters
     record.update({"iteration_s": round(statistics.median(iters), 5),
                    "update_s": round(statistics.median(updates), 5),
                    "timed_steps": len(iters), "losses": [float(f"{v:.6g}") for v in losses]})
@@ -467,6 +479,12 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
             record["telemetry"] = allocator_telemetry(tt)
     del model, opt
     return record
+
+
+# Of tide's last plan, what each timed step records: what was resident after it, and which
+# gradients went to the host during backward and which only at step().
+STEP_PLAN_KEYS = ("resident_subgroups", "gradients_offloaded_in_backward",
+                  "gradients_offloaded_at_step")
 
 
 def allocator_telemetry(tt) -> dict:
