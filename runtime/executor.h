@@ -4,9 +4,10 @@
 // gradient (h2d), the fused Adam kernel (compute), copy-out of the state into a spare
 // state slot (d2h), and, once the copy-out is known complete, the write of the new weights into
 // the model's parameters (params: device-to-device from the buffer). Each of the plan's D buffers
-// is a lane: the next subgroup on a lane starts copying its state in as soon as the lane's last
-// copy-out is done (device-side), while the rest of it (its gradient, which goes where the last
-// subgroup's new weights wait to be written out; its update; its copy-out) is enqueued once the
+// is a lane: the next subgroup on a lane starts copying its state and gradient in as soon as the
+// lane's last copy-out is done (after a resident update, which copies nothing out of the lane, as
+// soon as its kernel is; device-side), while the rest of it (its update, which writes its new
+// weights where the last subgroup's wait to be written out; its copy-out) is enqueued once the
 // calling thread has committed that last subgroup. The calling thread coordinates: it enqueues,
 // commits each GPU subgroup whose copy-out completed (a driver callback wakes it) and writes its
 // weights, and uploads the weights of the CPU subgroups, which a worker thread updates in place

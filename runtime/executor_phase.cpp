@@ -74,10 +74,13 @@ struct Executor::GpuTask {
 
 // One GPU buffer and the subgroups that use it in turn.
 struct Executor::Lane {
-  std::optional<GpuTask> running;         // enqueued through its copy-out, not yet committed
-  std::optional<GpuTask> next;            // its state being copied in, the rest waits for `running`
-  std::optional<std::size_t> copied_out;  // events of the last subgroup whose copy-out was enqueued
-  driver::Event written;                  // after the last parameter write from the buffer
+  std::optional<GpuTask> running;  // enqueued through its copy-out, not yet committed
+  std::optional<GpuTask> next;     // its state being copied in, the rest waits for `running`
+  // After this event (an index into the phase's events) nothing enqueued so far reads what a
+  // copy-in writes into the buffer: the last copy-out's end, or a resident update's kernel end
+  // (its copy-out reads nothing of the buffer).
+  std::optional<std::size_t> reusable;
+  driver::Event written;  // after the last parameter write from the buffer
   bool written_recorded = false;
 };
 
@@ -187,8 +190,11 @@ struct Executor::Phase {
   // not contiguous).
   std::deque<driver::Event> events;
   driver::Event& event(const GpuTask& t, Stage k) { return events[t.events + k]; }
+  static std::size_t chunk_event_at(const GpuTask& t, std::size_t c, ChunkStage k) {
+    return t.events + kStages + c * kChunkStages + k;
+  }
   driver::Event& chunk_event(const GpuTask& t, std::size_t c, ChunkStage k) {
-    return events[t.events + kStages + c * kChunkStages + k];
+    return events[chunk_event_at(t, c, k)];
   }
   ModelParams::Range range(const GpuTask& t, std::size_t c) const {
     const std::uint64_t first = c * t.chunk;
@@ -405,10 +411,10 @@ void Executor::Phase::copy_in(GpuTask& t) {
     t.state = residency.device_slot(s);
     if (!low) t.weights = t.state;
   }
-  // The lane's last copy-out reads its state area; a resident subgroup's copy-in writes only its
-  // gradient there, if any (its state goes to its device slot).
+  // A resident subgroup's copy-in writes only its gradient into the lane, if any (its state goes
+  // to its device slot).
   const bool writes_lane = !t.resident || t.grad_copied || wb != 0;
-  if (lane.copied_out && writes_lane) x.h2d_->wait(events[*lane.copied_out + kD2hEnd]);
+  if (lane.reusable && writes_lane) x.h2d_->wait(events[*lane.reusable]);
   if (!low && lane.written_recorded) x.h2d_->wait(lane.written);
   event(t, kH2dStart).record(*x.h2d_);
   // The bf16 weights are the model's parameters, bit for bit: copied on the device, and only the
@@ -539,7 +545,12 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   driver::copy_to_host_async(host_counters + t.counter, counters.get() + 8 * t.counter,
                              8 * t.chunks, *x.d2h_);
   event(t, kD2hEnd).record(*x.d2h_);
-  lane.copied_out = t.events;
+  // A resident update copies nothing out of the lane (unless it stages weights): the next
+  // copy-in need not wait for its counters, queued on the device-to-host stream behind other
+  // lanes' copy-outs. (Its new weights wait in an area copy-ins do not write.)
+  const bool copies_out_of_lane = !t.resident || t.staging != nullptr || wb != 0;
+  lane.reusable =
+      copies_out_of_lane ? t.events + kD2hEnd : chunk_event_at(t, t.chunks - 1, kUpdateEnd);
   x.d2h_->host_callback([w = wakeup] { w->notify(); });
   if (t.staging == nullptr && updated_for_good(t)) write_early(t);
 }

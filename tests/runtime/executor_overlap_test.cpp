@@ -21,6 +21,9 @@
 //   updated and its weights uploaded while the first GPU subgroup's copy-out is in flight
 //   (submitted, not done). The GPU side does not wait for the CPU side: the first GPU copy-in is
 //   submitted before the first CPU subgroup's weights are.
+// - A resident update copies nothing out of its lane: the copied-in subgroup after it on the lane
+//   comes in and is updated while every device-to-host copy (the resident one's counter too) is
+//   held. Resident updates follow each other with no commit between them, likewise.
 // What it does not guarantee, and is only printed: that a CPU update is still running when a
 // GPU copy starts. The CPU worker and the coordinating thread start together; the stand-in can
 // hold GPU work back but nothing can hold the CPU side, so on a loaded machine the CPU side may
@@ -218,10 +221,11 @@ struct ReadyModel {
 // Every hold ends before the join, whatever happened to the test.
 class PhaseThread {
  public:
-  PhaseThread(Executor& executor, const Policy& policy, int step = 1)
-      : thread_([this, &executor, policy, step] {
+  PhaseThread(Executor& executor, const Policy& policy, int step = 1,
+              std::uint64_t headroom = kHeadroom)
+      : thread_([this, &executor, policy, step, headroom] {
           try {
-            report_ = executor.run(hyper(step), policy, kHeadroom);
+            report_ = executor.run(hyper(step), policy, headroom);
           } catch (...) {
             error_ = std::current_exception();
           }
@@ -485,6 +489,58 @@ TEST(ExecutorOverlap, ResidentUpdatesAreSubmittedWithoutWaitingForTheLastOnesCom
   ref.step(grads, hyper(2));
   executor.sync_state(/*written=*/false);
   expect_matches(model, ref);  // the device weights too
+}
+
+// A plan that mixes resident and copied-in subgroups on one lane: the copied-in subgroup after
+// a resident one reuses the lane's buffer once the resident kernel is done with it. It does not
+// wait for the resident update's counters to reach the host, a copy that queues on the
+// device-to-host stream behind other lanes' copy-outs. With every device-to-host copy held, the
+// first copied-in subgroup's state comes in and is updated.
+TEST(ExecutorOverlap, ACopyInAfterAResidentUpdateWaitsForItsKernelNotItsCopyOut) {
+  constexpr std::uint64_t kN = 4096;
+  const driver::CurrentContext context;
+  allocator::DriverResource memory;
+  Model model(std::vector<std::uint64_t>(4, kN));
+  Reference ref(*model.state);
+  ExecutorOptions options = resident_options(memory);
+  options.planner.max_buffers = 1;  // one lane
+  options.residency_hysteresis = 0.5;
+  options.rates->cpu_update = options.rates->cpu_update_contended = 1e6;  // a slow CPU: GPU only
+  Executor executor(*model.state, options);
+  // Room for five resident subgroups (slot and kept gradient) and a lane: the join limit (50%)
+  // admits two; the other two are copied in through the lane, which fits beside them.
+  const std::uint64_t slot = model.state->slot_bytes(0) + kN * 2;
+  const std::uint64_t headroom = 5 * slot + model.state->slot_bytes(0) + kN * 4;
+  const auto grads = step_with_room_then_offload(model, executor, ref, headroom);
+  ASSERT_EQ(executor.last_report().resident_subgroups, 2u);
+  executor.ready(hyper(2));
+  control().record(4096);
+  control().hold(TIDE_STANDIN_OP_D2H);
+  PhaseThread phase(executor, Policy::automatic_policy(), 2, headroom);
+  // The first copied-in subgroup's kernel is the third update; its state's copy-in precedes it.
+  const bool updated = control().wait_until([](const Ops& ops) {
+    const auto u = updates(ops);
+    return std::count_if(u.begin(), u.end(), ended) >= 3;
+  });
+  const Ops held = control().ops();
+  EXPECT_TRUE(updated) << "the copied-in subgroup waited for the resident one's copy-out:\n"
+                       << describe(held);
+  const PhaseReport& report = phase.join();
+  const Ops ops = control().ops();
+  control().record(0);
+  expect_complete(ops);
+  expect_no_copy_in_overwrites_what_is_read(ops);
+  ASSERT_TRUE(report.fault.empty()) << report.fault;
+  std::size_t resident = 0, copied = 0;
+  for (std::size_t s = 0; s < 4; ++s) {
+    ASSERT_EQ(report.devices[s], planner::Device::gpu) << s;
+    (report.planned.subgroups[s].resident ? resident : copied) += 1;
+  }
+  EXPECT_EQ(resident, 2u);
+  EXPECT_EQ(copied, 2u);
+  ref.step(grads, hyper(2));
+  executor.sync_state(/*written=*/false);
+  expect_matches(model, ref);
 }
 
 }  // namespace
