@@ -46,6 +46,7 @@ def test_without_a_gpu_it_prints_one_skipped_line_and_exits_0():
     (["--steps", "0"], "--steps must be at least 1"),
     (["--blocks", "0"], "--blocks must be at least 1"),
     (["--warmup", "-1"], "--warmup must be 0 or more"),
+    (["--capped-warmup", "-2"], "--capped-warmup must be 0 or more"),
     (["--d-model", "100"], "--d-model must be a multiple of 64"),
     (["--memory-fraction", "0"], "--memory-fraction must be in (0, 1]"),
     (["--memory-fraction", "1.5"], "--memory-fraction must be in (0, 1]"),
@@ -179,8 +180,10 @@ def test_the_flow_rehearsed_on_the_cpu():
     assert by["bandwidth"]["host_memory_gbps"] > 0
     for case in ("torch_gpu", "torch_offload", "tide_auto"):
         assert by[case]["iteration_s"] > 0 and len(by[case]["losses"]) == 2
-        # Each timed step's parts, and (tide) what was resident after it.
-        [step] = by[case]["steps"]
+        # Each step's parts, the warm-up step marked, and (tide) what was resident after it.
+        warm, step = by[case]["steps"]
+        assert warm["warmup"] is True and "warmup" not in step
+        assert by[case]["warmup_steps"] == 1 and by[case]["timed_steps"] == 1
         assert step["forward_backward_ms"] > step["forward_ms"] > 0 and step["update_ms"] > 0
         tide = case == "tide_auto"
         assert ("resident_subgroups" in step) == tide
@@ -193,6 +196,25 @@ def test_the_flow_rehearsed_on_the_cpu():
     assert s["losses_agree"] is True and s["max_rel_loss_diff"] <= s["loss_rtol"]
     assert s["tide_auto_speedup_over_torch_offload"] > 0 and s["tide_auto_over_floor"] > 0
     assert s["not_run"] == ["capped_tide_auto"] and s["failed"] == []
+
+
+def test_a_capped_case_warms_up_longer_and_shows_its_warm_up_steps(bench):
+    """Under a cap, residency backs off in the first steps: a capped case's timed steps come after
+    --capped-warmup steps, not --warmup, and every step is listed, the warm-up ones marked. (Run
+    in this process on CPU tensors: the cap itself needs a GPU.)"""
+    import torch
+
+    import tide.torch as tt
+
+    args = bench.parse_args(["--device", "cpu", "--smoke", "--steps", "2", "--warmup", "0",
+                             "--capped-warmup", "3"])
+    [case] = [c for g in bench.groups(None) for c in g["cases"] if c["case"] == "capped_tide_2"]
+    r = bench.run_case(torch, tt, case, args, "cpu")
+    assert r["warmup_steps"] == 3 and r["timed_steps"] == 2 and len(r["losses"]) == 5
+    assert [s.get("warmup", False) for s in r["steps"]] == [True, True, True, False, False]
+    [case] = [c for g in bench.groups(None) for c in g["cases"] if c["case"] == "tide_2"]
+    r = bench.run_case(torch, tt, case, args, "cpu")
+    assert r["warmup_steps"] == 0 and [s.get("warmup", False) for s in r["steps"]] == [False] * 2
 
 
 def test_a_spent_time_cap_runs_nothing_and_says_so():
