@@ -194,6 +194,7 @@ TIDE_API tide_status tide_alloc_get_stats(int device, tide_alloc_stats* stats) {
     out.thread_cached_bytes = s.thread_cached_bytes;
     out.largest_free_block = s.largest_free_block;
     out.growable = s.growable;
+    out.thread_cache_hits = s.thread_cache_hits;
     tide::capi::write_versioned(stats, out, "tide_alloc_stats");
   });
 }

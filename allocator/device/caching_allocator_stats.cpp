@@ -137,6 +137,7 @@ AllocatorStats CachingAllocator::stats() const {
   s.num_device_free = num_device_free_;
   s.memory_limit = limit_;
   s.thread_cached_bytes = c.bytes;
+  s.thread_cache_hits = c.alloc_hits;
   for (const BlockPool& pool : pools_) {
     s.largest_free_block = std::max<std::uint64_t>(s.largest_free_block, pool.largest());
   }

@@ -54,6 +54,9 @@ struct AllocatorStats {
   std::uint64_t num_device_free = 0;       // driver free calls (cuMemFree, cuMemRelease)
   std::uint64_t memory_limit = 0;          // cap on reserved bytes
   std::uint64_t thread_cached_bytes = 0;   // small free blocks held in threads' caches
+  // Allocations served from threads' caches, without the lock (accumulated: reset with the
+  // totals); of allocation[kSmallPool].allocated, the rest took the lock.
+  std::uint64_t thread_cache_hits = 0;
   std::uint64_t largest_free_block = 0;
   std::uint64_t growable = 0;  // 1 when the large pool grows through VMM
 };

@@ -454,6 +454,9 @@ typedef struct tide_alloc_stats {
   uint64_t thread_cached_bytes;  /* small free blocks in threads' caches */
   uint64_t largest_free_block;
   uint64_t growable; /* 1: the large pool grows one range through VMM */
+  /* Allocations served from threads' caches without the lock (accumulated), of
+   * allocation[1].allocated. */
+  uint64_t thread_cache_hits;
 } tide_alloc_stats;
 
 static inline tide_alloc_stats tide_alloc_stats_default(void) {

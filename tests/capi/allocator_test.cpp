@@ -37,6 +37,11 @@ TEST_F(AllocatorCapiTest, AllocAndFreeAsPyTorchCallsThem) {
   EXPECT_EQ(s.allocation[1].current, 1u);
   EXPECT_EQ(s.allocation[2].current, 1u);
   tide_free(p, 1000, 0, nullptr);
+  EXPECT_EQ(tide_alloc(1000, 0, nullptr), p);  // from this thread's cache
+  ASSERT_EQ(tide_alloc_get_stats(0, &s), TIDE_OK);
+  EXPECT_EQ(s.allocation[1].allocated, 2u);
+  EXPECT_EQ(s.thread_cache_hits, 1u);
+  tide_free(p, 1000, 0, nullptr);
   tide_free(q, 5 * kMiB, 0, stream.get());
   tide_free(nullptr, 0, 0, nullptr);
   ASSERT_EQ(tide_alloc_get_stats(0, &s), TIDE_OK);

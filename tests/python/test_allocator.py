@@ -138,6 +138,13 @@ def test_memory_stats_use_pytorchs_names_and_follow_allocations(lib):
     assert s["allocation.small_pool.current"] - base["allocation.small_pool.current"] == 1
     assert tt.memory_allocated(0) == s["allocated_bytes.all.current"]
     assert tt.memory_reserved(0) >= tt.memory_allocated(0)
+    # tide's own: a small block freed and asked for again on this thread comes from its cache.
+    lib.tide_free(p, 1000, 0, None)
+    hits = s["tide.thread_cache_hits"]
+    assert lib.tide_alloc(1000, 0, None) == p
+    s = tt.memory_stats(0)
+    assert s["tide.thread_cache_hits"] == hits + 1
+    assert s["allocation.small_pool.allocated"] - base["allocation.small_pool.allocated"] == 2
     lib.tide_free(q, 5 * MiB, 0, None)
     lib.tide_free(p, 1000, 0, None)
     assert tt.max_memory_allocated(0) >= 1024 + 5 * MiB

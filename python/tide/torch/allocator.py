@@ -89,7 +89,7 @@ class Stats(_lib.Versioned):
         (name, ctypes.c_uint64)
         for name in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
                      "num_device_free", "memory_limit", "thread_cached_bytes",
-                     "largest_free_block", "growable")
+                     "largest_free_block", "growable", "thread_cache_hits")
     ]
 
 
@@ -301,6 +301,7 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
     out["num_oom_rejections"] = 0
     out["reserved_bytes_by_private_pools"] = {}
     out["tide"] = {"memory_limit": s.memory_limit, "thread_cached_bytes": s.thread_cached_bytes,
+                   "thread_cache_hits": s.thread_cache_hits,
                    "largest_free_block": s.largest_free_block, "growable_segments": s.growable}
     return out
 

@@ -226,11 +226,16 @@ TEST_F(CachingAllocatorTest, ThreadCacheIsCountedAsFreeAndReusedOnItsStream) {
   EXPECT_EQ(s.requested_bytes[kAllPools].current, 0u);
   EXPECT_EQ(s.allocation[kAllPools].current, 0u);
   EXPECT_EQ(s.allocation[kAllPools].freed, 1u);
+  EXPECT_EQ(s.thread_cache_hits, 0u);
   void* q = a.allocate(10'200, nullptr);  // same rounded size, same stream: the cached block
   EXPECT_EQ(q, p);
   s = a.stats();
   EXPECT_EQ(s.requested_bytes[kAllPools].current, 10'200u);
   EXPECT_EQ(s.allocation[kAllPools].allocated, 2u);
+  EXPECT_EQ(s.allocation[kSmallPool].allocated, 2u);
+  EXPECT_EQ(s.thread_cache_hits, 1u);  // of the two: the second took no lock
+  a.reset_accumulated_stats();
+  EXPECT_EQ(a.stats().thread_cache_hits, 0u);
   a.deallocate(q, 10'200, nullptr);
   a.empty_cache();  // takes the block back from the thread's cache too
   EXPECT_EQ(a.stats().thread_cached_bytes, 0u);
