@@ -7,8 +7,9 @@
 //    measured in the same run, interleaved, best of several rounds (the machine may be shared).
 //    "tide_no_thread_cache" is tide's locked core alone (TIDE_ALLOC_THREAD_CACHE=0), and
 //    "alloc_pair_large" the same for 16 sizes from 1 MiB to 64 MiB (tide's core; glibc mmaps).
-//    Each line gives the cycle's working set and the per-thread cache's capacity: the sizes add up
-//    to 4.2 MiB, over the default 4 MiB, so one pair in 16 goes through the core's lock.
+//    Each line gives the cycle's working set, the per-thread cache's capacity and the fraction of
+//    small allocations the caches served: the sizes add up to 4.2 MiB, over the default 4 MiB,
+//    so one pair in 16 goes through the core's lock.
 //    "alloc_pair_in_cache" is the same cycle with each thread's cache holding all of it: the
 //    thread-cache path alone, which is what two threads must not slow down.
 //  - {"bench":"replay","trace":NAME,"peak_reserved_over_live":X,"driver_allocs_after_iter2":N,
@@ -138,26 +139,38 @@ void pair_benchmark(const char* bench, const std::vector<std::size_t>& sizes,
     PairTime tide;
     PairTime core;
     PairTime glibc;
+    with_cache.reset_accumulated_stats();
     for (int round = 0; round < kRounds; ++round) {  // interleaved: the same machine state
       tide.keep_best(time_pairs(threads, sizes, kPairsPerRound, tide_pair(with_cache)));
       glibc.keep_best(time_pairs(threads, sizes, kPairsPerRound, glibc_pair));
       core.keep_best(time_pairs(threads, sizes, kPairsPerRound / 4, tide_pair(core_only)));
     }
+    // Of tide's small allocations (warm-up ones included), those its threads' caches served.
+    const auto stats = with_cache.stats();
+    const std::uint64_t small = stats.allocation[tide::allocator::device::kSmallPool].allocated;
+    const double hit_fraction =
+        small == 0 ? 0.0
+                   : static_cast<double>(stats.thread_cache_hits) / static_cast<double>(small);
     struct Line {
       const char* impl;
       PairTime t;
       std::size_t thread_cache_bytes;  // per thread (0: none; glibc has its own)
+      double hit_fraction;
     };
-    for (const Line& l : {Line{"glibc", glibc, 0}, Line{"tide", tide, cached.thread_cache_bytes},
-                          Line{"tide_no_thread_cache", core, 0}}) {
+    for (const Line& l :
+         {Line{"glibc", glibc, 0, 0}, Line{"tide", tide, cached.thread_cache_bytes, hit_fraction},
+          Line{"tide_no_thread_cache", core, 0, 0}}) {
       std::printf(
           "{\"bench\":\"%s\",\"impl\":\"%s\",\"threads\":%d,\"ns_per_pair\":%.1f,"
           "\"cpu_ns_per_pair\":%.1f,\"sizes\":\"%s\",\"working_set_bytes\":%zu,"
           "\"rounds\":%d,\"statistic\":\"best\"",
           bench, l.impl, threads, l.t.wall_ns, l.t.cpu_ns, sizes_text, working_set(sizes), kRounds);
       if (std::string_view(l.impl) != "glibc") {
-        std::printf(",\"thread_cache_bytes\":%zu,\"over_glibc\":%.2f,\"cpu_over_glibc\":%.2f",
-                    l.thread_cache_bytes, l.t.wall_ns / glibc.wall_ns, l.t.cpu_ns / glibc.cpu_ns);
+        std::printf(
+            ",\"thread_cache_bytes\":%zu,\"thread_cache_hit_fraction\":%.4f,"
+            "\"over_glibc\":%.2f,\"cpu_over_glibc\":%.2f",
+            l.thread_cache_bytes, l.hit_fraction, l.t.wall_ns / glibc.wall_ns,
+            l.t.cpu_ns / glibc.cpu_ns);
       }
       std::printf("}\n");
     }
