@@ -490,7 +490,7 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
     return record
 
 
-# Of tide's last plan, what each timed step records: what was resident after it, and which
+# Of tide's last plan, what each step records: what was resident after it, and which
 # gradients went to the host during backward and which only at step().
 STEP_PLAN_KEYS = ("resident_subgroups", "gradients_offloaded_in_backward",
                   "gradients_offloaded_at_step")

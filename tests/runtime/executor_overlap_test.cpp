@@ -530,6 +530,15 @@ TEST(ExecutorOverlap, ACopyInAfterAResidentUpdateWaitsForItsKernelNotItsCopyOut)
   control().record(0);
   expect_complete(ops);
   expect_no_copy_in_overwrites_what_is_read(ops);
+  // But after the resident kernel before them on the lane (which may read its gradient there):
+  // the copied-in subgroups' copy-ins are the only ones (the resident gradients were kept).
+  const auto kernels = updates(ops);
+  ASSERT_GE(kernels.size(), 3u);
+  for (const tide_standin_op& op : ops) {
+    if (op.kind == TIDE_STANDIN_OP_H2D) {
+      EXPECT_GE(op.start_ns, kernels[1]->end_ns) << describe(ops);
+    }
+  }
   ASSERT_TRUE(report.fault.empty()) << report.fault;
   std::size_t resident = 0, copied = 0;
   for (std::size_t s = 0; s < 4; ++s) {

@@ -30,6 +30,64 @@ struct ResidencyTest : ::testing::Test {
     faults.fail_launch(0);
     faults.device_lost(0);
   }
+
+  // Step 1 with `headroom` (`resident` subgroups join), then step 2 run once with nothing
+  // failing and once with each of its copies, then each of its kernel launches, failing in
+  // turn, each time from a fresh model: step 2 completes exactly (nothing left not updated or
+  // unwritten), and so does step 3, the model's weights included.
+  void every_copy_or_launch_failing_in_turn(const std::vector<std::uint64_t>& sizes,
+                                            std::size_t split_every, const ExecutorOptions& options,
+                                            std::uint64_t headroom, std::size_t resident) {
+    const Policy policy = Policy::automatic_policy();
+    enum class Fail { nothing, copy, launch };
+    // Returns the copies and launches of the step.
+    auto step_failing = [&](Fail what, std::uint64_t n) {
+      const std::string at = (what == Fail::copy ? "copy " : "launch ") + std::to_string(n);
+      const driver::CurrentContext context;
+      Model model(sizes, split_every);
+      Reference ref(*model.state);
+      Executor executor(*model.state, options);
+      auto grads = step_with_room_then_offload(model, executor, ref, headroom);
+      EXPECT_EQ(executor.last_report().resident_subgroups, resident);
+      executor.ready(hyper(2));
+      faults.reset_stats();
+      if (what == Fail::copy) faults.fail_copy(n);
+      if (what == Fail::launch) faults.fail_launch(n);
+      const PhaseReport report = executor.run(hyper(2), policy, headroom);
+      const tide_standin_stats stats = faults.stats();
+      faults.fail_copy(0);
+      faults.fail_launch(0);
+      ref.step(grads, hyper(2));
+      if (stats.injected_faults > 0) {
+        EXPECT_FALSE(report.fault.empty()) << at;
+      } else {
+        EXPECT_TRUE(report.fault.empty()) << at << ": " << report.fault;
+      }
+      if (what == Fail::nothing) {  // the plan the faults hit: every subgroup on the GPU
+        std::size_t planned_resident = 0;
+        for (std::size_t s = 0; s < sizes.size(); ++s) {
+          EXPECT_EQ(report.devices[s], planner::Device::gpu) << s;
+          planned_resident += report.planned.subgroups[s].resident ? 1 : 0;
+        }
+        EXPECT_EQ(planned_resident, resident);
+      }
+      EXPECT_TRUE(report.not_updated.empty()) << at;
+      EXPECT_TRUE(report.unwritten.empty()) << at;
+      grads = model.make_gradients(3);
+      model.offload_all(executor);
+      EXPECT_TRUE(executor.run(hyper(3), policy, headroom).fault.empty()) << at;
+      ref.step(grads, hyper(3));
+      executor.sync_state(false);
+      expect_matches(model, ref);
+      return std::pair{stats.copies_h2d + stats.copies_d2h + stats.copies_d2d,
+                       stats.kernel_launches};
+    };
+    const auto [copies, launches] = step_failing(Fail::nothing, 0);
+    ASSERT_GT(copies, resident);  // a counter and at least one weights' write each
+    ASSERT_GE(launches, sizes.size());
+    for (std::uint64_t n = 1; n <= copies; ++n) step_failing(Fail::copy, n);
+    for (std::uint64_t n = 1; n <= launches; ++n) step_failing(Fail::launch, n);
+  }
 };
 
 std::uint64_t state_bytes(const OptimizerState& state) {
@@ -248,46 +306,24 @@ TEST_F(ResidencyTest, AFailedCopyIsCompletedOnTheCpuFromTheDeviceState) {
 // was refused leaves its subgroup's state untouched on the device, completed on the CPU; a write
 // that was refused is written again at the end of the phase.
 TEST_F(ResidencyTest, EveryCopyOrLaunchOfAResidentStepFailingInTurnStillCompletesIt) {
-  const Policy policy = Policy::automatic_policy();
-  enum class Fail { nothing, copy, launch };
-  // Returns the copies and launches of the step.
-  auto step_failing = [&](Fail what, std::uint64_t n) {
-    const std::string at = (what == Fail::copy ? "copy " : "launch ") + std::to_string(n);
-    const driver::CurrentContext context;
-    Model model(kSizes, /*split_every=*/2);
-    Reference ref(*model.state);
-    Executor executor(*model.state, resident_options(memory));
-    auto grads = step_with_room_then_offload(model, executor, ref, kHeadroom);
-    EXPECT_EQ(executor.last_report().resident_subgroups, kSizes.size());
-    executor.ready(hyper(2));
-    faults.reset_stats();
-    if (what == Fail::copy) faults.fail_copy(n);
-    if (what == Fail::launch) faults.fail_launch(n);
-    const PhaseReport report = executor.run(hyper(2), policy, kHeadroom);
-    const tide_standin_stats stats = faults.stats();
-    faults.fail_copy(0);
-    faults.fail_launch(0);
-    ref.step(grads, hyper(2));
-    if (stats.injected_faults > 0) {
-      EXPECT_FALSE(report.fault.empty()) << at;
-    } else {
-      EXPECT_TRUE(report.fault.empty()) << at << ": " << report.fault;
-    }
-    EXPECT_TRUE(report.not_updated.empty()) << at;
-    EXPECT_TRUE(report.unwritten.empty()) << at;
-    grads = model.make_gradients(3);
-    model.offload_all(executor);
-    EXPECT_TRUE(executor.run(hyper(3), policy, kHeadroom).fault.empty()) << at;
-    ref.step(grads, hyper(3));
-    executor.sync_state(false);
-    expect_matches(model, ref);
-    return std::pair{stats.copies_h2d + stats.copies_d2h + stats.copies_d2d, stats.kernel_launches};
-  };
-  const auto [copies, launches] = step_failing(Fail::nothing, 0);
-  ASSERT_GT(copies, kSizes.size());  // a counter and at least one weights' write each
-  ASSERT_GE(launches, kSizes.size());
-  for (std::uint64_t n = 1; n <= copies; ++n) step_failing(Fail::copy, n);
-  for (std::uint64_t n = 1; n <= launches; ++n) step_failing(Fail::launch, n);
+  every_copy_or_launch_failing_in_turn(kSizes, /*split_every=*/2, resident_options(memory),
+                                       kHeadroom, kSizes.size());
+}
+
+// The same in a plan that mixes resident and copied-in subgroups on one lane, where a copied-in
+// subgroup's copy-in waits only for the resident kernel before it on the lane.
+TEST_F(ResidencyTest, EveryCopyOrLaunchOfAMixedStepFailingInTurnStillCompletesIt) {
+  constexpr std::uint64_t kN = 4096;
+  ExecutorOptions options = resident_options(memory);
+  options.planner.max_buffers = 1;
+  options.residency_hysteresis = 0.5;
+  options.rates->cpu_update = options.rates->cpu_update_contended = 1e6;  // GPU only
+  // Room for five resident subgroups and a lane: the join limit (50%) admits two.
+  const driver::CurrentContext context;
+  const Model sizing({kN});
+  const std::uint64_t slot = sizing.state->slot_bytes(0);
+  const std::uint64_t headroom = 5 * (slot + kN * 2) + slot + kN * 4;
+  every_copy_or_launch_failing_in_turn({kN, kN, kN, kN}, 0, options, headroom, 2);
 }
 
 TEST_F(ResidencyTest, NoMemoryForAJoiningSlotFallsBackToTheCpu) {
