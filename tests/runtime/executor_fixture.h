@@ -263,6 +263,24 @@ inline ExecutorOptions resident_options(allocator::DeviceMemoryResource& memory)
   return options;
 }
 
+// A mixed plan: kMixedSubgroups subgroups of kMixedParams on one lane, two resident and two
+// copied in (a slow CPU: all on the GPU), with mixed_headroom(): room for five resident
+// subgroups (slot and kept gradient) and a lane, of which the join limit (50%) admits two; the
+// lane fits beside them.
+constexpr std::size_t kMixedSubgroups = 4;
+constexpr std::uint64_t kMixedParams = 4096;
+inline ExecutorOptions mixed_options(allocator::DeviceMemoryResource& memory) {
+  ExecutorOptions options = resident_options(memory);
+  options.planner.max_buffers = 1;
+  options.residency_hysteresis = 0.5;
+  options.rates->cpu_update = options.rates->cpu_update_contended = 1e6;
+  return options;
+}
+inline std::uint64_t mixed_headroom(const OptimizerState& state) {
+  const std::uint64_t slot = state.slot_bytes(0);
+  return 5 * (slot + kMixedParams * 2) + slot + kMixedParams * 4;
+}
+
 // Step 1 of a resident executor with `headroom` (room for every state: they all join; the
 // reference steps too), then step 2's gradients offloaded; returns them, for the reference.
 inline std::vector<std::vector<std::uint16_t>> step_with_room_then_offload(Model& model,

@@ -497,20 +497,12 @@ TEST(ExecutorOverlap, ResidentUpdatesAreSubmittedWithoutWaitingForTheLastOnesCom
 // device-to-host stream behind other lanes' copy-outs. With every device-to-host copy held, the
 // first copied-in subgroup's state comes in and is updated.
 TEST(ExecutorOverlap, ACopyInAfterAResidentUpdateWaitsForItsKernelNotItsCopyOut) {
-  constexpr std::uint64_t kN = 4096;
   const driver::CurrentContext context;
   allocator::DriverResource memory;
-  Model model(std::vector<std::uint64_t>(4, kN));
+  Model model(std::vector<std::uint64_t>(kMixedSubgroups, kMixedParams));
   Reference ref(*model.state);
-  ExecutorOptions options = resident_options(memory);
-  options.planner.max_buffers = 1;  // one lane
-  options.residency_hysteresis = 0.5;
-  options.rates->cpu_update = options.rates->cpu_update_contended = 1e6;  // a slow CPU: GPU only
-  Executor executor(*model.state, options);
-  // Room for five resident subgroups (slot and kept gradient) and a lane: the join limit (50%)
-  // admits two; the other two are copied in through the lane, which fits beside them.
-  const std::uint64_t slot = model.state->slot_bytes(0) + kN * 2;
-  const std::uint64_t headroom = 5 * slot + model.state->slot_bytes(0) + kN * 4;
+  Executor executor(*model.state, mixed_options(memory));
+  const std::uint64_t headroom = mixed_headroom(*model.state);
   const auto grads = step_with_room_then_offload(model, executor, ref, headroom);
   ASSERT_EQ(executor.last_report().resident_subgroups, 2u);
   executor.ready(hyper(2));
@@ -541,7 +533,7 @@ TEST(ExecutorOverlap, ACopyInAfterAResidentUpdateWaitsForItsKernelNotItsCopyOut)
   }
   ASSERT_TRUE(report.fault.empty()) << report.fault;
   std::size_t resident = 0, copied = 0;
-  for (std::size_t s = 0; s < 4; ++s) {
+  for (std::size_t s = 0; s < kMixedSubgroups; ++s) {
     ASSERT_EQ(report.devices[s], planner::Device::gpu) << s;
     (report.planned.subgroups[s].resident ? resident : copied) += 1;
   }

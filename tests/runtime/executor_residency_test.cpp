@@ -313,17 +313,11 @@ TEST_F(ResidencyTest, EveryCopyOrLaunchOfAResidentStepFailingInTurnStillComplete
 // The same in a plan that mixes resident and copied-in subgroups on one lane, where a copied-in
 // subgroup's copy-in waits only for the resident kernel before it on the lane.
 TEST_F(ResidencyTest, EveryCopyOrLaunchOfAMixedStepFailingInTurnStillCompletesIt) {
-  constexpr std::uint64_t kN = 4096;
-  ExecutorOptions options = resident_options(memory);
-  options.planner.max_buffers = 1;
-  options.residency_hysteresis = 0.5;
-  options.rates->cpu_update = options.rates->cpu_update_contended = 1e6;  // GPU only
-  // Room for five resident subgroups and a lane: the join limit (50%) admits two.
   const driver::CurrentContext context;
-  const Model sizing({kN});
-  const std::uint64_t slot = sizing.state->slot_bytes(0);
-  const std::uint64_t headroom = 5 * (slot + kN * 2) + slot + kN * 4;
-  every_copy_or_launch_failing_in_turn({kN, kN, kN, kN}, 0, options, headroom, 2);
+  const std::vector<std::uint64_t> sizes(kMixedSubgroups, kMixedParams);
+  const Model sizing(sizes);
+  every_copy_or_launch_failing_in_turn(sizes, 0, mixed_options(memory),
+                                       mixed_headroom(*sizing.state), 2);
 }
 
 TEST_F(ResidencyTest, NoMemoryForAJoiningSlotFallsBackToTheCpu) {
