@@ -427,7 +427,8 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
     # (fewer resident subgroups for at least 8 phases): the timed steps come after that.
     warmup = args.capped_warmup if case.get("capped") else args.warmup
     data = batches(torch, args, warmup + args.steps)
-    if cuda:  # the peak of the steps, with everything the model and optimizer hold
+    peak = 0  # the peak of the steps, with everything the model and optimizer hold
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
     iters, updates, losses, plan, steps = [], [], [], {}, []
     counters = allocator_counters(torch) if cuda else {}
@@ -455,14 +456,25 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
         # resident state) and where tide offloaded gradients: under a cap, the forward and
         # backward passes' extra time has one of these beside it.
         now = allocator_counters(torch) if cuda else {}
-        steps.append({**({"warmup": True} if i < warmup else {}),
-                      "forward_backward_ms": round((t1 - t0) * 1e3, 2),
-                      "forward_ms": round((tf - t0) * 1e3, 2),
-                      "update_ms": round((t2 - t1) * 1e3, 2),
-                      "zero_grad_ms": round((t3 - t2) * 1e3, 2),
-                      **({"alloc_retries": now["num_alloc_retries"] - last["num_alloc_retries"]}
-                         if cuda else {}),
-                      **{k: plan[k] for k in STEP_PLAN_KEYS if k in plan}})
+        step = {**({"warmup": True} if i < warmup else {}),
+                "forward_backward_ms": round((t1 - t0) * 1e3, 2),
+                "forward_ms": round((tf - t0) * 1e3, 2),
+                "update_ms": round((t2 - t1) * 1e3, 2),
+                "zero_grad_ms": round((t3 - t2) * 1e3, 2),
+                **{k: plan[k] for k in STEP_PLAN_KEYS if k in plan}}
+        if "evict_seconds" in step:
+            step["evict_ms"] = round(step.pop("evict_seconds") * 1e3, 2)
+        if cuda:
+            step.update(alloc_retries=now["num_alloc_retries"] - last["num_alloc_retries"],
+                        driver_allocs=now["num_device_alloc"] - last["num_device_alloc"],
+                        driver_frees=now["num_device_free"] - last["num_device_free"],
+                        peak_live_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3))
+            peak = max(peak, torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+            if case["impl"] == "tide" and tt.allocator.is_using_allocator():
+                step["held_headroom_gib"] = round(
+                    tt.allocator.headroom()["held_headroom_bytes"] / 2**30, 3)
+        steps.append(step)
         last = now
         if i >= warmup:
             iters.append(t3 - t0)
@@ -475,8 +487,8 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
                    "losses": [float(f"{v:.6g}") for v in losses]})
     record["params_per_s"] = round(record["params"] / record["iteration_s"])
     if cuda:
-        record["peak_device_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-        record["peak_device_bytes"] = torch.cuda.max_memory_allocated()
+        record["peak_device_gib"] = round(peak / 2**30, 3)
+        record["peak_device_bytes"] = peak
     if plan:
         record["plan"] = {k: v for k, v in plan.items()
                           if k in ("gpu_subgroups", "cpu_subgroups") or "resident" in k}
@@ -490,10 +502,13 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
     return record
 
 
-# Of tide's last plan, what each step records: what was resident after it, and which
-# gradients went to the host during backward and which only at step().
+# Of tide's last plan, what each step records: what was resident after it, which gradients
+# went to the host during backward and which only at step(), and the pressure its passes put on
+# resident state (subgroups taken back home inside their allocations, and the time that took;
+# allocations served only by giving the cache back to the driver).
 STEP_PLAN_KEYS = ("resident_subgroups", "gradients_offloaded_in_backward",
-                  "gradients_offloaded_at_step")
+                  "gradients_offloaded_at_step", "evicted_subgroups", "evict_seconds",
+                  "cache_releases", "headroom_bytes")
 
 
 def allocator_telemetry(tt) -> dict:

@@ -92,6 +92,10 @@
 // need (a capped real GPU's regime). The published variant's configurations, ZeRO-Offload-style
 // left out; the target is the published one (tide within 3% of the best static configuration).
 //
+// Each line's by_memory_state also has the allocator's driver allocations and frees, retries
+// (allocations served only by giving its cache back) and waits for all streams in that iteration:
+// a real driver charges for each (mappings, a device synchronize); the stand-in barely does.
+//
 // Each line also has the performance model's prediction of every phase (forward: the layers'
 // compute; backward: planner/iteration_model.h; update: the plan the executor's planner, the one
 // `tide plan` runs, makes for that headroom with the rates measured at the start) and measured
@@ -191,7 +195,10 @@ struct Measured {
   std::uint64_t headroom = 0, headroom_used = 0;  // headroom_used: the plan's GPU bytes
   std::uint64_t headroom_cap = 0;  // the executor's cap on later plans after a fallback (0: none)
   std::size_t resident = 0;        // resident subgroups after the update phase
-  planner::Plan planned;           // the executor's plan (with its resident subgroups)
+  // The allocator's driver calls and retries in the iteration: a real driver charges for each
+  // (a mapping, a synchronization), the stand-in barely does.
+  std::uint64_t device_allocs = 0, device_frees = 0, alloc_retries = 0, syncs = 0;
+  planner::Plan planned;  // the executor's plan (with its resident subgroups)
 };
 
 // The model's memory and work on the "GPU", and the optimizer state on the host.
@@ -230,6 +237,18 @@ class Trainer {
 
   // One iteration under `config` with `executor`; `static_headroom` for a static configuration.
   Measured iteration(const Config& config, Executor& executor, std::uint64_t static_headroom) {
+    const allocator::device::AllocatorStats before = allocator_.stats();
+    Measured m = run_iteration(config, executor, static_headroom);
+    const allocator::device::AllocatorStats after = allocator_.stats();
+    m.device_allocs = after.num_device_alloc - before.num_device_alloc;
+    m.device_frees = after.num_device_free - before.num_device_free;
+    m.alloc_retries = after.num_alloc_retries - before.num_alloc_retries;
+    m.syncs = after.num_sync_all_streams - before.num_sync_all_streams;
+    return m;
+  }
+
+ private:
+  Measured run_iteration(const Config& config, Executor& executor, std::uint64_t static_headroom) {
     using telemetry_mark = allocator::telemetry::Mark;
     Measured m;
     const auto layers = static_cast<std::size_t>(kLayers);
@@ -324,7 +343,6 @@ class Trainer {
     return m;
   }
 
- private:
   static void check(int r) {
     if (r != 0) {
       std::fprintf(stderr, "bench_iteration: stand-in control call failed (%d)\n", r);
@@ -727,17 +745,22 @@ int main(int argc, char** argv) {
         }
         update += predicted / static_cast<double>(b.size());
         backward += predicted_bw / static_cast<double>(b.size());
-        char one[512];
+        char one[768];
         std::snprintf(one, sizeof one,
                       "%s{\"headroom_bytes\":%llu,\"plan_gpu_bytes\":%llu,\"gpu_subgroups\":%zu,"
                       "\"buffers\":%zu,\"fallback_subgroups\":%zu,\"headroom_cap_bytes\":%llu,"
                       "\"resident_subgroups\":%zu,\"iteration_s\":%.4f,"
-                      "\"update_s\":%.4f,\"predicted_update_s\":%.4f}",
+                      "\"update_s\":%.4f,\"predicted_update_s\":%.4f,\"device_allocs\":%llu,"
+                      "\"device_frees\":%llu,\"alloc_retries\":%llu,\"sync_all_streams\":%llu}",
                       k ? "," : "", static_cast<unsigned long long>(b[k].headroom),
                       static_cast<unsigned long long>(b[k].headroom_used), b[k].gpu_subgroups,
                       b[k].buffers, b[k].fallback,
                       static_cast<unsigned long long>(b[k].headroom_cap), b[k].resident,
-                      b[k].iteration(), b[k].update, predicted);
+                      b[k].iteration(), b[k].update, predicted,
+                      static_cast<unsigned long long>(b[k].device_allocs),
+                      static_cast<unsigned long long>(b[k].device_frees),
+                      static_cast<unsigned long long>(b[k].alloc_retries),
+                      static_cast<unsigned long long>(b[k].syncs));
         states += one;
       }
       const double f = mean(b, &Measured::forward), bw = mean(b, &Measured::backward),

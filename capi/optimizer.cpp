@@ -208,6 +208,10 @@ void fill_result(tide_optimizer& o, const PhaseReport& r, tide_step_result& out)
   out.fallback_subgroups = r.fallback_subgroups;
   out.resident_subgroups = r.resident_subgroups;
   out.resident_bytes = r.resident_bytes;
+  out.evicted_subgroups = r.pressure.evicted_subgroups;
+  out.evicted_bytes = r.pressure.evicted_bytes;
+  out.evict_seconds = r.pressure.evict_seconds;
+  out.cache_releases = r.pressure.cache_releases;
   out.buffers_in_flight = r.ran.buffers;
   out.gpu_bytes = r.ran.gpu_bytes();
   out.nonfinite = r.nonfinite;

@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -120,6 +121,10 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
   adam_ = std::make_unique<kernels::AdamGpu>();
   for (auto* s : {&h2d_, &compute_, &d2h_, &params_, &upload_}) *s = &streams.next();
   stale_params_.assign(state_.size(), 1);
+  // Cache releases count from now (the allocator's count is the process's).
+  if (allocator::device::CachingAllocator* a = buffers_.caching_allocator()) {
+    cache_releases_seen_ = a->usage().cache_releases;
+  }
   if (state_.host_params()) {
     model_params_ = std::make_unique<HostParams>(state_, frozen_);
   } else {
@@ -282,8 +287,14 @@ void Executor::offer_to_reclaim() {
   reclaimer_ = a->add_reclaimer([this](std::uint64_t bytes) -> std::uint64_t {
     const std::unique_lock lock(residency_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return 0;
+    const auto start = std::chrono::steady_clock::now();
+    const std::size_t before = residency_.count();
     const std::uint64_t freed = evict_locked(bytes);
     if (freed > 0) note_pressure_locked();
+    evicted_.evicted_subgroups += before - residency_.count();
+    evicted_.evicted_bytes += freed;
+    evicted_.evict_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return freed;
   });
   reclaimed_from_ = a;
@@ -323,14 +334,15 @@ void Executor::note_pressure_locked(std::uint64_t give_back) {
   reclaimed_ = true;
 }
 
-void Executor::note_released_cache_locked() {
+std::uint64_t Executor::note_released_cache_locked() {
   allocator::device::CachingAllocator* a = buffers_.caching_allocator();
-  if (a == nullptr) return;
+  if (a == nullptr) return 0;
   const std::uint64_t releases = a->usage().cache_releases;
-  const bool released = releases > cache_releases_seen_;
+  const std::uint64_t since =
+      releases - std::min(releases, cache_releases_seen_.value_or(releases));
   cache_releases_seen_ = releases;
   // A reclaim since the last phase has already capped the budget for the same pressure.
-  if (!released || reclaimed_ || residency_.count() == 0) return;
+  if (since == 0 || reclaimed_ || residency_.count() == 0) return since;
   std::uint64_t resident = 0, largest = 0;
   for (std::size_t s = 0; s < state_.size(); ++s) {
     if (!residency_.resident(s)) continue;
@@ -338,6 +350,7 @@ void Executor::note_released_cache_locked() {
     largest = std::max(largest, resident_cost(s));
   }
   note_pressure_locked(std::max(resident / 4, largest));
+  return since;
 }
 
 void Executor::relax_pressure() {

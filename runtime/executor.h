@@ -199,6 +199,18 @@ struct PhaseReport {
   std::vector<std::size_t> not_updated;  // not updated: their gradient was lost with the device
   std::size_t resident_subgroups = 0;    // resident after the phase (their state on the device)
   std::uint64_t resident_bytes = 0;      // device memory their state holds
+  // Since the previous phase (the forward and backward passes between them): memory pressure on
+  // resident state. Subgroups the allocator took back home because an allocation would have
+  // failed (its reclaimer), their bytes and the time it spent on it inside those allocations;
+  // and allocations tide's allocator served only by giving its cache back to the driver (a
+  // synchronize, unmaps and maps again), counted whatever was resident.
+  struct Pressure {
+    std::size_t evicted_subgroups = 0;
+    std::uint64_t evicted_bytes = 0;
+    double evict_seconds = 0;
+    std::uint64_t cache_releases = 0;
+  };
+  Pressure pressure;
 };
 
 class Executor {
@@ -345,7 +357,8 @@ class Executor {
   // giving its cache back to the driver while state was resident (live bytes fitted, what
   // fragmentation reserves did not: the forecast cannot see it), the residency budget gives up a
   // quarter of the resident state (at least one subgroup), as after a reclaim.
-  void note_released_cache_locked();
+  // Returns the allocator's cache releases since the last phase.
+  std::uint64_t note_released_cache_locked();
   // After a phase: once quiet_needed_ phases have passed without pressure, the cap grows by a
   // quarter (at least one subgroup) each phase, and goes once it no longer binds. Pressure that
   // follows such growth doubles quiet_needed_ (up to kMaxQuietPhases): a forecast that keeps
@@ -384,13 +397,15 @@ class Executor {
   // and whether the allocator reclaimed since the last phase.
   std::optional<std::uint64_t> pressure_budget_;
   bool reclaimed_ = false;
-  int quiet_phases_ = 0;  // phases since the last reclaim
+  PhaseReport::Pressure evicted_;  // the reclaimer's evictions since the last phase
+  int quiet_phases_ = 0;           // phases since the last reclaim
   static constexpr int kQuietPhases = 8;
   static constexpr int kMaxQuietPhases = 64;
   int quiet_needed_ = kQuietPhases;
   bool relaxed_ = false;  // the cap grew (or went) since the last pressure
-  // The allocator's Usage::cache_releases after the last phase.
-  std::uint64_t cache_releases_seen_ = 0;
+  // The allocator's Usage::cache_releases after the last phase (none yet: since the executor
+  // was made, or since it first saw tide's allocator).
+  std::optional<std::uint64_t> cache_releases_seen_;
   PhaseReport report_;
   FrozenSlices frozen_;
   std::unique_ptr<ModelParams> model_params_;  // where the model's parameters are

@@ -982,7 +982,10 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   if (!ready_ || offload_->offloads() != ready_offloads_) ready(hyper);
   const bool prepared = prepared_.has_value();
   PhaseReport report;
-  note_released_cache_locked();
+  // The reclaimer cannot add to evicted_ during the phase (it only tries the lock held here);
+  // reset once the phase has its report, so that a phase that throws loses none of it.
+  report.pressure = evicted_;
+  report.pressure.cache_releases = note_released_cache_locked();
   // Unprepared: the gradients were offloaded to host memory.
   const std::uint64_t held = options_.residency && !prepared ? residency_held(headroom_bytes) : 0;
   report.planned = prepared ? *prepared_ : plan_with(policy, headroom_bytes, false, held);
@@ -1077,6 +1080,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   if (!options_.gradients_on_gpu) keep_resident_gradients();
   report.resident_subgroups = residency_.count();
   report.resident_bytes = residency_.bytes();
+  evicted_ = PhaseReport::Pressure{};
   report_ = std::move(report);
   return report_;
 }

@@ -964,6 +964,14 @@ typedef struct tide_step_result {
   uint64_t resident_subgroups; /* after the step, subgroups whose state stays in device memory
                                   (TIDE_RESIDENCY; counted among gpu_subgroups when updated) */
   uint64_t resident_bytes;     /* device memory their state holds */
+  /* Since the previous step (its forward and backward passes): resident subgroups tide's
+   * allocator took back home because an allocation would have failed, their bytes, and the
+   * seconds that took inside those allocations; and allocations tide's allocator served only by
+   * giving its cache back to the driver (a synchronize, unmaps, maps again). */
+  uint64_t evicted_subgroups;
+  uint64_t evicted_bytes;
+  double evict_seconds;
+  uint64_t cache_releases;
 } tide_step_result;
 
 static inline tide_step_result tide_step_result_default(void) {

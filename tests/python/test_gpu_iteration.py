@@ -190,7 +190,14 @@ def test_the_flow_rehearsed_on_the_cpu():
         assert ("gradients_offloaded_in_backward" in step) == tide
         if tide:  # the tiny model's gradients go to the host in backward or at step()
             assert step["gradients_offloaded_at_step"] + step["gradients_offloaded_in_backward"] > 0
-        assert "alloc_retries" not in step  # CPU tensors: no device allocator to read
+            # The pressure on resident state before the step, the eviction time in ms.
+            assert step["evicted_subgroups"] == 0 and step["evict_ms"] == 0
+            assert step["cache_releases"] == 0 and step["headroom_bytes"] >= 0
+            assert "evict_seconds" not in step
+        else:
+            assert "evicted_subgroups" not in step
+        # CPU tensors: no device allocator to read
+        assert not {"alloc_retries", "driver_allocs", "peak_live_gib"} & step.keys()
     assert "no device memory to cap" in by["capped_tide_auto"]["not_run"]
     s = by["summary"]
     assert s["losses_agree"] is True and s["max_rel_loss_diff"] <= s["loss_rtol"]

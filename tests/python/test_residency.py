@@ -124,3 +124,60 @@ def test_residency_knob_is_strict(monkeypatch):
     model = make_model()
     with pytest.raises(Exception, match="TIDE_RESIDENCY"):
         tt.AdamW(list(model.parameters()), lr=1e-2)
+
+
+def test_a_step_reports_the_pressure_its_passes_put_on_resident_state():
+    """Under tide's allocator and a memory cap: a forward pass that needs more than the forecast
+    left takes resident state back home inside its allocation; the next step's stats say so
+    (evicted_subgroups, evicted_bytes, evict_seconds), and only that step's. The gpu_iteration
+    benchmark reads these per step under a cap."""
+    import ctypes
+
+    from tide import _lib
+    lib = _lib.lib()
+    lib.tide_alloc.restype = ctypes.c_void_p
+    lib.tide_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.tide_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    free_b, total_b = ctypes.c_size_t(), ctypes.c_size_t()
+    _lib.check(lib.tide_device_memory(0, ctypes.byref(free_b), ctypes.byref(total_b)))
+    limit_before = tt.headroom(0)["limit_bytes"]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 256)).to(DEVICE)
+    tt.set_per_process_memory_fraction(64 * 2**20 / total_b.value, 0)
+    tt.empty_cache()
+    try:
+        opt = tt.AdamW(model.parameters(), lr=1e-3, subgroup_size=1 << 17, placement="auto")
+        gen = torch.Generator().manual_seed(1)
+
+        def iteration(activations: int) -> dict:
+            tt.mark_phase("forward")
+            act = lib.tide_alloc(activations, 0, None)
+            assert act is not None, _lib.lib().tide_last_error()
+            model(torch.randn(4, 256, generator=gen).to(DEVICE)).square().mean().backward()
+            tt.mark_phase("backward")
+            lib.tide_free(act, activations, 0, None)
+            opt.step()
+            opt.zero_grad()
+            return opt.last_plan
+
+        plans = [iteration(8 << 20) for _ in range(4)]
+        assert plans[-1]["resident_subgroups"] > 0, plans[-1]
+        for plan in plans:
+            assert plan["evicted_subgroups"] == plan["evicted_bytes"] == 0, plan
+            assert plan["evict_seconds"] == 0.0
+        # A forward pass the forecast did not see: all the cap leaves beside the resident state,
+        # and half of that state.
+        h = tt.headroom(0)
+        resident = plans[-1]["resident_bytes"]
+        bigger = h["limit_bytes"] - tt.memory_allocated(0) + resident // 2
+        pressed = iteration(bigger)
+        assert pressed["evicted_subgroups"] > 0, pressed
+        assert pressed["evicted_bytes"] >= resident // 2
+        assert pressed["evict_seconds"] > 0
+        after = iteration(8 << 20)
+        assert after["evicted_subgroups"] == after["evicted_bytes"] == 0, after
+        assert after["evict_seconds"] == 0.0
+        assert {"cache_releases"} <= after.keys()
+    finally:
+        tt.set_per_process_memory_fraction(limit_before / total_b.value, 0)

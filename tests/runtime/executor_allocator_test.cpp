@@ -263,8 +263,19 @@ TEST_F(ExecutorAllocatorResidency, AnAllocationThatWouldFailEvictsResidentStateI
   for (int step = 2; step <= 20; ++step) {
     grads = model->make_gradients(step);
     model->offload_all(executor);
-    counts.push_back(
-        executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB).resident_subgroups);
+    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), 40 * kMiB);
+    counts.push_back(report.resident_subgroups);
+    // The next step's report says what the pressure before it took back, and only that one.
+    if (step == 2) {
+      EXPECT_EQ(report.pressure.evicted_subgroups, kSubgroups - stayed);
+      EXPECT_EQ(report.pressure.evicted_bytes,
+                (kSubgroups - stayed) * model->state->slot_bytes(kSubgroups - 1));
+      EXPECT_GT(report.pressure.evict_seconds, 0.0);
+    } else {
+      EXPECT_EQ(report.pressure.evicted_subgroups, 0u) << "step " << step;
+      EXPECT_EQ(report.pressure.evicted_bytes, 0u) << "step " << step;
+      EXPECT_EQ(report.pressure.evict_seconds, 0.0) << "step " << step;
+    }
     ref.step(grads, hyper(step));
     executor.release_buffers();
   }
@@ -321,6 +332,8 @@ TEST_F(ExecutorAllocatorResidency, ForwardPassesThatReleaseTheCacheShrinkResiden
     PhaseReport r;
     bool released = false;
     ASSERT_NO_FATAL_FAILURE(fragmenting_iteration(executor, ref, step, &r, &released));
+    // The phase reports the cache releases of the passes before it.
+    EXPECT_EQ(r.pressure.cache_releases > 0, released) << "step " << step;
     if (step == 1) {
       ASSERT_EQ(r.resident_subgroups, kSubgroups);
     } else if (released && resident > 0) {

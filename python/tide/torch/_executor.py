@@ -72,7 +72,9 @@ class StepResult(_lib.Versioned):
         (name, c.c_uint64) for name in (
             "gpu_subgroups", "cpu_subgroups", "fallback_subgroups", "gpu_params",
             "buffers_in_flight", "gpu_bytes", "nonfinite", "headroom_cap", "rolled_forward",
-            "unwritten", "not_updated", "resident_subgroups", "resident_bytes")]
+            "unwritten", "not_updated", "resident_subgroups", "resident_bytes",
+            "evicted_subgroups", "evicted_bytes")] + [
+        ("evict_seconds", c.c_double), ("cache_releases", c.c_uint64)]
 
 
 class PlanSummary(_lib.Versioned):

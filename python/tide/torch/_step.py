@@ -92,4 +92,4 @@ def _step_bucket(s: BucketStep, policy: _executor.PlacementPolicy | None,
     for i in range(len(bucket.params)):
         bucket.versions[i] = bucket.version(i)
     return {"report": result, "devices": result.device_list, "headroom": result.headroom_bytes,
-            "gpu_bytes": result.gpu_bytes}
+            "gpu_bytes": result.gpu_bytes, "device": str(bucket.device)}

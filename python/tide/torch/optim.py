@@ -619,6 +619,15 @@ class AdamW(torch.optim.Optimizer):
             # Subgroups whose state stays in device memory after the step (TIDE_RESIDENCY).
             "resident_subgroups": sum(r["report"].resident_subgroups for r in ran),
             "resident_bytes": sum(r["report"].resident_bytes for r in ran),
+            # Since the previous step: resident subgroups tide's allocator took back home in the
+            # forward and backward passes (an allocation would have failed), and the time that
+            # took there; allocations it served only by giving its cache back to the driver
+            # (each executor of a device sees its allocator's: counted once per device).
+            "evicted_subgroups": sum(r["report"].evicted_subgroups for r in ran),
+            "evicted_bytes": sum(r["report"].evicted_bytes for r in ran),
+            "evict_seconds": sum(r["report"].evict_seconds for r in ran),
+            "cache_releases": sum({r["device"]: r["report"].cache_releases
+                                   for r in ran}.values()),
             "devices": ["gpu" if d else "cpu" for r in ran for d in r["devices"]],
             "t_start_ns": t_start,
             "t_end_ns": t_end,
