@@ -462,8 +462,8 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
                 "update_ms": round((t2 - t1) * 1e3, 2),
                 "zero_grad_ms": round((t3 - t2) * 1e3, 2),
                 **{k: plan[k] for k in STEP_PLAN_KEYS if k in plan}}
-        if "evict_seconds" in step:
-            step["evict_ms"] = round(step.pop("evict_seconds") * 1e3, 2)
+        for key in [k for k in step if k.endswith("_seconds")]:  # evictions, busy times
+            step[key[:-len("_seconds")] + "_ms"] = round(step.pop(key) * 1e3, 2)
         if cuda:
             step.update(alloc_retries=now["num_alloc_retries"] - last["num_alloc_retries"],
                         driver_allocs=now["num_device_alloc"] - last["num_device_alloc"],
@@ -506,9 +506,12 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
 # went to the host during backward and which only at step(), and the pressure its passes put on
 # resident state (subgroups taken back home inside their allocations, and the time that took;
 # allocations served only by giving the cache back to the driver).
+# And where the update phase's time went: each stream's busy time (the GPU's kernels, the copies
+# each way, the CPU's updates), in ms.
 STEP_PLAN_KEYS = ("resident_subgroups", "gradients_offloaded_in_backward",
                   "gradients_offloaded_at_step", "evicted_subgroups", "evict_seconds",
-                  "cache_releases", "headroom_bytes")
+                  "cache_releases", "headroom_bytes", "gpu_busy_seconds", "h2d_busy_seconds",
+                  "d2h_busy_seconds", "cpu_busy_seconds")
 
 
 def allocator_telemetry(tt) -> dict:

@@ -212,6 +212,9 @@ void fill_result(tide_optimizer& o, const PhaseReport& r, tide_step_result& out)
   out.evicted_bytes = r.pressure.evicted_bytes;
   out.evict_seconds = r.pressure.evict_seconds;
   out.cache_releases = r.pressure.cache_releases;
+  out.gpu_busy_seconds = r.gpu_seconds;
+  out.h2d_busy_seconds = r.h2d_seconds;
+  out.d2h_busy_seconds = r.d2h_seconds;
   out.buffers_in_flight = r.ran.buffers;
   out.gpu_bytes = r.ran.gpu_bytes();
   out.nonfinite = r.nonfinite;

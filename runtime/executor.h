@@ -188,8 +188,12 @@ struct PhaseReport {
   // By subgroup: for one that left residency in this phase, when its state was sent home (the
   // copy enqueued) and when the phase saw it there; the clock's epoch for the others.
   std::vector<Span> home_spans;
-  double seconds = 0;                    // measured, from the first enqueue to the join
-  double cpu_seconds = 0;                // the CPU workers' busy time
+  double seconds = 0;      // measured, from the first enqueue to the join
+  double cpu_seconds = 0;  // the CPU workers' busy time
+  // The GPU subgroups' update kernels, copies in and copies out of their state (resident ones
+  // included), as their events timed them, summed: each runs on one stream, so these are each
+  // stream's busy time (what the phase spent beyond them went to waits and the host).
+  double gpu_seconds = 0, h2d_seconds = 0, d2h_seconds = 0;
   std::uint64_t nonfinite = 0;           // elements left unchanged: non-finite gradient or update
   std::size_t fallback_subgroups = 0;    // planned on the GPU, updated on the CPU
   std::uint64_t headroom_cap = 0;        // cap on the next plans' headroom (0: none)

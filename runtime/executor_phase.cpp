@@ -1080,6 +1080,11 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   if (!options_.gradients_on_gpu) keep_resident_gradients();
   report.resident_subgroups = residency_.count();
   report.resident_bytes = residency_.bytes();
+  for (const planner::SubgroupTiming& t : report.timings) {
+    report.gpu_seconds += t.gpu_update_s;
+    report.h2d_seconds += t.h2d_s;
+    report.d2h_seconds += t.d2h_s;
+  }
   evicted_ = PhaseReport::Pressure{};
   report_ = std::move(report);
   return report_;

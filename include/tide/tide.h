@@ -972,6 +972,11 @@ typedef struct tide_step_result {
   uint64_t evicted_bytes;
   double evict_seconds;
   uint64_t cache_releases;
+  /* The GPU subgroups' update kernels, copies in and copies out, as their events timed them,
+   * summed: each stream's busy time in the phase (beside cpu_busy_seconds). */
+  double gpu_busy_seconds;
+  double h2d_busy_seconds;
+  double d2h_busy_seconds;
 } tide_step_result;
 
 static inline tide_step_result tide_step_result_default(void) {

@@ -194,6 +194,9 @@ def test_the_flow_rehearsed_on_the_cpu():
             assert step["evicted_subgroups"] == 0 and step["evict_ms"] == 0
             assert step["cache_releases"] == 0 and step["headroom_bytes"] >= 0
             assert "evict_seconds" not in step
+            assert step["gpu_busy_ms"] >= 0 and step["cpu_busy_ms"] >= 0
+            assert step["h2d_busy_ms"] >= 0 and step["d2h_busy_ms"] >= 0
+            assert step["gpu_busy_ms"] + step["cpu_busy_ms"] > 0
         else:
             assert "evicted_subgroups" not in step
         # CPU tensors: no device allocator to read

@@ -517,6 +517,25 @@ def test_step_stats_and_closure():
     assert len(opt.stats) == 1
 
 
+@pytest.mark.parametrize("placement", ["cpu", "gpu"])
+def test_step_stats_give_each_streams_busy_time(placement):
+    """The GPU subgroups' kernels and copies as their events timed them, beside the CPU's busy
+    time: where an update phase's time went (the H200's resident updates took twice torch's
+    fused step; these say whether in kernels or around them)."""
+    model = make_model()
+    opt = tt.AdamW(model.parameters(), subgroup_size=3000, placement=placement)
+    for tokens in batches(2):
+        opt.zero_grad()
+        loss_of(model, tokens).backward()
+        opt.step()
+    plan = opt.last_plan
+    busy = [plan[k] for k in ("gpu_busy_seconds", "h2d_busy_seconds", "d2h_busy_seconds")]
+    if placement == "cpu":
+        assert busy == [0.0, 0.0, 0.0] and plan["cpu_busy_seconds"] > 0
+    else:
+        assert all(0 < b <= plan["seconds"] for b in busy), (busy, plan["seconds"])
+
+
 @pytest.mark.parametrize("placement, knob, expected", [
     (None, None, "auto"), (None, "cpu", "cpu"), (None, "gpu", "gpu"), (None, "k3", 3),
     (None, "2", 2), ("cpu", "gpu", "cpu"), (2, "cpu", 2), ("auto", "cpu", "auto")])

@@ -43,6 +43,13 @@ void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare,
     expect_matches(model, ref);
     if (policy.kind == Policy::Kind::cpu) {
       EXPECT_TRUE(report.ran.gpu_order.empty());
+      EXPECT_EQ(report.gpu_seconds + report.h2d_seconds + report.d2h_seconds, 0.0);
+    } else {
+      // Each stream's busy time: its kernels or copies, one after another inside the phase.
+      for (double busy : {report.gpu_seconds, report.h2d_seconds, report.d2h_seconds}) {
+        EXPECT_GT(busy, 0.0);
+        EXPECT_LE(busy, report.seconds);
+      }
     }
     if (policy.kind == Policy::Kind::gpu) {
       EXPECT_TRUE(report.ran.cpu_order.empty());

@@ -74,7 +74,9 @@ class StepResult(_lib.Versioned):
             "buffers_in_flight", "gpu_bytes", "nonfinite", "headroom_cap", "rolled_forward",
             "unwritten", "not_updated", "resident_subgroups", "resident_bytes",
             "evicted_subgroups", "evicted_bytes")] + [
-        ("evict_seconds", c.c_double), ("cache_releases", c.c_uint64)]
+        ("evict_seconds", c.c_double), ("cache_releases", c.c_uint64)] + [
+        (name, c.c_double) for name in (
+            "gpu_busy_seconds", "h2d_busy_seconds", "d2h_busy_seconds")]
 
 
 class PlanSummary(_lib.Versioned):

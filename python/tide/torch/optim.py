@@ -607,6 +607,11 @@ class AdamW(torch.optim.Optimizer):
             "predicted_seconds": sum(r["report"].predicted_seconds for r in ran),
             "all_cpu_seconds": sum(r["report"].all_cpu_seconds for r in ran),
             "cpu_busy_seconds": sum(r["report"].cpu_busy_seconds for r in ran),
+            # The GPU subgroups' kernels and copies, as their events timed them: each stream's
+            # busy time (the rest of `seconds` went to waits and the host).
+            "gpu_busy_seconds": sum(r["report"].gpu_busy_seconds for r in ran),
+            "h2d_busy_seconds": sum(r["report"].h2d_busy_seconds for r in ran),
+            "d2h_busy_seconds": sum(r["report"].d2h_busy_seconds for r in ran),
             "buffers": max((r["report"].buffers_in_flight for r in ran), default=0),
             # GPU memory the update phase's plans used (buffers, kept gradients): carved from
             # tide's allocator when it is in use (its timeline's live bytes include it, its
