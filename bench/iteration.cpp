@@ -93,8 +93,9 @@
 // left out; the target is the published one (tide within 3% of the best static configuration).
 //
 // Each line's by_memory_state also has the allocator's driver allocations and frees, retries
-// (allocations served only by giving its cache back) and waits for all streams in that iteration:
-// a real driver charges for each (mappings, a device synchronize); the stand-in barely does.
+// (allocations served only by giving its cache back) and waits for all streams in that iteration
+// (a real driver charges for each: mappings, a device synchronize; the stand-in barely does), and
+// the update phase's busy times: the GPU's kernels, the copies each way and the CPU's updates.
 //
 // Each line also has the performance model's prediction of every phase (forward: the layers'
 // compute; backward: planner/iteration_model.h; update: the plan the executor's planner, the one
@@ -198,6 +199,8 @@ struct Measured {
   // The allocator's driver calls and retries in the iteration: a real driver charges for each
   // (a mapping, a synchronization), the stand-in barely does.
   std::uint64_t device_allocs = 0, device_frees = 0, alloc_retries = 0, syncs = 0;
+  // The update phase's streams' busy time (PhaseReport: kernels, copies each way) and the CPU's.
+  double gpu_busy = 0, h2d_busy = 0, d2h_busy = 0, cpu_busy = 0;
   planner::Plan planned;  // the executor's plan (with its resident subgroups)
 };
 
@@ -340,6 +343,10 @@ class Trainer {
     m.headroom_cap = r.headroom_cap;
     m.resident = r.resident_subgroups;
     m.planned = r.planned;
+    m.gpu_busy = r.gpu_seconds;
+    m.h2d_busy = r.h2d_seconds;
+    m.d2h_busy = r.d2h_seconds;
+    m.cpu_busy = r.cpu_seconds;
     return m;
   }
 
@@ -745,13 +752,15 @@ int main(int argc, char** argv) {
         }
         update += predicted / static_cast<double>(b.size());
         backward += predicted_bw / static_cast<double>(b.size());
-        char one[768];
+        char one[1024];
         std::snprintf(one, sizeof one,
                       "%s{\"headroom_bytes\":%llu,\"plan_gpu_bytes\":%llu,\"gpu_subgroups\":%zu,"
                       "\"buffers\":%zu,\"fallback_subgroups\":%zu,\"headroom_cap_bytes\":%llu,"
                       "\"resident_subgroups\":%zu,\"iteration_s\":%.4f,"
                       "\"update_s\":%.4f,\"predicted_update_s\":%.4f,\"device_allocs\":%llu,"
-                      "\"device_frees\":%llu,\"alloc_retries\":%llu,\"sync_all_streams\":%llu}",
+                      "\"device_frees\":%llu,\"alloc_retries\":%llu,\"sync_all_streams\":%llu,"
+                      "\"gpu_busy_s\":%.4f,\"h2d_busy_s\":%.4f,\"d2h_busy_s\":%.4f,"
+                      "\"cpu_busy_s\":%.4f}",
                       k ? "," : "", static_cast<unsigned long long>(b[k].headroom),
                       static_cast<unsigned long long>(b[k].headroom_used), b[k].gpu_subgroups,
                       b[k].buffers, b[k].fallback,
@@ -760,7 +769,8 @@ int main(int argc, char** argv) {
                       static_cast<unsigned long long>(b[k].device_allocs),
                       static_cast<unsigned long long>(b[k].device_frees),
                       static_cast<unsigned long long>(b[k].alloc_retries),
-                      static_cast<unsigned long long>(b[k].syncs));
+                      static_cast<unsigned long long>(b[k].syncs), b[k].gpu_busy, b[k].h2d_busy,
+                      b[k].d2h_busy, b[k].cpu_busy);
         states += one;
       }
       const double f = mean(b, &Measured::forward), bw = mean(b, &Measured::backward),

@@ -11,6 +11,7 @@
 
 #include "kernels/adam_math.h"
 #include "kernels/dtype.h"
+#include "kernels/host_device.h"
 #include "kernels/quant8.h"
 #include "kernels/stochastic_round.h"
 
@@ -67,5 +68,25 @@ inline constexpr const char* kAdamQ8Kernel = "tide_adam_step_q8";
 // loads of 16-bit values, two of fp32).
 inline constexpr unsigned kAdamBlockThreads = 256;
 inline constexpr unsigned kAdamVectorElements = 8;
+
+// The elements of a subgroup (fp32 master weights) stepped one by one before its vector path
+// starts: where every buffer is at a common kAdamVectorElements boundary; all of them (~0) when
+// the buffers never are together, and the subgroup goes one element at a time. Element sizes
+// are the gradient's, the moments' and, with a low-precision copy (2 bytes), the copy's (0:
+// none). The kernel's rule, and its launchers' (a resident update that writes the model itself
+// keeps to slices that stay on the vector path).
+TIDE_HOST_DEVICE std::uint64_t adam_vector_head(const AdamKernelSubgroup& s, unsigned grad_size,
+                                                unsigned state_size, unsigned copy_size) {
+  constexpr unsigned kV = kAdamVectorElements;
+  auto head_of = [](std::uint64_t address, unsigned size) -> std::uint64_t {
+    const std::uint64_t element = address / size;
+    return (kV - element % kV) % kV;
+  };
+  const std::uint64_t head = head_of(s.param, 4);
+  bool together = head_of(s.grad, grad_size) == head && head_of(s.exp_avg, state_size) == head &&
+                  head_of(s.exp_avg_sq, state_size) == head;
+  if (copy_size != 0) together = together && head_of(s.param_copy, copy_size) == head;
+  return together ? head : ~std::uint64_t{0};
+}
 
 }  // namespace tide::kernels

@@ -41,6 +41,7 @@ class DeviceParams final : public ModelParams {
   std::size_t staging_bytes(std::size_t) const override { return 0; }
   bool write_committed(std::size_t s, CUdeviceptr weights, const void* staging,
                        const driver::Stream& stream) const override;
+  bool kernel_writes(std::size_t s) const override { return host_[s] == 0 && !frozen_.any(s); }
 
  private:
   OptimizerState& state_;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -70,6 +71,10 @@ struct Executor::GpuTask {
   // the next subgroup at once (no host round trip between resident updates).
   bool written_early = false;
   bool write_failed = false;  // that write could not be enqueued: retried at the join
+  // Resident and written early, by its kernel itself: one launch over the model's slices, each
+  // with its new weights' place in the model (ModelParams::kernel_writes), so no copy follows.
+  bool writes_model = false;
+  std::size_t counters = 1;  // its nonfinite counters: one per chunk, or per slice (writes_model)
 };
 
 // One GPU buffer and the subgroups that use it in turn.
@@ -108,7 +113,11 @@ struct Executor::Phase {
   GpuTask make_task(std::size_t lane);
   void copy_in(GpuTask& t);
   void copy_state_chunk(const GpuTask& t, ModelParams::Range r, bool weights_on_device);
+  kernels::AdamGpuSubgroup adam_range(const GpuTask& t, std::uint64_t first,
+                                      std::uint64_t count) const;
+  void launch_adam(std::span<const kernels::AdamGpuSubgroup> subs, CUdeviceptr nonfinite) const;
   void update_chunk(const GpuTask& t, std::size_t c);
+  void update_into_model(const GpuTask& t);
   void copy_out_chunk(const GpuTask& t, std::size_t c);
   void update_and_copy_out(GpuTask& t);
   void write_early(GpuTask& t);
@@ -211,6 +220,43 @@ struct Executor::Phase {
   std::size_t chunks_of(std::uint64_t n, bool resident) const {
     const std::uint64_t c = chunk_params(n, resident);
     return std::max<std::uint64_t>((n + c - 1) / c, 1);
+  }
+  // Whether a resident subgroup's kernel can write its new weights into the model: a copy of
+  // their own, its slices in one launch, whole moments (8-bit ones are blocks across slices).
+  bool kernel_may_write_model(std::size_t s, bool resident) const {
+    return resident && low && !state.quantized() && wb == 0 &&
+           state.spec(s).slices.size() <= kernels::kMaxAdamKernelSubgroups &&
+           model.kernel_writes(s);
+  }
+  // Whether writing a resident subgroup's weights into the model keeps the kernel's vector path
+  // (kernels/adam_kernel.h) where the whole subgroup has it: the model's tensors need not sit at
+  // the state's offsets modulo 8 elements, and a slice that does not goes one element at a time.
+  bool keeps_vector_path(const GpuTask& t) const {
+    GpuTask in_slot = t;
+    in_slot.state = residency.device_slot(t.subgroup);
+    auto head = [&](std::uint64_t first, std::uint64_t count, CUdeviceptr copy) {
+      const kernels::AdamGpuSubgroup sub = adam_range(in_slot, first, count);
+      const kernels::AdamKernelSubgroup k{.grad = sub.grad,
+                                          .param = sub.param,
+                                          .exp_avg = sub.exp_avg,
+                                          .exp_avg_sq = sub.exp_avg_sq,
+                                          .param_copy = copy,
+                                          .count = count};
+      return kernels::adam_vector_head(k, gs, static_cast<unsigned>(state.moment_bytes()),
+                                       copy != 0 ? ps : 0);
+    };
+    constexpr std::uint64_t kNone = ~std::uint64_t{0};
+    if (head(0, state.params(t.subgroup), 0) == kNone) return true;  // one by one either way
+    return std::none_of(
+        state.spec(t.subgroup).slices.begin(), state.spec(t.subgroup).slices.end(),
+        [&](const ParamSlice& p) { return head(p.offset, p.count, p.device_ptr) == kNone; });
+  }
+  // Counters set aside for subgroup s: one per chunk, or per slice where its kernel may write
+  // the model.
+  std::size_t counters_of(std::size_t s, bool resident) const {
+    const std::size_t chunks = chunks_of(state.params(s), resident);
+    return kernel_may_write_model(s, resident) ? std::max(chunks, state.spec(s).slices.size())
+                                               : chunks;
   }
   std::deque<GpuTask> in_flight;  // enqueued through the copy-out, in copy-out order
   std::vector<GpuTask> committed;
@@ -338,7 +384,7 @@ void Executor::Phase::set_up_gpu() {
   std::size_t chunks = 0;
   for (std::size_t s : order) {
     first_counter.push_back(chunks);
-    chunks += chunks_of(state.params(s), report.planned.subgroups[s].resident);
+    chunks += counters_of(s, report.planned.subgroups[s].resident);
   }
 
   // Buffers kept from earlier phases are reused when large enough (runtime/buffer_pool.h).
@@ -381,6 +427,12 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   t.resident = report.planned.subgroups[t.subgroup].resident;
   t.chunk = chunk_params(state.params(t.subgroup), t.resident);
   t.chunks = chunks_of(state.params(t.subgroup), t.resident);
+  // Only once its update is for good (resident, its pinned slot stale: updated_for_good): the
+  // model must not see weights of an update that could still be redone elsewhere.
+  t.writes_model = kernel_may_write_model(t.subgroup, t.resident) &&
+                   residency.resident(t.subgroup) && !residency.host_current(t.subgroup) &&
+                   keeps_vector_path(t);
+  t.counters = t.writes_model ? state.spec(t.subgroup).slices.size() : t.chunks;
   t.state = base;  // a resident subgroup's device slot, once it has one (copy_in)
   if (wb != 0) {
     t.weights = base + params_at();  // staged to the host by the copy-out
@@ -454,35 +506,36 @@ void Executor::Phase::copy_state_chunk(const GpuTask& t, ModelParams::Range r,
   }
 }
 
-// The update of chunk c, once its copy-in is done.
-void Executor::Phase::update_chunk(const GpuTask& t, std::size_t c) {
-  const std::size_t s = t.subgroup;
-  const std::uint64_t n = state.params(s);
-  const ModelParams::Range r = range(t, c);
+// The kernel's view of the elements [first, first + count) of t's subgroup: its gradient and
+// state where the update finds them (the lane's, or its resident slot); no weight copy yet.
+kernels::AdamGpuSubgroup Executor::Phase::adam_range(const GpuTask& t, std::uint64_t first,
+                                                     std::uint64_t count) const {
+  const std::uint64_t n = state.params(t.subgroup);
   const CUdeviceptr base = t.state;  // the state's layout from here (the lane's, or resident)
-  const CUdeviceptr lane_base = buffer[t.buffer].get();
-  x.compute_->wait(chunk_event(t, c, kChunkIn));
-  chunk_event(t, c, kUpdateStart).record(*x.compute_);
   kernels::AdamGpuSubgroup sub;
-  sub.grad = t.grad + r.first * gs;
+  sub.grad = t.grad + first * gs;
   const std::uint64_t mb = state.moment_bytes();
   if (bf16_master) {
-    sub.param_bf16 = base + 2 * r.first;
-    sub.param_comp = base + 2 * n + 2 * r.first;
+    sub.param_bf16 = base + 2 * first;
+    sub.param_comp = base + 2 * n + 2 * first;
   } else {
-    sub.param = (wb != 0 ? lane_base + params_at() : base) + 4 * r.first;
+    sub.param = (wb != 0 ? buffer[t.buffer].get() + params_at() : base) + 4 * first;
   }
   // The host slot's layout (runtime/optimizer_state.h).
-  sub.exp_avg = base + state.moment_offset(n, 0) + mb * r.first;
-  sub.exp_avg_sq = base + state.moment_offset(n, 1) + mb * r.first;
+  sub.exp_avg = base + state.moment_offset(n, 0) + mb * first;
+  sub.exp_avg_sq = base + state.moment_offset(n, 1) + mb * first;
   if (state.quantized()) {
-    const std::uint64_t block = r.first / kernels::kQuantBlock;
+    const std::uint64_t block = first / kernels::kQuantBlock;
     sub.exp_avg_scale = base + state.scale_offset(n, 0) + 4 * block;
     sub.exp_avg_sq_scale = base + state.scale_offset(n, 1) + 4 * block;
   }
-  sub.param_copy = low ? t.weights + ps * r.first : 0;
-  sub.count = r.count;
-  sub.rounding_index = state.first_index(s) + r.first;
+  sub.count = count;
+  sub.rounding_index = state.first_index(t.subgroup) + first;
+  return sub;
+}
+
+void Executor::Phase::launch_adam(std::span<const kernels::AdamGpuSubgroup> subs,
+                                  CUdeviceptr nonfinite) const {
   kernels::AdamGpuDtypes dtypes;
   dtypes.grad = state.options().grad_dtype;
   dtypes.state = state.options().state_dtype;
@@ -492,8 +545,32 @@ void Executor::Phase::update_chunk(const GpuTask& t, std::size_t c) {
   dtypes.rounding = state.moment_rounding();
   kernels::AdamHyper h = hyper;
   h.rounding_seed = state.rounding_seed();
-  x.adam_->step({&sub, 1}, dtypes, h, counters.get() + 8 * (t.counter + c), *x.compute_);
+  x.adam_->step(subs, dtypes, h, nonfinite, *x.compute_);
+}
+
+// The update of chunk c, once its copy-in is done.
+void Executor::Phase::update_chunk(const GpuTask& t, std::size_t c) {
+  const ModelParams::Range r = range(t, c);
+  x.compute_->wait(chunk_event(t, c, kChunkIn));
+  chunk_event(t, c, kUpdateStart).record(*x.compute_);
+  kernels::AdamGpuSubgroup sub = adam_range(t, r.first, r.count);
+  sub.param_copy = low ? t.weights + ps * r.first : 0;
+  launch_adam({&sub, 1}, counters.get() + 8 * (t.counter + c));
   chunk_event(t, c, kUpdateEnd).record(*x.compute_);
+}
+
+// A resident update whose kernel writes the new weights into the model (writes_model): one
+// launch over the model's slices, one counter each, the weights straight to their parameters.
+void Executor::Phase::update_into_model(const GpuTask& t) {
+  x.compute_->wait(chunk_event(t, 0, kChunkIn));
+  chunk_event(t, 0, kUpdateStart).record(*x.compute_);
+  std::vector<kernels::AdamGpuSubgroup> subs;
+  for (const ParamSlice& slice : state.spec(t.subgroup).slices) {
+    subs.push_back(adam_range(t, slice.offset, slice.count));
+    subs.back().param_copy = slice.device_ptr;
+  }
+  launch_adam(subs, counters.get() + 8 * t.counter);
+  chunk_event(t, 0, kUpdateEnd).record(*x.compute_);
 }
 
 // The copy-out of chunk c into the spare slot (and staging area), once its update is done.
@@ -536,14 +613,19 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
       throw;
     }
   }
-  if (low && lane.written_recorded) x.compute_->wait(lane.written);
+  // The lane's weights area is rewritten by this kernel: after its last write to the model.
+  if (low && lane.written_recorded && !t.writes_model) x.compute_->wait(lane.written);
   for (std::size_t c = 0; c < t.chunks; ++c) {
-    update_chunk(t, c);
+    if (t.writes_model) {
+      update_into_model(t);
+    } else {
+      update_chunk(t, c);
+    }
     t.kernel_enqueued = true;
     copy_out_chunk(t, c);
   }
   driver::copy_to_host_async(host_counters + t.counter, counters.get() + 8 * t.counter,
-                             8 * t.chunks, *x.d2h_);
+                             8 * t.counters, *x.d2h_);
   event(t, kD2hEnd).record(*x.d2h_);
   // A resident update copies nothing out of the lane (unless it stages weights): the next
   // copy-in need not wait for its counters, queued on the device-to-host stream behind other
@@ -552,7 +634,12 @@ void Executor::Phase::update_and_copy_out(GpuTask& t) {
   lane.reusable =
       copies_out_of_lane ? t.events + kD2hEnd : chunk_event_at(t, t.chunks - 1, kUpdateEnd);
   x.d2h_->host_callback([w = wakeup] { w->notify(); });
-  if (t.staging == nullptr && updated_for_good(t)) write_early(t);
+  if (t.writes_model) {
+    t.written_early = true;  // by the kernel: no copy, no lane held for it
+    written.push_back(s);
+  } else if (t.staging == nullptr && updated_for_good(t)) {
+    write_early(t);
+  }
 }
 
 // The write of a resident subgroup's new weights, enqueued behind its kernel: the next update
@@ -615,7 +702,7 @@ void Executor::Phase::complete_in_place(const GpuTask& t) {
   try {
     if (!device_usable) throw std::runtime_error("the device failed during the phase");
     x.compute_->synchronize();
-    driver::copy_to_host(host_counters + t.counter, counters.get() + 8 * t.counter, 8 * t.chunks);
+    driver::copy_to_host(host_counters + t.counter, counters.get() + 8 * t.counter, 8 * t.counters);
   } catch (...) {
     fault(std::current_exception());
     device_usable = false;
@@ -738,7 +825,7 @@ void Executor::Phase::commit(const GpuTask& t) {
   } else {
     state.give_spare(s, state.commit(s, t.slot));
   }
-  for (std::size_t c = 0; c < t.chunks; ++c) report.nonfinite += host_counters[t.counter + c];
+  for (std::size_t c = 0; c < t.counters; ++c) report.nonfinite += host_counters[t.counter + c];
   report.devices[s] = planner::Device::gpu;
   committed.push_back(t);
   if (t.written_early) {

@@ -38,6 +38,7 @@ class HostParams final : public ModelParams {
 
   // The fp32 parameters, after the slot's moments.
   unsigned weight_bytes_in_buffer() const override { return 4; }
+  bool kernel_writes(std::size_t) const override { return false; }  // host memory
   void copy_weights_in(std::size_t s, CUdeviceptr to, Range range,
                        const driver::Stream& stream) const override;
   // A frozen slice (or one without a gradient) gets zeros: its update is undone.

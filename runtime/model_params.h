@@ -75,6 +75,10 @@ class ModelParams {
   // Throws CudaError when they cannot be enqueued.
   virtual bool write_committed(std::size_t s, CUdeviceptr weights, const void* staging,
                                const driver::Stream& stream) const = 0;
+  // Whether an update kernel may write subgroup s's new weights straight into the model's
+  // parameters (device memory of the weights' dtype, no slice frozen): a resident update then
+  // needs no area for them and no copy after it.
+  virtual bool kernel_writes(std::size_t s) const = 0;
 };
 
 }  // namespace tide::runtime

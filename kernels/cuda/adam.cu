@@ -128,17 +128,7 @@ __device__ __forceinline__ unsigned step1(const AdamCoefficients& t, const AdamK
 // the buffers never do together.
 template <Dtype G, Dtype S, Dtype C>
 __device__ std::uint64_t vector_head(const AdamKernelSubgroup& s) {
-  constexpr unsigned kV = kAdamVectorElements;
-  auto head_of = [](std::uint64_t address, unsigned size) -> std::uint64_t {
-    const std::uint64_t element = address / size;
-    return (kV - element % kV) % kV;
-  };
-  const std::uint64_t head = head_of(s.param, 4);
-  bool together = head_of(s.grad, dtype_size(G)) == head &&
-                  head_of(s.exp_avg, dtype_size(S)) == head &&
-                  head_of(s.exp_avg_sq, dtype_size(S)) == head;
-  if constexpr (C != Dtype::kFloat32) together = together && head_of(s.param_copy, 2) == head;
-  return together ? head : ~std::uint64_t{0};
+  return adam_vector_head(s, dtype_size(G), dtype_size(S), C != Dtype::kFloat32 ? 2 : 0);
 }
 
 template <Dtype G, Dtype S, Dtype C>

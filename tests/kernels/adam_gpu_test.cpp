@@ -382,6 +382,38 @@ TEST_F(AdamGpuTest, RefusesEightBitSubgroupsThatDoNotStartOnABlock) {
   stream.synchronize();
 }
 
+// The vector path's head: the elements before every buffer is at a common 8-element boundary,
+// or ~0 where the buffers never are (fp32 master weights and moments, bf16 gradient and copy).
+TEST(AdamVectorHeadTest, CommonBoundaryOrNone) {
+  constexpr std::uint64_t kBase = 1 << 20;  // every buffer 16-byte aligned at element 0
+  AdamKernelSubgroup s{};
+  s.param = kBase;
+  s.exp_avg = 2 * kBase;
+  s.exp_avg_sq = 3 * kBase;
+  s.grad = 4 * kBase;
+  s.param_copy = 5 * kBase;
+  EXPECT_EQ(adam_vector_head(s, 2, 4, 2), 0u);
+  // Every buffer three elements on: five to the next boundary.
+  AdamKernelSubgroup on = s;
+  on.param += 3 * 4;
+  on.exp_avg += 3 * 4;
+  on.exp_avg_sq += 3 * 4;
+  on.grad += 3 * 2;
+  on.param_copy += 3 * 2;
+  EXPECT_EQ(adam_vector_head(on, 2, 4, 2), 5u);
+  // The copy one element off the others: never together, unless there is no copy.
+  AdamKernelSubgroup off = on;
+  off.param_copy += 2;
+  EXPECT_EQ(adam_vector_head(off, 2, 4, 2), ~std::uint64_t{0});
+  EXPECT_EQ(adam_vector_head(off, 2, 4, 0), 5u);
+  // bf16 moments: their own element size.
+  AdamKernelSubgroup bf16 = on;
+  bf16.exp_avg = 2 * kBase + 3 * 2;
+  bf16.exp_avg_sq = 3 * kBase + 3 * 2;
+  EXPECT_EQ(adam_vector_head(bf16, 2, 2, 2), 5u);
+  EXPECT_EQ(adam_vector_head(bf16, 2, 4, 2), ~std::uint64_t{0});
+}
+
 TEST(AdamGpuShapeTest, CoversSmallAndLargeSubgroups) {
   EXPECT_EQ(AdamGpu::shape(0, 1).grid_x, 1u);
   EXPECT_EQ(AdamGpu::shape(1, 1).grid_x, 1u);

@@ -56,20 +56,23 @@ inline void set_moment(void* m, Dtype dtype, std::uint64_t e, float value) {
 struct Model {
   // `init` false: zero state (timing tests, where the values do not matter). `state_dtype`: the
   // moments' dtype; `format` kBlockQ8: 8-bit moments instead (codes and scales from the seed).
+  // `slice_gap`: elements between a subgroup's tensors in device memory (the p-th starts p gaps
+  // after its offset), so that they need not sit at the state's offsets modulo anything.
   Model(std::vector<std::uint64_t> sizes, std::size_t split_every = 0, std::size_t pieces = 3,
         bool init = true, Dtype state_dtype = Dtype::kFloat32,
-        kernels::StateFormat format = kernels::StateFormat::kDtype)
+        kernels::StateFormat format = kernels::StateFormat::kDtype, std::uint64_t slice_gap = 0)
       : sizes_(std::move(sizes)) {
     std::vector<SubgroupSpec> specs(sizes_.size());
     for (std::size_t i = 0; i < sizes_.size(); ++i) {
       const std::uint64_t n = sizes_[i];
-      params.emplace_back(n * 2);
+      params.emplace_back((n + pieces * slice_gap) * 2);
       grads.emplace_back(n * 2);
       specs[i].params = n;
       const std::size_t k = (split_every && i % split_every == 0 && n >= pieces) ? pieces : 1;
       for (std::size_t p = 0; p < k; ++p) {
         const std::uint64_t begin = n * p / k, end = n * (p + 1) / k;
-        specs[i].slices.push_back(ParamSlice{begin, end - begin, params[i].get() + 2 * begin});
+        specs[i].slices.push_back(
+            ParamSlice{begin, end - begin, params[i].get() + 2 * (begin + p * slice_gap)});
       }
     }
     StateOptions options;
@@ -119,9 +122,12 @@ struct Model {
     }
   }
 
+  // Subgroup i's weights as the model holds them, slice by slice.
   std::vector<std::uint16_t> device_params(std::size_t i) const {
     std::vector<std::uint16_t> out(sizes_[i]);
-    driver::copy_to_host(out.data(), params[i].get(), sizes_[i] * 2);
+    for (const ParamSlice& slice : state->spec(i).slices) {
+      driver::copy_to_host(out.data() + slice.offset, slice.device_ptr, slice.count * 2);
+    }
     return out;
   }
 

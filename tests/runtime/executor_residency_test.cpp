@@ -6,6 +6,7 @@
 // completed on the CPU from the device's state, a lost device loses only what was never
 // mirrored, and says so.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -83,12 +84,20 @@ struct ResidencyTest : ::testing::Test {
                        stats.kernel_launches};
     };
     const auto [copies, launches] = step_failing(Fail::nothing, 0);
-    ASSERT_GT(copies, resident);  // a counter and at least one weights' write each
+    // A counter each at least (a resident kernel writes the new weights into the model).
+    ASSERT_GE(copies, resident);
     ASSERT_GE(launches, sizes.size());
     for (std::uint64_t n = 1; n <= copies; ++n) step_failing(Fail::copy, n);
     for (std::uint64_t n = 1; n <= launches; ++n) step_failing(Fail::launch, n);
   }
 };
+
+// Bit for bit, as the reference computes them.
+bool same_bits(const float* a, const float* b, std::size_t n) {
+  return std::equal(a, a + n, b, [](float x, float y) {
+    return std::bit_cast<std::uint32_t>(x) == std::bit_cast<std::uint32_t>(y);
+  });
+}
 
 std::uint64_t state_bytes(const OptimizerState& state) {
   std::uint64_t b = 0;
@@ -132,6 +141,63 @@ TEST_F(ResidencyTest, ResidentStepsCopyNoStateAndGiveTheReferenceBits) {
     executor.sync_state(/*written=*/false);
     expect_matches(model, ref);
   }
+}
+
+// Once resident and stale in its pinned slot, a subgroup's kernel writes its new weights into
+// the model's parameters itself, each of its slices: a steady step copies nothing but the
+// non-finite counters, and the model has the reference's weights.
+TEST_F(ResidencyTest, SteadyResidentKernelsWriteTheModelsWeightsThemselves) {
+  const driver::CurrentContext context;
+  Model model(kSizes, /*split_every=*/2);
+  ASSERT_GT(model.state->spec(0).slices.size(), 1u);
+  Reference ref(*model.state);
+  Executor executor(*model.state, resident_options(memory));
+  for (int step = 1; step <= 4; ++step) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    faults.reset_stats();
+    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), kHeadroom);
+    const tide_standin_stats stats = faults.stats();
+    ref.step(grads, hyper(step));
+    ASSERT_TRUE(report.fault.empty()) << report.fault;
+    ASSERT_EQ(report.resident_subgroups, kSizes.size());
+    if (step > 1) {
+      EXPECT_EQ(stats.copies_d2d, 0u) << "step " << step;
+      EXPECT_EQ(stats.copies_d2h, kSizes.size()) << "step " << step;  // the counters
+      // One launch per subgroup, over all of its slices.
+      EXPECT_EQ(stats.kernel_launches, kSizes.size()) << "step " << step;
+    }
+  }
+  executor.sync_state(/*written=*/false);
+  expect_matches(model, ref);
+}
+
+// Tensors that do not sit at the state's offsets modulo 8 elements would take a subgroup off
+// the kernel's vector path if its kernel wrote them: those subgroups' weights go through the
+// lane and a copy, as before; the others' kernels write the model. The weights are the
+// reference's either way.
+TEST_F(ResidencyTest, KernelsWriteOnlyTheTensorsThatKeepTheirVectorPath) {
+  const driver::CurrentContext context;
+  // Subgroups 0, 2 and 4 in three tensors, one element apart. Subgroup 2 (777 elements) is off
+  // the vector path anyway (its moments are not at a multiple of 8 after its weights).
+  Model model(kSizes, /*split_every=*/2, 3, true, Dtype::kFloat32, kernels::StateFormat::kDtype,
+              /*slice_gap=*/1);
+  Reference ref(*model.state);
+  Executor executor(*model.state, resident_options(memory));
+  for (int step = 1; step <= 3; ++step) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    faults.reset_stats();
+    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), kHeadroom);
+    const tide_standin_stats stats = faults.stats();
+    ref.step(grads, hyper(step));
+    ASSERT_TRUE(report.fault.empty()) << report.fault;
+    ASSERT_EQ(report.resident_subgroups, kSizes.size());
+    // Subgroups 0 and 4: a copy per tensor.
+    if (step > 1) EXPECT_EQ(stats.copies_d2d, 6u) << "step " << step;
+  }
+  executor.sync_state(/*written=*/false);
+  expect_matches(model, ref);
 }
 
 TEST_F(ResidencyTest, WritesToTheSyncedMirrorAreTheState) {
@@ -184,7 +250,7 @@ TEST_F(ResidencyTest, TheSetFollowsTheHeldMemoryWithHysteresis) {
     const std::size_t resident = report.resident_subgroups;
     executor.sync_state(false);
     for (std::size_t i = 0; i < 4; ++i) {
-      EXPECT_EQ(0, std::memcmp(model.state->param(i), ref.p[i].data(), 4096 * 4))
+      EXPECT_TRUE(same_bits(model.state->param(i), ref.p[i].data(), 4096))
           << "step " << step << " subgroup " << i << " device "
           << planner::device_name(report.devices[i]) << " planned resident "
           << report.planned.subgroups[i].resident;
@@ -276,7 +342,9 @@ TEST_F(ResidencyTest, FixedPlacementsAndFrozenSlicesKeepNothingResident) {
 // completed on the CPU from their device state (copied back first), with the same bits.
 TEST_F(ResidencyTest, AFailedCopyIsCompletedOnTheCpuFromTheDeviceState) {
   const driver::CurrentContext context;
-  for (std::uint64_t n : {1, 3, 6}) {
+  // (The last copy is the last subgroup's counters: its update completes in place, nothing is
+  // left to roll forward; the sweep below covers it.)
+  for (std::uint64_t n : {1, 3}) {
     Model model(kSizes);
     Reference ref(*model.state);
     Executor executor(*model.state, resident_options(memory));
