@@ -428,11 +428,39 @@ def markdown(report: dict) -> str:
                    for p, why in f.get("collection_error_messages", {}).items()]
         detail += [f"- left out: `{p}`: {why}" for p, why in f.get("left_out", {}).items()]
         detail += ["- " + json.dumps(line) for line in f.get("lines", [])]
+        detail += step_tables(f.get("lines", []))
         if detail:
             lines += ["", f"## {s['step']}", "", *detail]
     lines += ["", "Logs: out/gpu-check/logs.tar.gz (one per step); all of the above also in "
               "report.json.", ""]
     return "\n".join(lines)
+
+
+# bench/gpu_iteration.py's per-step records, as columns: where each step's time went, what was
+# resident after it, and the pressure and driver calls of its passes (the capped cases' question).
+STEP_COLUMNS = ("forward_ms", "forward_backward_ms", "update_ms", "zero_grad_ms",
+                "resident_subgroups", "evicted_subgroups", "evict_ms", "cache_releases",
+                "alloc_retries", "driver_allocs", "driver_frees", "peak_live_gib",
+                "held_headroom_gib", "gpu_busy_ms", "h2d_busy_ms", "d2h_busy_ms", "cpu_busy_ms",
+                "gradients_offloaded_in_backward", "gradients_offloaded_at_step")
+
+
+def step_tables(lines: list[dict]) -> list[str]:
+    """One table per benchmark line with per-step records: a row per step (warm-up ones
+    marked), a column per figure any of its steps has, in STEP_COLUMNS' order."""
+    out = []
+    for line in lines:
+        steps = line.get("steps")
+        if not steps:
+            continue
+        columns = [c for c in STEP_COLUMNS if any(c in st for st in steps)]
+        out += ["", f"`{line.get('case', '?')}`, per step:", "",
+                "| step | " + " | ".join(columns) + " |",
+                "| --- |" + " --- |" * len(columns)]
+        for i, st in enumerate(steps):
+            name = f"{i + 1}{' (warm-up)' if st.get('warmup') else ''}"
+            out.append(f"| {name} | " + " | ".join(str(st.get(c, "")) for c in columns) + " |")
+    return out
 
 
 def pack_logs() -> None:

@@ -170,6 +170,28 @@ def test_a_run_cut_at_its_deadline_names_what_it_did_not_reach(tmp_path, monkeyp
     assert 'GPU_CHECK_PYTEST_ARGS="test_slow.py"' in page
 
 
+def test_the_report_tabulates_each_steps_figures():
+    """gpu_iteration's per-step records become a table per case in report.md (the capped cases'
+    question: in which steps, and where, the time outside the update went)."""
+    gpu_check = load_script(SCRIPTS / "gpu_check.py")
+    line = {"bench": "gpu_iteration", "case": "capped_tide_auto",
+            "steps": [{"warmup": True, "forward_ms": 20.5, "update_ms": 90.1, "evicted_subgroups": 3,
+                       "evict_ms": 12.25},
+                      {"forward_ms": 14.0, "update_ms": 92.0, "evicted_subgroups": 0,
+                       "evict_ms": 0.0, "cache_releases": 1}]}
+    report = {"machine": gpu_check.machine(), "bundle": None, "mode": "m", "archs": "",
+              "passed": True, "seconds": 1, "budget_seconds": 1, "time_scale": 1,
+              "steps": [{"step": "bench-gpu_iteration", "status": "passed", "seconds": 1,
+                         "figures": {"lines": [line, {"case": "summary"}]}}]}
+    page = gpu_check.markdown(report)
+    assert "`capped_tide_auto`, per step:" in page
+    assert ("| step | forward_ms | update_ms | evicted_subgroups | evict_ms | cache_releases |"
+            in page)
+    assert "| 1 (warm-up) | 20.5 | 90.1 | 3 | 12.25 |  |" in page
+    assert "| 2 | 14.0 | 92.0 | 0 | 0.0 | 1 |" in page
+    assert page.count("per step:") == 1  # the summary has no steps
+
+
 def test_a_clean_run_is_one_process(tmp_path):
     (tmp_path / "test_ok.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
     out = tmp_path / "summary.json"
