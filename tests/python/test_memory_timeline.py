@@ -15,8 +15,7 @@ pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 import tide.torch as tt  # noqa: E402
-from tide import _lib  # noqa: E402
-from tide.torch import plot  # noqa: E402
+from tide.torch import allocator, plot  # noqa: E402
 
 MiB = 1 << 20
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -34,10 +33,7 @@ def is_png(path: pathlib.Path) -> bool:
 
 
 def test_plot_of_marked_iterations_with_optimizer_stats(tmp_path):
-    lib = _lib.lib()
-    lib.tide_alloc.restype = ctypes.c_void_p
-    lib.tide_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    lib.tide_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib = allocator._lib_declared()  # tide_alloc and tide_free, typed
     opt = Steps()
     before = len(tt.iteration_stats())
     for step in range(1, 4):

@@ -134,10 +134,8 @@ def test_a_step_reports_the_pressure_its_passes_put_on_resident_state():
     import ctypes
 
     from tide import _lib
-    lib = _lib.lib()
-    lib.tide_alloc.restype = ctypes.c_void_p
-    lib.tide_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    lib.tide_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    from tide.torch import allocator
+    lib = allocator._lib_declared()  # tide_alloc and tide_free, typed
     free_b, total_b = ctypes.c_size_t(), ctypes.c_size_t()
     _lib.check(lib.tide_device_memory(0, ctypes.byref(free_b), ctypes.byref(total_b)))
     limit_before = tt.headroom(0)["limit_bytes"]

@@ -32,6 +32,20 @@ struct ResidencyTest : ::testing::Test {
     faults.device_lost(0);
   }
 
+  // One automatic step with kHeadroom, the reference's too: it ran without a fault and left
+  // every subgroup resident. `stats`: the stand-in's counts of the step's copies and launches.
+  void all_resident_step(Model& model, Executor& executor, Reference& ref, int step,
+                         tide_standin_stats* stats) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    faults.reset_stats();
+    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), kHeadroom);
+    *stats = faults.stats();
+    ref.step(grads, hyper(step));
+    ASSERT_TRUE(report.fault.empty()) << report.fault;
+    ASSERT_EQ(report.resident_subgroups, model.state->size());
+  }
+
   // Step 1 with `headroom` (`resident` subgroups join), then step 2 run once with nothing
   // failing and once with each of its copies, then each of its kernel launches, failing in
   // turn, each time from a fresh model: step 2 completes exactly (nothing left not updated or
@@ -153,14 +167,8 @@ TEST_F(ResidencyTest, SteadyResidentKernelsWriteTheModelsWeightsThemselves) {
   Reference ref(*model.state);
   Executor executor(*model.state, resident_options(memory));
   for (int step = 1; step <= 4; ++step) {
-    auto grads = model.make_gradients(step);
-    model.offload_all(executor);
-    faults.reset_stats();
-    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), kHeadroom);
-    const tide_standin_stats stats = faults.stats();
-    ref.step(grads, hyper(step));
-    ASSERT_TRUE(report.fault.empty()) << report.fault;
-    ASSERT_EQ(report.resident_subgroups, kSizes.size());
+    tide_standin_stats stats{};
+    ASSERT_NO_FATAL_FAILURE(all_resident_step(model, executor, ref, step, &stats));
     if (step > 1) {
       EXPECT_EQ(stats.copies_d2d, 0u) << "step " << step;
       EXPECT_EQ(stats.copies_d2h, kSizes.size()) << "step " << step;  // the counters
@@ -185,14 +193,8 @@ TEST_F(ResidencyTest, KernelsWriteOnlyTheTensorsThatKeepTheirVectorPath) {
   Reference ref(*model.state);
   Executor executor(*model.state, resident_options(memory));
   for (int step = 1; step <= 3; ++step) {
-    auto grads = model.make_gradients(step);
-    model.offload_all(executor);
-    faults.reset_stats();
-    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), kHeadroom);
-    const tide_standin_stats stats = faults.stats();
-    ref.step(grads, hyper(step));
-    ASSERT_TRUE(report.fault.empty()) << report.fault;
-    ASSERT_EQ(report.resident_subgroups, kSizes.size());
+    tide_standin_stats stats{};
+    ASSERT_NO_FATAL_FAILURE(all_resident_step(model, executor, ref, step, &stats));
     // Subgroups 0 and 4: a copy per tensor.
     if (step > 1) EXPECT_EQ(stats.copies_d2d, 6u) << "step " << step;
   }
