@@ -36,7 +36,8 @@ tide's allocator must be installed before CUDA starts, and torch's cases need to
 cases run in a few fresh subprocesses (this script with --worker), each group with its
 environment; the parent measures the host memory bandwidth (a 1 GiB CPU tensor copy on all
 threads, read plus written bytes per second) before them, and the first worker the pinned copy
-bandwidth (1 GiB): each way alone, and both ways at once. The groups run most wanted first
+bandwidth (1 GiB): each way alone, and both ways at once; and the device memory's (a 1 GiB
+device-to-device copy, read plus written bytes per second). The groups run most wanted first
 (torch's two, tide's placements, tide auto without residency, then the capped ones);
 --time-cap SECONDS bounds the whole run: a group still running at the cap is ended, and its
 unfinished cases and the groups after it are reported as not run. Each group's lines are printed
@@ -48,7 +49,10 @@ steps' peak device memory, tide's last plan), then a summary: tide auto's speedu
 torch_offload (target >= 2.5), tide auto over the floor (target <= 1.3 when the state fits, as it
 does uncapped), capped tide auto over the best capped fixed placement (target <= 1.03), and the
 largest relative difference of any configuration's losses from the floor's (all must agree
-within --loss-rtol). Every line carries the machine (GPU, CPU, torch, date, commit); the
+within --loss-rtol); and the floor's and all-resident tide auto's update phases over the time
+their bytes per parameter take at the device memory's bandwidth (the hardware limit of an update
+with the state on the GPU). Each step's record splits its update into tide's update phase
+(phase_ms) and what tide.torch does around it (update_ms less phase_ms). Every line carries the machine (GPU, CPU, torch, date, commit); the
 bandwidths have a line of their own and are repeated in the summary. Without a GPU it prints one line {"skipped": ...} and exits 0 (--device cpu rehearses
 the whole flow on the CPU over tide's host stand-in driver, for tests; its figures mean nothing).
 Exit status 1 when a case failed or the losses disagree; missed targets are reported, not failed.
@@ -87,6 +91,13 @@ FIXED = ("cpu", "gpu", "2")
 # Bytes per parameter the default cap leaves for optimizer state on top of tide_cpu's peak.
 CAP_STATE_BYTES_PER_PARAM = 8
 BANDWIDTH_BYTES = 1 << 30
+# Device memory bytes per parameter of an update phase whose state is on the GPU, for its bound
+# at the device's memory bandwidth. tide's resident update: the bf16 gradient read, the fp32
+# master weights and both moments read and written, the bf16 weights written (28). The floor
+# (GpuMasters.step): the bf16 gradients into fp32 ones (2 + 4), torch's fused AdamW (the fp32
+# gradient read, masters and moments read and written: 28), the masters into the bf16 weights
+# (4 + 2): 40.
+UPDATE_BYTES_PER_PARAM = {"tide_auto": 28, "torch_gpu": 40}
 
 
 # ---- what the cases are ------------------------------------------------------------------------
@@ -211,6 +222,26 @@ def loss_agreement(records: list[dict], rtol: float, reference: str = "torch_gpu
                 worst, worst_case = diff, r["case"]
     return {"loss_reference": ref["case"], "max_rel_loss_diff": worst,
             "max_rel_loss_diff_case": worst_case, "loss_rtol": rtol, "losses_agree": worst <= rtol}
+
+
+def device_memory_bounds(records: list[dict], device_gbps: float | None) -> dict:
+    """The update phases with the state on the GPU (the floor's; tide auto's when its plan kept
+    every subgroup resident) over the time their bytes per parameter take at the device's memory
+    bandwidth (UPDATE_BYTES_PER_PARAM): how far each is from the hardware. None where a case did
+    not run, tide auto copied or sent anything to the CPU, or the bandwidth is not known."""
+    by = {r["case"]: r for r in records if "case" in r}
+    out: dict = {"update_bytes_per_param": dict(UPDATE_BYTES_PER_PARAM)}
+    for case, per_param in UPDATE_BYTES_PER_PARAM.items():
+        r = by.get(case)
+        plan = (r or {}).get("plan")
+        all_resident = plan is None or (not plan.get("cpu_subgroups") and
+                                        plan.get("resident_subgroups") == plan.get("gpu_subgroups"))
+        ratio = None
+        if device_gbps and ran(r) and r.get("params") and all_resident:
+            bound = per_param * r["params"] / (device_gbps * 1e9)
+            ratio = round(r["update_s"] / bound, 3)
+        out[f"{case}_update_over_device_memory_bound"] = ratio
+    return out
 
 
 def meets(name: str, value: float | None) -> bool | None:
@@ -392,6 +423,26 @@ def copy_gbps(torch) -> dict:
             "both_gbps": round(both, 2)}
 
 
+def device_memory_gbps(torch, nbytes: int = BANDWIDTH_BYTES) -> float:
+    """A device-to-device copy of `nbytes`, best of 5 after one unmeasured: bytes read plus
+    written per second, GB/s. The limit of an update phase whose state is on the GPU."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return round(2 * nbytes / best / 1e9, 2)
+
+
 def host_memory_gbps(torch, nbytes: int = BANDWIDTH_BYTES) -> float:
     """A CPU tensor copy on all of this process's cores, best of 5: bytes read plus written per
     second, GB/s."""
@@ -464,6 +515,9 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
                 **{k: plan[k] for k in STEP_PLAN_KEYS if k in plan}}
         for key in [k for k in step if k.endswith("_seconds")]:  # evictions, busy times
             step[key[:-len("_seconds")] + "_ms"] = round(step.pop(key) * 1e3, 2)
+        if isinstance(plan.get("seconds"), (int, float)):
+            # tide's update phase alone: update_ms less this is tide.torch's work around it.
+            step["phase_ms"] = round(plan["seconds"] * 1e3, 2)
         if cuda:
             step.update(alloc_retries=now["num_alloc_retries"] - last["num_alloc_retries"],
                         driver_allocs=now["num_device_alloc"] - last["num_device_alloc"],
@@ -565,7 +619,8 @@ def worker(args) -> int:
         props = torch.cuda.get_device_properties(0)
         say({"case": "device", "gpu": props.name, "gpu_memory_bytes": props.total_memory})
         if group.get("bandwidth"):
-            say({"case": "bandwidth", **copy_gbps(torch)})
+            say({"case": "bandwidth", **copy_gbps(torch),
+                 "device_memory_gbps": device_memory_gbps(torch)})
     failed = False
     for case in group["cases"]:
         try:
@@ -752,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     flush()
     summary = summarize(records, args.loss_rtol)
     summary.update(bandwidth)
+    summary.update(device_memory_bounds(records, bandwidth.get("device_memory_gbps")))
     summary["seconds"] = round(time.monotonic() - started, 1)
     summary["size"] = {k: getattr(args, k) for k in ("blocks", "d_model", "seq", "batch", "vocab")}
     summary["params"] = param_count(args.blocks, args.d_model, args.seq, args.vocab)

@@ -607,6 +607,10 @@ GPU_ITERATION_RATIOS = [
     ("tide_auto_residency_off_over_floor", "tide auto, TIDE\\_RESIDENCY=off / floor"),
     ("capped_auto_residency_off_over_best_fixed",
      "capped: tide auto, TIDE\\_RESIDENCY=off / best fixed"),
+    ("torch_gpu_update_over_device_memory_bound",
+     "floor's update phase / its bytes at the device memory's bandwidth"),
+    ("tide_auto_update_over_device_memory_bound",
+     "tide auto's all-resident update phase / its bytes at the device memory's bandwidth"),
 ]
 
 
@@ -621,6 +625,9 @@ def _gpu_iteration_provenance(run: dict, summary: dict) -> str:
     bw = [f"host memory bandwidth {_fmt(summary['host_memory_gbps'])} GB/s (copy, read + written)"
           if isinstance(summary.get("host_memory_gbps"), (int, float)) else
           "host memory bandwidth not measured"]
+    if isinstance(summary.get("device_memory_gbps"), (int, float)):
+        bw.append(f"device memory bandwidth {_fmt(summary['device_memory_gbps'])} GB/s "
+                  "(copy, read + written)")
     if isinstance(summary.get("h2d_gbps"), (int, float)):
         bw.append(f"pinned copies {_fmt(summary['h2d_gbps'])} GB/s to the GPU, "
                   f"{_fmt(summary.get('d2h_gbps'))} GB/s back" +

@@ -193,6 +193,25 @@ def test_gpu_iteration_bandwidth_with_both_directions_at_once(gen_docs, tmp_path
             in section)
 
 
+def test_gpu_iteration_device_memory_bandwidth_and_bounds(gen_docs, tmp_path):
+    """The device memory's bandwidth beside the others, and the update phases over the time
+    their bytes take at it (the synthetic fixture, with made-up figures added); a bound that is
+    None (tide auto did not keep everything resident) is left out, never shown as a number."""
+    report = json.loads(FIXTURE.read_text())
+    for step in report["steps"]:
+        for line in step.get("figures", {}).get("lines", []):
+            if line.get("case") == "summary":
+                line.update({"device_memory_gbps": 4000.0,
+                             "torch_gpu_update_over_device_memory_bound": 1.5,
+                             "tide_auto_update_over_device_memory_bound": None})
+    (tmp_path / "gpu-check-synthetic.json").write_text(json.dumps(report))
+    section = gen_docs.gen_results(tmp_path).split("## Whole iterations on a real GPU", 1)[1]
+    assert "device memory bandwidth 4000 GB/s (copy, read + written)" in section
+    assert ("| floor's update phase / its bytes at the device memory's bandwidth | 1.5 |  | – |"
+            in section)
+    assert "tide auto's all-resident update phase" not in section
+
+
 def test_the_gpu_iteration_plot(gen_docs, repo, tmp_path):
     """scripts/gen_docs.py results draws the whole-iteration bars from the committed reports (the
     README shows the picture under their table); nothing without a gpu_iteration run."""

@@ -118,6 +118,31 @@ def test_the_summary_ratios(bench):
     assert s["tide_auto_residency_off_speedup_over_torch_offload"] == 2.5
 
 
+def test_the_update_phases_over_the_device_memory_bound(bench):
+    """The floor's and all-resident tide auto's update phases over their bytes per parameter at
+    the device memory's bandwidth; None where tide auto copied or sent anything to the CPU, a case
+    did not run, or the bandwidth is unknown."""
+    params = 10**9
+    resident = {"gpu_subgroups": 25, "cpu_subgroups": 0, "resident_subgroups": 25}
+    records = [record("torch_gpu", 0.1, update=0.02, params=params),
+               record("tide_auto", 0.1, update=0.014, params=params, plan=resident)]
+    b = bench.device_memory_bounds(records, 4000.0)
+    assert b["update_bytes_per_param"] == {"tide_auto": 28, "torch_gpu": 40}
+    # 40 GB at 4000 GB/s: 10 ms; 28 GB: 7 ms.
+    assert b["torch_gpu_update_over_device_memory_bound"] == 2.0
+    assert b["tide_auto_update_over_device_memory_bound"] == 2.0
+    copied = {**resident, "resident_subgroups": 24}
+    on_cpu = {**resident, "cpu_subgroups": 1}
+    for plan in (copied, on_cpu):
+        b = bench.device_memory_bounds(
+            [record("tide_auto", 0.1, update=0.014, params=params, plan=plan)], 4000.0)
+        assert b["tide_auto_update_over_device_memory_bound"] is None
+    assert bench.device_memory_bounds(records, None)["torch_gpu_update_over_device_memory_bound"] \
+        is None
+    b = bench.device_memory_bounds([{"case": "torch_gpu", "error": "x"}], 4000.0)
+    assert b["torch_gpu_update_over_device_memory_bound"] is None
+
+
 def test_the_loss_agreement(bench):
     same = [record("torch_gpu", 1), record("tide_auto", 1, losses=(5.0, 4.0, 3.03))]
     a = bench.loss_agreement(same, 0.02)
@@ -197,8 +222,10 @@ def test_the_flow_rehearsed_on_the_cpu():
             assert step["gpu_busy_ms"] >= 0 and step["cpu_busy_ms"] >= 0
             assert step["h2d_busy_ms"] >= 0 and step["d2h_busy_ms"] >= 0
             assert step["gpu_busy_ms"] + step["cpu_busy_ms"] > 0
+            # tide's update phase alone, inside the step's update time.
+            assert 0 < step["phase_ms"] <= step["update_ms"]
         else:
-            assert "evicted_subgroups" not in step
+            assert "evicted_subgroups" not in step and "phase_ms" not in step
         # CPU tensors: no device allocator to read
         assert not {"alloc_retries", "driver_allocs", "peak_live_gib"} & step.keys()
     assert "no device memory to cap" in by["capped_tide_auto"]["not_run"]
@@ -206,6 +233,9 @@ def test_the_flow_rehearsed_on_the_cpu():
     assert s["losses_agree"] is True and s["max_rel_loss_diff"] <= s["loss_rtol"]
     assert s["tide_auto_speedup_over_torch_offload"] > 0 and s["tide_auto_over_floor"] > 0
     assert s["not_run"] == ["capped_tide_auto"] and s["failed"] == []
+    # No device memory bandwidth on CPU tensors: no bound, and no guess.
+    assert s["tide_auto_update_over_device_memory_bound"] is None
+    assert s["torch_gpu_update_over_device_memory_bound"] is None
 
 
 def test_a_capped_case_warms_up_longer_and_shows_its_warm_up_steps(bench):
