@@ -556,13 +556,16 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
     return record
 
 
-# Of tide's last plan, what each step records: what was resident after it, which gradients
-# went to the host during backward and which only at step(), and the pressure its passes put on
-# resident state (subgroups taken back home inside their allocations, and the time that took;
-# allocations served only by giving the cache back to the driver).
+# Of tide's last plan, what each step records: its plan (GPU and CPU subgroups, and the phase
+# time the model predicted for it: beside phase_ms, the model's error), what was resident after
+# it, which gradients went to the host during backward and which only at step(), and the
+# pressure its passes put on resident state (subgroups taken back home inside their
+# allocations, and the time that took; allocations served only by giving the cache back to the
+# driver).
 # And where the update phase's time went: each stream's busy time (the GPU's kernels, the copies
 # each way, the CPU's updates), in ms.
-STEP_PLAN_KEYS = ("resident_subgroups", "gradients_offloaded_in_backward",
+STEP_PLAN_KEYS = ("gpu_subgroups", "cpu_subgroups", "resident_subgroups",
+                  "predicted_seconds", "gradients_offloaded_in_backward",
                   "gradients_offloaded_at_step", "evicted_subgroups", "evict_seconds",
                   "cache_releases", "headroom_bytes", "gpu_busy_seconds", "h2d_busy_seconds",
                   "d2h_busy_seconds", "cpu_busy_seconds")

@@ -438,8 +438,8 @@ def markdown(report: dict) -> str:
 
 # bench/gpu_iteration.py's per-step records, as columns: where each step's time went, what was
 # resident after it, and the pressure and driver calls of its passes (the capped cases' question).
-STEP_COLUMNS = ("forward_ms", "forward_backward_ms", "update_ms", "phase_ms", "zero_grad_ms",
-                "resident_subgroups", "evicted_subgroups", "evict_ms", "cache_releases",
+STEP_COLUMNS = ("forward_ms", "forward_backward_ms", "update_ms", "phase_ms", "predicted_ms",
+                "zero_grad_ms", "gpu_subgroups", "cpu_subgroups", "resident_subgroups", "evicted_subgroups", "evict_ms", "cache_releases",
                 "alloc_retries", "driver_allocs", "driver_frees", "peak_live_gib",
                 "held_headroom_gib", "gpu_busy_ms", "h2d_busy_ms", "d2h_busy_ms", "cpu_busy_ms",
                 "gradients_offloaded_in_backward", "gradients_offloaded_at_step")

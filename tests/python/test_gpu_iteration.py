@@ -222,8 +222,11 @@ def test_the_flow_rehearsed_on_the_cpu():
             assert step["gpu_busy_ms"] >= 0 and step["cpu_busy_ms"] >= 0
             assert step["h2d_busy_ms"] >= 0 and step["d2h_busy_ms"] >= 0
             assert step["gpu_busy_ms"] + step["cpu_busy_ms"] > 0
-            # tide's update phase alone, inside the step's update time.
+            # tide's update phase alone, inside the step's update time; the plan and the
+            # model's prediction for it.
             assert 0 < step["phase_ms"] <= step["update_ms"]
+            assert step["predicted_ms"] > 0 and "predicted_seconds" not in step
+            assert step["gpu_subgroups"] + step["cpu_subgroups"] > 0
         else:
             assert "evicted_subgroups" not in step and "phase_ms" not in step
         # CPU tensors: no device allocator to read
