@@ -406,6 +406,38 @@ def test_a_value_the_state_cannot_take_fails_the_step_before_anything_changed():
     assert float(opt.state[params[0]]["step"]) == 2.0
 
 
+def test_step_counts_as_the_program_left_them_among_untouched_entries():
+    """A step takes only what the program did to opt.state and leaves the rest as it is: a step
+    count given as a number, a key deleted, a step count the program put there as a tensor of
+    its own (another dtype), each beside untouched entries, and a frozen parameter (no
+    gradient) whose count stays. A step count of two elements is refused before anything
+    changed."""
+    params, opt = stepped()
+    opt.state[params[WHOLE]]["step"] = 5
+    del opt.state[params[WHOLE_TOO]]["exp_avg"]
+    own = torch.tensor(9.0, dtype=torch.float64)
+    opt.state[params[ACROSS]]["step"] = own
+    moments = opt.state[params[WHOLE_TOO]]["exp_avg_sq"].clone()
+    for p, g in zip(params, gradients(2)):
+        p.grad = None if p is params[-1] else g
+    opt.step()
+    counts = [opt.state[p]["step"] for p in params]
+    assert [float(c) for c in counts] == [10.0, 6.0, 2.0, 1.0]
+    assert counts[ACROSS] is own and own.dtype == torch.float64  # counted in place
+    assert counts[WHOLE].dtype == torch.float32 and counts[WHOLE].dim() == 0
+    assert "exp_avg" in opt.state[params[WHOLE_TOO]]  # the state's own tensor, back
+    assert not torch.equal(opt.state[params[WHOLE_TOO]]["exp_avg_sq"], moments)  # stepped
+    opt.state[params[WHOLE]]["step"] = torch.tensor([6.0, 6.0])
+    weights = [p.detach().clone() for p in params]
+    for p, g in zip(params, gradients(3)):
+        p.grad = g
+    with pytest.raises(ValueError, match="'step' must be a number or a 1-element tensor"):
+        opt.step()
+    assert all(torch.equal(p.detach(), w) for p, w in zip(params, weights))
+    assert [float(opt.state[p]["step"]) for p in params if p is not params[WHOLE]] == \
+        [10.0, 2.0, 1.0]
+
+
 # ---- checkpoints ----
 
 # bf16 moments: opt.state's tensors are fp32 copies, held ones refreshed; the state dict's upcast

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -132,6 +132,12 @@ class ParamState(dict):
         del shown_  # refresh counts who holds the tensors: not this frame
         self._stale: set[str] = set()  # copies that do not hold the state as it is now
         self._versions: dict[str, int] = {}  # of each copy when it last matched the state
+        # Where a view lies in its subgroup's pinned buffer (subgroup, element offset, shape,
+        # strides): fixed for the bucket's life, so each step's _point only compares addresses.
+        piece = bucket.pieces[index][0]
+        shape = bucket.params[index].shape
+        self._view_at = (piece.subgroup, piece.sub_offset, shape,
+                         [math.prod(shape[d + 1:]) for d in range(len(shape))])
         self.refresh()
 
     # ---- what the program sees ----
@@ -208,43 +214,60 @@ class ParamState(dict):
 
     def _point(self, key: str) -> None:
         """`key`'s tensor on the subgroup's pinned buffer where the state is now."""
-        piece = self._bucket.pieces[self._index][0]
-        base = self._bucket.views[piece.subgroup][_PINNED[key]]
+        subgroup, offset, shape, strides = self._view_at
+        base = self._bucket.views[subgroup][_PINNED[key]]
         tensor = self._tensors[key]
-        shape = self._bucket.params[self._index].shape
-        offset = base.element_size() * piece.sub_offset
-        if tensor.data_ptr() != base.data_ptr() + offset or tensor.shape != shape:
-            strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-            tensor.set_(base.untyped_storage(), piece.sub_offset, shape, strides)
+        if (tensor.data_ptr() != base.data_ptr() + base.element_size() * offset
+                or tensor.shape != shape):
+            tensor.set_(base.untyped_storage(), offset, shape, strides)
 
     def refresh(self) -> None:
         """After the state changed (a step, a load): the entry's tensors show it. Discards what
         was assigned to its keys and not yet taken (take_writes)."""
-        for key in self._tensors:
-            dict.__setitem__(self, key, self._face(key))
-        for key in self._tensors:  # no local name may hold a tensor here: it would count
+        tensors, dtensors = self._tensors, self._dtensors
+        for key in tensors:
+            face = dtensors.get(key)  # a DTensor: it holds the tensor, and is counted below
+            dict.__setitem__(self, key, tensors[key] if face is None else face)
+        face = None
+        bucket = self._bucket
+        for key in tensors:  # no local name may hold a tensor here: it would count
             if key not in self._copied:
                 self._point(key)
-                if _references(self._tensors, key) > _UNHELD:
-                    self._bucket.ensure_mirror()  # the program holds the view: it shows the state
-            elif _references(self._tensors, key) > _UNHELD or _shared(self._tensors[key]):
+                # The program holds the view: it shows the state (a mirror to make current only
+                # while subgroups are resident).
+                if bucket.mirror_stale and _references(tensors, key) > _UNHELD:
+                    bucket.ensure_mirror()
+            elif _references(tensors, key) > _UNHELD or _shared(tensors[key]):
                 self._copy_in(key)  # the program holds it or a view of it: it shows the state
             else:
                 self._tensors[key].set_()  # let the copy go; made again when read
                 self._stale.add(key)
 
-    def check_writes(self) -> None:
+    def check_writes(self) -> bool:
         """Raises ValueError (naming the parameter) for a value assigned to a key that tide's
-        state cannot take."""
+        state cannot take. Returns whether take_writes has anything to take: a value assigned,
+        a step count that is not a tensor, or a copy the program may have written (an entry
+        of views only, untouched, has none; most entries, most steps)."""
         step = dict.get(self, "step")
-        number = isinstance(step, (int, float)) and not isinstance(step, bool)
-        if not (number or step is None or isinstance(step, torch.Tensor) and step.numel() == 1):
+        pending = type(step) is not torch.Tensor or bool(self._copied - self._stale)
+        if pending:
+            number = isinstance(step, (int, float)) and not isinstance(step, bool)
+            if not (number or step is None or isinstance(step, torch.Tensor)
+                    and step.numel() == 1):
+                raise ValueError(f"tide: opt.state of {_name(self._bucket, self._index)}: "
+                                 f"'step' must be a number or a 1-element tensor, got {step!r}")
+        elif step.numel() != 1:
             raise ValueError(f"tide: opt.state of {_name(self._bucket, self._index)}: 'step' "
                              f"must be a number or a 1-element tensor, got {step!r}")
         shape = self._bucket.params[self._index].shape
-        for key in self._tensors:
+        dtensors = self._dtensors
+        for key, tensor in self._tensors.items():
             value = dict.get(self, key)
-            if value is self._face(key) or value is None:
+            face = dtensors.get(key)
+            if value is (tensor if face is None else face):
+                continue
+            pending = True
+            if value is None:
                 continue
             if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                 problem = f"must be a floating-point tensor, got {type(value).__name__}"
@@ -254,6 +277,7 @@ class ParamState(dict):
                 continue
             raise ValueError(f"tide: opt.state of {_name(self._bucket, self._index)}: {key!r} "
                              f"{problem}")
+        return pending
 
     def take_writes(self) -> None:
         """What the program wrote into the entry since the last step becomes tide's state:
@@ -278,9 +302,9 @@ class ParamState(dict):
         if not isinstance(step, torch.Tensor):
             dict.__setitem__(self, "step", torch.tensor(float(step or 0), dtype=torch.float32))
 
-    def advance(self) -> None:
-        """The parameter's step count after a step (in place, as torch.optim counts)."""
-        dict.__getitem__(self, "step").add_(1)
+    def step_tensor(self) -> torch.Tensor:
+        """The tensor holding the parameter's step count (take_writes made it one)."""
+        return dict.__getitem__(self, "step")
 
     def set_step(self, step: int) -> None:
         dict.__getitem__(self, "step").fill_(float(step))
@@ -296,14 +320,25 @@ class StateEntries:
     def get(self, p: torch.Tensor) -> ParamState | None:
         return self._entries.get(id(p))
 
-    def advance(self, state: dict, bucket: Bucket, i: int) -> None:
-        """Parameter i of `bucket` has had a step: its entry (made at its first) counts it."""
-        p = bucket.owners[i]
-        entry = self._entries.get(id(p))
-        if entry is None:
-            entry = self._entries[id(p)] = ParamState(bucket, i, 0.0)
-            state[p] = entry
-        entry.advance()
+    def advance(self, state: dict, bucket: Bucket, indices: Iterable[int]) -> None:
+        """The parameters `indices` of `bucket` have had a step: their entries (made at their
+        first) count it, in place, as torch.optim counts."""
+        steps = []
+        for i in indices:
+            p = bucket.owners[i]
+            entry = self._entries.get(id(p))
+            if entry is None:
+                entry = self._entries[id(p)] = ParamState(bucket, i, 0.0)
+                state[p] = entry
+            steps.append(entry.step_tensor())
+        # One call for the plain tensors tide made (a per-tensor add_ costs microseconds each);
+        # a tensor the program put there (a DTensor, another device) on its own.
+        plain = [t for t in steps if type(t) is torch.Tensor and t.device.type == "cpu"]
+        if plain:
+            torch._foreach_add_(plain, 1)
+        for t in steps:
+            if not (type(t) is torch.Tensor and t.device.type == "cpu"):
+                t.add_(1)
 
     def set_step(self, state: dict, bucket: Bucket, i: int, step: int) -> None:
         """Parameter i of `bucket` holds the state of `step` steps (a load): its entry shows it;
@@ -366,8 +401,8 @@ class StateEntries:
                 ours = self._entries.get(id(p))
                 current = state.get(p)
                 if ours is not None and current is ours:
-                    ours.check_writes()
-                    actions.append(ours.take_writes)
+                    if ours.check_writes():
+                        actions.append(ours.take_writes)
                 elif ours is not None or current:
                     entry = {} if current is None else current
                     try:

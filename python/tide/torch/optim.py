@@ -587,9 +587,9 @@ class AdamW(torch.optim.Optimizer):
     def _committed(self, s: _step.BucketStep) -> None:
         """A bucket's state holds the step: the step counts of its parameters that had a
         gradient advance."""
-        for i in range(len(s.bucket.params)):
-            if i not in s.frozen:
-                self._entries.advance(self.state, s.bucket, i)
+        frozen = set(s.frozen)
+        self._entries.advance(self.state, s.bucket,
+                              (i for i in range(len(s.bucket.params)) if i not in frozen))
 
     def _record(self, reports: list, skipped: bool, t_start: int, t_end: int,
                 headroom: dict[int, int]) -> None:
