@@ -390,6 +390,12 @@ class Executor {
   planner::RateRefiner refiner_;
   std::optional<planner::Plan> prepared_;
   BufferPool buffers_;
+  // The events of the last phases that ended with their streams waited for, reused by the next
+  // ones: timing events (a GPU subgroup's, eight or more) and plain ones (a lane's). Created and
+  // destroyed in every phase they would cost the host two driver calls each, the destroys at
+  // the end of the phase's critical path.
+  std::vector<driver::Event> spare_events_, spare_lane_events_;
+  driver::Event spare_event(driver::Event::Timing timing);
   Residency residency_;
   // Held by a phase, and by whatever moves resident state between phases; tide's allocator's
   // reclaimer only tries it (a phase in progress gives nothing back).

@@ -87,6 +87,7 @@ struct Executor::Lane {
   std::optional<std::size_t> reusable;
   driver::Event written;  // after the last parameter write from the buffer
   bool written_recorded = false;
+  explicit Lane(driver::Event written_event) : written(std::move(written_event)) {}
 };
 
 // One phase, from the coordinating (calling) thread.
@@ -241,7 +242,10 @@ struct Executor::Phase {
                                           .exp_avg = sub.exp_avg,
                                           .exp_avg_sq = sub.exp_avg_sq,
                                           .param_copy = copy,
-                                          .count = count};
+                                          .count = count,
+                                          .exp_avg_scale = 0,
+                                          .exp_avg_sq_scale = 0,
+                                          .param_comp = 0};
       return kernels::adam_vector_head(k, gs, static_cast<unsigned>(state.moment_bytes()),
                                        copy != 0 ? ps : 0);
     };
@@ -304,7 +308,9 @@ void Executor::Phase::device_failed(const std::exception_ptr& error) {
 // A GPU subgroup that was started: its copy-in may still be reading its state. Wait for it; or,
 // when the device cannot be waited for, move the state to a fresh slot first (the same bits), so
 // that the CPU update never writes what a queued copy may still read; the old slot waits in
-// quarantine.
+// quarantine. Not a resident subgroup whose pinned slot is not its state: the CPU never updates
+// it (to_cpu reports it not updated), and a copy sending it home that could not be confirmed may
+// still be writing that slot.
 void Executor::Phase::settle_copy_in(const GpuTask& t) {
   bool settled = false;
   if (device_usable) {
@@ -316,7 +322,7 @@ void Executor::Phase::settle_copy_in(const GpuTask& t) {
       device_usable = false;
     }
   }
-  if (!settled) {
+  if (!settled && residency.host_current(t.subgroup)) {
     const std::size_t s = t.subgroup;
     try {
       // (Weights outside the slot stay where they are: a queued copy that still reads them
@@ -391,7 +397,9 @@ void Executor::Phase::set_up_gpu() {
   buffer = x.buffers_.take(buffer_bytes, buffers_cap);
   counters = x.buffers_.take_counters(8 * chunks);
   try {
-    while (lanes.size() < buffer.size()) lanes.emplace_back();
+    while (lanes.size() < buffer.size()) {
+      lanes.emplace_back(x.spare_event(driver::Event::Timing::kDisabled));
+    }
     if (counters.get() == 0) {
       counters = UpdateBuffer(x.buffers_.memory(), 8 * chunks, x.compute_->get());
     }
@@ -443,7 +451,7 @@ Executor::GpuTask Executor::Phase::make_task(std::size_t lane) {
   }
   t.events = events.size();
   for (std::size_t k = 0; k < kStages + t.chunks * kChunkStages; ++k) {
-    events.emplace_back(driver::Event::Timing::kEnabled);
+    events.push_back(x.spare_event(driver::Event::Timing::kEnabled));
   }
   return t;
 }
@@ -746,7 +754,7 @@ bool Executor::Phase::start_next() {
   if (!free && buffer.size() < buffers_cap) {
     try {
       buffer.emplace_back(x.buffers_.memory(), buffer_bytes, x.compute_->get());
-      lanes.emplace_back();
+      lanes.emplace_back(x.spare_event(driver::Event::Timing::kDisabled));
       free = buffer.size() - 1;
     } catch (...) {
       if (buffer.size() > lanes.size()) buffer.pop_back();  // its event failed
@@ -1050,6 +1058,20 @@ void Executor::Phase::release(bool confirmed) {
   }
   x.buffers_.clear_gradients();
   x.offload_->route({});
+  if (report.fault.empty()) {
+    // Every use of the events is over (the streams were waited for, their times read).
+    for (driver::Event& e : events) x.spare_events_.push_back(std::move(e));
+    for (Lane& lane : lanes) x.spare_lane_events_.push_back(std::move(lane.written));
+  }
+}
+
+driver::Event Executor::spare_event(driver::Event::Timing timing) {
+  std::vector<driver::Event>& spare =
+      timing == driver::Event::Timing::kEnabled ? spare_events_ : spare_lane_events_;
+  if (spare.empty()) return driver::Event(timing);
+  driver::Event e = std::move(spare.back());
+  spare.pop_back();
+  return e;
 }
 
 const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& policy,

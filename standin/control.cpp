@@ -55,6 +55,8 @@ constexpr Field kFields[] = {
     TIDE_STANDIN_FIELD(calls_without_context),
     TIDE_STANDIN_FIELD(destroyed_stream_uses),
     TIDE_STANDIN_FIELD(primary_ctx_references),
+    TIDE_STANDIN_FIELD(events_created),
+    TIDE_STANDIN_FIELD(events_destroyed),
 };
 #undef TIDE_STANDIN_FIELD
 static_assert(sizeof kFields / sizeof kFields[0] * sizeof(std::uint64_t) ==

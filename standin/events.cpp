@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "standin/contexts.h"
+#include "standin/stats.h"
 
 namespace tide::standin {
 namespace {
@@ -62,6 +63,7 @@ CUresult event_create(CUevent* out, unsigned flags) {
   const std::lock_guard lock(r.mutex);
   r.events.emplace(handle, std::move(event));
   *out = handle;
+  count(Counter::kEventsCreated);
   return CUDA_SUCCESS;
 }
 
@@ -74,6 +76,7 @@ CUresult event_destroy(CUevent handle) {
   if (it == r.events.end()) return CUDA_ERROR_INVALID_HANDLE;
   event = std::move(it->second);
   r.events.erase(it);
+  count(Counter::kEventsDestroyed);
   return CUDA_SUCCESS;
 }
 

@@ -64,6 +64,8 @@ typedef struct tide_standin_stats {
                                       context's end): failed with CUDA_ERROR_INVALID_HANDLE here,
                                       undefined behaviour in CUDA (handles are never reused) */
   uint64_t primary_ctx_references; /* gauge: every primary context's references now */
+  uint64_t events_created;         /* cuEventCreate */
+  uint64_t events_destroyed;       /* cuEventDestroy */
 } tide_standin_stats;
 
 TIDE_STANDIN_API void tide_standin_get_stats(tide_standin_stats* out);

@@ -34,9 +34,14 @@ tide_standin_stats snapshot() {
                 (kLeading - 1) * sizeof(std::uint64_t));
   static_assert(offsetof(tide_standin_stats, device_bytes_in_use) ==
                 kLeading * sizeof(std::uint64_t));
+  // The counters between the gauges, and those after the last one.
+  constexpr std::size_t kTrailing = static_cast<std::size_t>(Counter::kEventsCreated);
   static_assert(offsetof(tide_standin_stats, destroyed_stream_uses) ==
                 offsetof(tide_standin_stats, primary_ctx_retains) +
-                    (kCounters - kLeading - 1) * sizeof(std::uint64_t));
+                    (kTrailing - kLeading - 1) * sizeof(std::uint64_t));
+  static_assert(offsetof(tide_standin_stats, events_destroyed) ==
+                offsetof(tide_standin_stats, events_created) +
+                    (kCounters - kTrailing - 1) * sizeof(std::uint64_t));
   std::uint64_t values[kCounters];
   for (std::size_t i = 0; i < kCounters; ++i) {
     values[i] = counters()[i].load(std::memory_order_relaxed);
@@ -44,7 +49,9 @@ tide_standin_stats snapshot() {
   tide_standin_stats stats{};
   std::memcpy(&stats, values, kLeading * sizeof values[0]);
   std::memcpy(&stats.primary_ctx_retains, values + kLeading,
-              (kCounters - kLeading) * sizeof values[0]);
+              (kTrailing - kLeading) * sizeof values[0]);
+  std::memcpy(&stats.events_created, values + kTrailing,
+              (kCounters - kTrailing) * sizeof values[0]);
   const DeviceBytes bytes = device_bytes();
   stats.device_bytes_in_use = bytes.used;
   stats.device_bytes_peak = bytes.peak;

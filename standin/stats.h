@@ -35,6 +35,9 @@ enum class Counter {
   kUnretainedReleases,
   kCallsWithoutContext,
   kDestroyedStreamUses,
+  // After the last gauge.
+  kEventsCreated,
+  kEventsDestroyed,
   kCount
 };
 

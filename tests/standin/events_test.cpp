@@ -50,6 +50,27 @@ TEST_F(EventsTest, AnEventNeverRecordedIsComplete) {
   EXPECT_EQ(cuEventElapsedTime(&ms, never.get(), recorded.get()), CUDA_ERROR_INVALID_HANDLE);
 }
 
+// Counted for tests that hold a component to reusing its events: each successful create and
+// destroy, by field and by name; a failed create counts nothing.
+TEST_F(EventsTest, CreatesAndDestroysAreCounted) {
+  const tide_standin_stats before = stats();
+  {
+    Event a;
+    Event b(CU_EVENT_DISABLE_TIMING);
+    const tide_standin_stats during = stats();
+    EXPECT_EQ(during.events_created - before.events_created, 2u);
+    EXPECT_EQ(during.events_destroyed, before.events_destroyed);
+  }
+  CUevent bad = nullptr;
+  EXPECT_EQ(cuEventCreate(&bad, 0x80u), CUDA_ERROR_INVALID_VALUE);
+  const tide_standin_stats after = stats();
+  EXPECT_EQ(after.events_created - before.events_created, 2u);
+  EXPECT_EQ(after.events_destroyed - before.events_destroyed, 2u);
+  std::uint64_t value = 0;
+  ASSERT_EQ(tide_standin_stat("events_destroyed", &value), 0);
+  EXPECT_EQ(value, after.events_destroyed);
+}
+
 TEST_F(EventsTest, RecordCapturesTheStreamsPositionAtTheCall) {
   Stream stream;
   Event event(CU_EVENT_DISABLE_TIMING);
