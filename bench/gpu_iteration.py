@@ -52,8 +52,8 @@ largest relative difference of any configuration's losses from the floor's (all 
 within --loss-rtol); and the floor's and all-resident tide auto's update phases over the time
 their bytes per parameter take at the device memory's bandwidth (the hardware limit of an update
 with the state on the GPU). Each step's record splits its update into tide's update phase
-(phase_ms) and what tide.torch does around it (update_ms less phase_ms). Every line carries the machine (GPU, CPU, torch, date, commit); the
-bandwidths have a line of their own and are repeated in the summary. Without a GPU it prints one line {"skipped": ...} and exits 0 (--device cpu rehearses
+(phase_ms) and what tide.torch does around it (update_ms less phase_ms). Every line carries the
+machine (GPU, CPU, torch, date, commit); the bandwidths have a line of their own and are repeated in the summary. Without a GPU it prints one line {"skipped": ...} and exits 0 (--device cpu rehearses
 the whole flow on the CPU over tide's host stand-in driver, for tests; its figures mean nothing).
 Exit status 1 when a case failed or the losses disagree; missed targets are reported, not failed.
 """

@@ -224,11 +224,9 @@ class ParamState(dict):
     def refresh(self) -> None:
         """After the state changed (a step, a load): the entry's tensors show it. Discards what
         was assigned to its keys and not yet taken (take_writes)."""
-        tensors, dtensors = self._tensors, self._dtensors
+        tensors = self._tensors
         for key in tensors:
-            face = dtensors.get(key)  # a DTensor: it holds the tensor, and is counted below
-            dict.__setitem__(self, key, tensors[key] if face is None else face)
-        face = None
+            dict.__setitem__(self, key, self._face(key))
         bucket = self._bucket
         for key in tensors:  # no local name may hold a tensor here: it would count
             if key not in self._copied:
@@ -249,22 +247,15 @@ class ParamState(dict):
         a step count that is not a tensor, or a copy the program may have written (an entry
         of views only, untouched, has none; most entries, most steps)."""
         step = dict.get(self, "step")
-        pending = type(step) is not torch.Tensor or bool(self._copied - self._stale)
-        if pending:
-            number = isinstance(step, (int, float)) and not isinstance(step, bool)
-            if not (number or step is None or isinstance(step, torch.Tensor)
-                    and step.numel() == 1):
-                raise ValueError(f"tide: opt.state of {_name(self._bucket, self._index)}: "
-                                 f"'step' must be a number or a 1-element tensor, got {step!r}")
-        elif step.numel() != 1:
+        number = isinstance(step, (int, float)) and not isinstance(step, bool)
+        if not (number or step is None or isinstance(step, torch.Tensor) and step.numel() == 1):
             raise ValueError(f"tide: opt.state of {_name(self._bucket, self._index)}: 'step' "
                              f"must be a number or a 1-element tensor, got {step!r}")
+        pending = type(step) is not torch.Tensor or bool(self._copied - self._stale)
         shape = self._bucket.params[self._index].shape
-        dtensors = self._dtensors
-        for key, tensor in self._tensors.items():
+        for key in self._tensors:
             value = dict.get(self, key)
-            face = dtensors.get(key)
-            if value is (tensor if face is None else face):
+            if value is self._face(key):
                 continue
             pending = True
             if value is None:
@@ -333,12 +324,13 @@ class StateEntries:
             steps.append(entry.step_tensor())
         # One call for the plain tensors tide made (a per-tensor add_ costs microseconds each);
         # a tensor the program put there (a DTensor, another device) on its own.
-        plain = [t for t in steps if type(t) is torch.Tensor and t.device.type == "cpu"]
+        plain, own = [], []
+        for t in steps:
+            (plain if type(t) is torch.Tensor and t.device.type == "cpu" else own).append(t)
         if plain:
             torch._foreach_add_(plain, 1)
-        for t in steps:
-            if not (type(t) is torch.Tensor and t.device.type == "cpu"):
-                t.add_(1)
+        for t in own:
+            t.add_(1)
 
     def set_step(self, state: dict, bucket: Bucket, i: int, step: int) -> None:
         """Parameter i of `bucket` holds the state of `step` steps (a load): its entry shows it;
