@@ -182,7 +182,9 @@ def main() -> int:
     args = parser.parse_args()
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
 
-    work = pathlib.Path(tempfile.mkdtemp(prefix="pytest_resume."))
+    # Removed when the driver ends, however it ends: one is made per run.
+    work_folder = tempfile.TemporaryDirectory(prefix="pytest_resume.")
+    work = pathlib.Path(work_folder.name)
     deselect = work / "deselect.txt"
     env = dict(os.environ, **{DESELECT: str(deselect), TIMEOUT: str(args.timeout)})
     here = str(pathlib.Path(__file__).resolve().parent)
@@ -255,6 +257,7 @@ def main() -> int:
         print(f"pytest_resume: FAILED {test}:\n{message}\n", flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    work_folder.cleanup()
     bad = counts["failed"] + counts["errors"] + counts["crashed"] + counts["not_run"]
     return 0 if bad == 0 and not collection_errors and collected and status == "finished" else 1
 

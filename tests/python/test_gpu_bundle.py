@@ -126,10 +126,14 @@ SYNTHETIC = textwrap.dedent("""
 def test_a_crash_ends_one_test_and_the_run_goes_on_in_order(tmp_path):
     (tmp_path / "test_synthetic.py").write_text(SYNTHETIC)
     out = tmp_path / "summary.json"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     r = run([sys.executable, SCRIPTS / "pytest_resume.py", "--timeout", "3", "--json", out, "--",
              "-q", "-p", "no:cacheprovider", tmp_path / "test_synthetic.py"],
-            cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": "", "TMPDIR": str(scratch)})
     assert r.returncode == 1, r.stdout + r.stderr
+    # Its work folder (the rounds' progress files) went with it: every run made one in /tmp.
+    assert list(scratch.iterdir()) == []
     s = json.loads(out.read_text())
     name = "test_synthetic.py::"
     # In the file's order, each test once: the run resumed after each crash.
