@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include "tests/runtime/executor_fixture.h"
@@ -140,6 +141,31 @@ struct StepFaultTest : ::testing::Test {
     faults.hmm(false);
   }
 };
+
+// The longest sweeps run once per placement (and step, and moments), each a test of its own, so
+// that ctest's shards of this test (tests/runtime/CMakeLists.txt) share them out.
+struct Sweep {
+  Policy policy;
+  int first = 1;  // the faulty step's number
+  Dtype moments = Dtype::kFloat32;
+};
+
+std::string sweep_name(const ::testing::TestParamInfo<Sweep>& info) {
+  const Sweep& s = info.param;
+  std::string name = policy_name(s.policy) + "_step" + std::to_string(s.first);
+  if (s.moments == Dtype::kBFloat16) name += "_bf16_moments";
+  return name;
+}
+
+void PrintTo(const Sweep& s, std::ostream* os) {
+  *os << policy_name(s.policy) << ", step " << s.first
+      << (s.moments == Dtype::kBFloat16 ? ", bf16 moments" : "");
+}
+
+struct SweepTest : StepFaultTest, ::testing::WithParamInterface<Sweep> {};
+struct Bf16MasterCopySweep : SweepTest {};
+struct Bf16MasterDeviceLostSweep : SweepTest {};
+struct DeviceLostSweep : SweepTest {};
 
 // Counts what one fault-free phase of `policy` does, from `field` of the stand-in's counters.
 template <typename Field>
@@ -278,47 +304,64 @@ TEST_F(StepFaultTest, DeviceLostAtEachCallWithBf16MomentsEndsInOneOfTheTwoStates
 
 // bf16 master weights with compensation: the model's parameters are the master weights, so a
 // step that fails must leave them (and the compensation and moments: the whole slot) as they
-// were, or complete them exactly. Every copy failing in turn, and the device lost at each call,
-// under the placements that copy, with fp32 and bf16 moments; at the first step (the weights
-// copied in from host memory) and at the second (taken from the model's parameters on the
-// device: only the compensation and the moments are copied in).
-TEST_F(StepFaultTest, EveryCopyFailingInTurnWithBf16MasterWeightsStillCompletesTheStep) {
-  for (const int first : {1, 2}) {
-    for (const Dtype moments : {Dtype::kFloat32, Dtype::kBFloat16}) {
-      for (const Policy& policy : {Policy::all_gpu(), Policy::every(2)}) {
-        const std::uint64_t copies = events_in_a_phase(
-            faults, policy,
-            [](const tide_standin_stats& s) { return s.copies_h2d + s.copies_d2h + s.copies_d2d; },
-            moments, Dtype::kBFloat16, first);
-        ASSERT_GT(copies, 0u);
-        for (std::uint64_t n = 1; n <= copies + 1; ++n) {
-          step_with_fault(
-              faults, policy, [&] { faults.fail_copy(n); },
-              "bf16 master, step " + std::to_string(first) + ", copy " + std::to_string(n), moments,
-              Dtype::kBFloat16, first);
-        }
-      }
-    }
+// were, or complete them exactly. Every copy failing in turn, under the placements that copy,
+// with fp32 and bf16 moments; at the first step (the weights copied in from host memory) and at
+// the second (taken from the model's parameters on the device: only the compensation and the
+// moments are copied in).
+TEST_P(Bf16MasterCopySweep, EveryCopyFailingInTurnStillCompletesTheStep) {
+  const auto [policy, first, moments] = GetParam();
+  const std::uint64_t copies = events_in_a_phase(
+      faults, policy,
+      [](const tide_standin_stats& s) { return s.copies_h2d + s.copies_d2h + s.copies_d2d; },
+      moments, Dtype::kBFloat16, first);
+  ASSERT_GT(copies, 0u);
+  for (std::uint64_t n = 1; n <= copies + 1; ++n) {
+    step_with_fault(
+        faults, policy, [&] { faults.fail_copy(n); },
+        "bf16 master, step " + std::to_string(first) + ", copy " + std::to_string(n), moments,
+        Dtype::kBFloat16, first);
   }
 }
 
-TEST_F(StepFaultTest, DeviceLostAtEachCallWithBf16MasterWeightsEndsInOneOfTheTwoStates) {
+std::vector<Sweep> bf16_master_copy_sweeps() {
+  std::vector<Sweep> sweeps;
   for (const int first : {1, 2}) {
-    for (const Policy& policy : kPolicies) {
-      const std::uint64_t calls = events_in_a_phase(
-          faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; },
-          Dtype::kFloat32, Dtype::kBFloat16, first);
-      ASSERT_GT(calls, 0u);
-      for (std::uint64_t n = 1; n <= calls + 1; ++n) {
-        step_with_fault(
-            faults, policy, [&] { faults.device_lost(n); },
-            "bf16 master, step " + std::to_string(first) + ", device lost at call " +
-                std::to_string(n),
-            Dtype::kFloat32, Dtype::kBFloat16, first);
+    for (const Dtype moments : {Dtype::kFloat32, Dtype::kBFloat16}) {
+      for (const Policy& policy : {Policy::all_gpu(), Policy::every(2)}) {
+        sweeps.push_back({policy, first, moments});
       }
     }
   }
+  return sweeps;
 }
+INSTANTIATE_TEST_SUITE_P(StepFault, Bf16MasterCopySweep,
+                         ::testing::ValuesIn(bf16_master_copy_sweeps()), sweep_name);
+
+// The same weights with the device lost at each call, under every placement, at the first step
+// and at the second.
+TEST_P(Bf16MasterDeviceLostSweep, DeviceLostAtEachCallEndsInOneOfTheTwoStates) {
+  const auto [policy, first, moments] = GetParam();
+  const std::uint64_t calls = events_in_a_phase(
+      faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; }, moments,
+      Dtype::kBFloat16, first);
+  ASSERT_GT(calls, 0u);
+  for (std::uint64_t n = 1; n <= calls + 1; ++n) {
+    step_with_fault(
+        faults, policy, [&] { faults.device_lost(n); },
+        "bf16 master, step " + std::to_string(first) + ", device lost at call " + std::to_string(n),
+        moments, Dtype::kBFloat16, first);
+  }
+}
+
+std::vector<Sweep> every_policy_at_steps(std::initializer_list<int> firsts) {
+  std::vector<Sweep> sweeps;
+  for (const int first : firsts) {
+    for (const Policy& policy : kPolicies) sweeps.push_back({policy, first, Dtype::kFloat32});
+  }
+  return sweeps;
+}
+INSTANTIATE_TEST_SUITE_P(StepFault, Bf16MasterDeviceLostSweep,
+                         ::testing::ValuesIn(every_policy_at_steps({1, 2})), sweep_name);
 
 // The second step's GPU subgroups copy 2 bytes per parameter less over the link than the first:
 // their bf16 weights come from the model's parameters, on the device.
@@ -346,18 +389,18 @@ TEST_F(StepFaultTest, EveryDeviceAllocationOfAPhaseFailingInTurnStillCompletesTh
   }
 }
 
-TEST_F(StepFaultTest, DeviceLostAtEachCallOfAPhaseEndsInOneOfTheTwoStates) {
-  for (const Policy& policy : kPolicies) {
-    const std::uint64_t calls = events_in_a_phase(
-        faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; });
-    ASSERT_GT(calls, 0u);
-    for (std::uint64_t n = 1; n <= calls + 1; ++n) {
-      step_with_fault(
-          faults, policy, [&] { faults.device_lost(n); },
-          "device lost at call " + std::to_string(n));
-    }
+TEST_P(DeviceLostSweep, DeviceLostAtEachCallOfAPhaseEndsInOneOfTheTwoStates) {
+  const Policy policy = GetParam().policy;
+  const std::uint64_t calls =
+      events_in_a_phase(faults, policy, [](const tide_standin_stats& s) { return s.driver_calls; });
+  ASSERT_GT(calls, 0u);
+  for (std::uint64_t n = 1; n <= calls + 1; ++n) {
+    step_with_fault(
+        faults, policy, [&] { faults.device_lost(n); }, "device lost at call " + std::to_string(n));
   }
 }
+INSTANTIATE_TEST_SUITE_P(StepFault, DeviceLostSweep,
+                         ::testing::ValuesIn(every_policy_at_steps({1})), sweep_name);
 
 // A completed step after a fault says what it did.
 TEST_F(StepFaultTest, AFailedGpuCopyIsRolledForwardOnTheCpu) {
