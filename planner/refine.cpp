@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "planner/performance_model.h"
 
@@ -44,24 +45,42 @@ double overlap_end(const Plan& plan) {
   return std::min(plan.predicted.gpu_side_s, plan.predicted.cpu_side_s);
 }
 
+// The GPU subgroups whose state is copied in and out (not resident), in the pipeline's order:
+// each one's place among them, and how many there are.
+struct CopiedOrder {
+  std::vector<std::size_t> position;  // by subgroup index
+  std::size_t count = 0;
+};
+CopiedOrder copied_order(const Plan& plan) {
+  CopiedOrder order;
+  order.position.assign(plan.subgroups.size(), 0);
+  for (std::size_t s : plan.gpu_order) {
+    if (!plan.subgroups.at(s).resident) order.position[s] = order.count++;
+  }
+  return order;
+}
+
 }  // namespace
 
 RateRefiner::HostTraffic RateRefiner::traffic_of(const Plan& plan, const Footprint& footprint,
                                                  std::span<const SubgroupTiming> timings) const {
   HostTraffic traffic;
   const PerformanceModel model(rates_, footprint);
-  const std::size_t g = plan.gpu_order.size();
+  const CopiedOrder order = copied_order(plan);
+  const std::size_t g = order.count;
   const bool duplex = plan.buffers >= 2 && g >= 2;
   const bool any_gpu = !plan.gpu_order.empty();
   for (std::size_t i = 0; i < timings.size(); ++i) {
     const SubgroupPlan& sub = plan.subgroups[i];
     const SubgroupTiming& t = timings[i];
     const double params = static_cast<double>(sub.params);
+    if (sub.resident) continue;  // its copies, if any, are not the pipeline's
     if (sub.device == Device::cpu) {
       if (!measured(t.cpu_update_s)) continue;
       if (any_gpu && sub.end_s <= plan.predicted.gpu_side_s) {
         traffic.contended_params += params;
         traffic.contended_s += t.cpu_update_s;
+        ++traffic.contended_subgroups;
       } else if (!any_gpu || sub.start_s >= plan.predicted.gpu_side_s) {
         traffic.free_params += params;
         traffic.free_s += t.cpu_update_s;
@@ -73,7 +92,7 @@ RateRefiner::HostTraffic RateRefiner::traffic_of(const Plan& plan, const Footpri
       traffic.d2h_s += t.d2h_s;
       // What the plan had them take, at the rates it was made with.
       traffic.h2d_planned_s += sub.h2d_end_s - sub.start_s;
-      traffic.d2h_planned_s += model.d2h_time(params, duplex && sub.position + 1 != g);
+      traffic.d2h_planned_s += model.d2h_time(params, duplex && order.position[i] + 1 != g);
     }
   }
   if (!duplex || traffic.contended_s <= 0 || traffic.h2d_s <= 0 || traffic.d2h_s <= 0) {
@@ -110,8 +129,25 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
                                 " timings for a plan of " + std::to_string(plan.subgroups.size()) +
                                 " subgroups");
   }
+  const Rates before = rates_;
+  const std::array<std::uint64_t, kRateCount> counts_before = counts_;
+  const std::size_t used = observe_subgroups(plan, footprint, timings);
+  const double limit = std::pow(options_.max_step, options_.weight);
+  for (const RateInfo& info : rate_infos()) {
+    const auto k = static_cast<std::size_t>(info.kind);
+    if (counts_[k] == counts_before[k]) continue;
+    if (phases_[k]++ < kFreePhases) continue;
+    const double was = before.*info.member;
+    rates_.*info.member = std::clamp(rates_.*info.member, was / limit, was * limit);
+  }
+  return used;
+}
+
+std::size_t RateRefiner::observe_subgroups(const Plan& plan, const Footprint& footprint,
+                                           std::span<const SubgroupTiming> timings) {
   std::size_t used = 0;
-  const std::size_t g = plan.gpu_order.size();
+  const CopiedOrder order = copied_order(plan);
+  const std::size_t g = order.count;
   const bool duplex = plan.buffers >= 2 && g >= 2;
   const double h2d_bytes = static_cast<double>(footprint.h2d_bytes_per_param());
   const double d2h_bytes = static_cast<double>(footprint.d2h_bytes_per_param());
@@ -137,17 +173,21 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
       // The contended rate when the plan runs it while the GPU side runs, the free rate when it
       // runs after; one that straddles the end of the GPU side measures neither.
       const double gpu_end = plan.predicted.gpu_side_s;
-      if (g > 0 && sub.end_s <= gpu_end) {
+      const bool any_gpu = !plan.gpu_order.empty();
+      if (any_gpu && sub.end_s <= gpu_end) {
         used += observe(RateKind::cpu_update_contended, params * cpu_fp32_equivalent,
                         t.cpu_update_s * own);
-      } else if (g == 0 || sub.start_s >= gpu_end) {
+      } else if (!any_gpu || sub.start_s >= gpu_end) {
         used += observe(RateKind::cpu_update, params * cpu_fp32_equivalent, t.cpu_update_s);
       }
       continue;
     }
     used += observe(RateKind::gpu_update, params * gpu_fp32_equivalent, t.gpu_update_s);
-    const bool first = sub.position == 0;
-    const bool last = sub.position + 1 == g;
+    // A resident update is timed by its kernel alone: its copies in, if any, ran before the
+    // pipeline's.
+    if (sub.resident) continue;
+    const bool first = order.position[i] == 0;
+    const bool last = order.position[i] + 1 == g;
     const RateKind h2d_kind = duplex && !first ? RateKind::h2d_duplex : RateKind::h2d;
     // The copy's own time: without host memory's slowdown (1 unless it was full).
     const double copy_own = sub.end_s <= overlap_end(plan) ? own : 1.0;
@@ -163,6 +203,19 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
                 t.h2d_s * copy_own);
     used += observe(duplex && !last ? RateKind::d2h_duplex : RateKind::d2h, params * d2h_bytes,
                     t.d2h_s * copy_own);
+  }
+  // The CPU update cannot run faster beside copies than alone: what it did beside them in this
+  // phase is a lower bound of its free rate (which only phases whose CPU side outlasts the GPU
+  // side measure), so that a free rate left below it (one slow phase) cannot stay there for
+  // good. The phase's mean, once per subgroup that measured it: as fast as the contended rate
+  // learns, and never past the mean.
+  if (traffic.contended_s > 0) {
+    const double params = traffic.contended_params * cpu_fp32_equivalent;
+    const double seconds = traffic.contended_s * own;
+    for (std::size_t k = 0; k < traffic.contended_subgroups && params / seconds > rates_.cpu_update;
+         ++k) {
+      used += observe(RateKind::cpu_update, params, seconds);
+    }
   }
   return used + observe_host_memory(traffic, footprint);
 }

@@ -7,7 +7,8 @@
 // then it becomes an exponential moving average) and m = max_step. One observation, however
 // wild, moves a rate by at most a factor m^w (1.5 at first, 1.5^0.2 ≈ 1.08 later with the
 // defaults); noise that is symmetric in log space averages out; a run of consistent
-// measurements still gets anywhere, m^w per observation.
+// measurements still gets anywhere, m^w per observation. A whole phase counts as one observation
+// per rate once the rate has seen kFreePhases phases (its subgroups share their disturbances).
 //
 // Host memory bandwidth is not timed by any one subgroup: a phase gives what its CPU subgroups
 // and its copies moved through host memory per second (their bytes over their measured times,
@@ -57,7 +58,10 @@ class RateRefiner {
   // rate for those after it (one that straddles the end is skipped); the duplex copy rates in
   // the GPU pipeline's steady state, as in planner/performance_model.h. A copy-in that shared
   // the host-to-GPU link with the CPU subgroups' weight uploads is credited with the uploads'
-  // share of it (the model's flow), so that the link's own rate is what is learnt.
+  // share of it (the model's flow), so that the link's own rate is what is learnt. A resident
+  // subgroup (SubgroupPlan::resident) refines the GPU update's rate only: its copies in, if any,
+  // are not the pipeline's. The CPU subgroups timed beside the GPU side also bound the free CPU
+  // rate from below (it cannot be slower alone than beside copies).
   // `timings` is by subgroup index. Returns the number of observations used.
   std::size_t observe_phase(const Plan& plan, const Footprint& footprint,
                             std::span<const SubgroupTiming> timings);
@@ -67,6 +71,13 @@ class RateRefiner {
   // back (observe_phase). A smaller fall is the copies' other costs (cores, caches), which the
   // contended CPU rate holds, or one side's own rate being lower than the model has it.
   static constexpr double kSaturatedFraction = 0.8;
+
+  // A phase's subgroups are timed under the same conditions: a disturbance of the host (another
+  // process, a burst of page faults) slows many at once. The first phases that time a rate move
+  // it as their observations say (a model far from the machine gets there within 5 phases);
+  // after kFreePhases of them, one phase moves each rate by at most max_step^weight (1.08 with
+  // the defaults), as one observation would.
+  static constexpr std::uint64_t kFreePhases = 5;
 
   const Rates& rates() const { return rates_; }
   std::uint64_t observations(RateKind kind) const {
@@ -78,8 +89,9 @@ class RateRefiner {
   struct HostTraffic {
     double free_params = 0;  // CPU subgroups after the GPU side, and their seconds
     double free_s = 0;
-    double contended_params = 0;  // CPU subgroups while it ran
+    double contended_params = 0;  // CPU subgroups while it ran, their seconds and number
     double contended_s = 0;
+    std::size_t contended_subgroups = 0;
     double h2d_bytes = 0;  // the GPU subgroups' copies, and their seconds
     double h2d_s = 0;
     double d2h_bytes = 0;
@@ -90,6 +102,9 @@ class RateRefiner {
     bool saturated = false;  // both sides fell below kSaturatedFraction of their rates
     double slowdown = 1;     // when saturated: the least of the sides' against the plan
   };
+  // observe_phase's observations, before its per-phase bound.
+  std::size_t observe_subgroups(const Plan& plan, const Footprint& footprint,
+                                std::span<const SubgroupTiming> timings);
   HostTraffic traffic_of(const Plan& plan, const Footprint& footprint,
                          std::span<const SubgroupTiming> timings) const;
   std::size_t observe_host_memory(const HostTraffic& traffic, const Footprint& footprint);
@@ -97,6 +112,7 @@ class RateRefiner {
   Rates rates_;
   RefineOptions options_;
   std::array<std::uint64_t, kRateCount> counts_{};
+  std::array<std::uint64_t, kRateCount> phases_{};  // phases that observed each rate
 };
 
 }  // namespace tide::planner

@@ -401,30 +401,28 @@ std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t 
 }
 
 planner::Plan Executor::plan_around_resident(const Policy& policy, const planner::Workload& w,
-                                             const std::vector<char>& resident) const {
-  const planner::Rates& r = refiner_.rates();
+                                             const std::vector<char>& resident, bool joins) const {
+  (void)policy;
   const std::size_t n = state_.size();
-  std::vector<std::size_t> rest, residents;
+  std::vector<std::size_t> rest;
+  std::vector<ResidentUpdate> residents;
   std::uint64_t largest = 0, slots = 0, kept = 0;
   for (std::size_t s = 0; s < n; ++s) {
-    if (resident[s] != 0) {
-      residents.push_back(s);
-      largest = std::max(largest, state_.params(s));
-      slots += state_.slot_bytes(s);
-      kept += state_.params(s) * state_.grad_bytes();  // its gradient, kept on the GPU
-    } else {
+    if (resident[s] == 0) {
       rest.push_back(s);
+      continue;
     }
+    // Its gradient comes over the link unless it was kept on the GPU (a prepared plan's, or a
+    // resident subgroup's since the last phase: keep_resident_gradients).
+    const bool grad_kept = w.footprint.gradients_on_gpu || offload_->device_gradient(s) != 0;
+    residents.push_back({s, joins && !residency_.device_current(s), !grad_kept});
+    largest = std::max(largest, state_.params(s));
+    slots += state_.slot_bytes(s);
+    kept += state_.params(s) * state_.grad_bytes();  // its gradient, kept on the GPU
   }
   const std::uint64_t lane =
       state_.slot_bytes_for(largest) + largest * (state_.grad_bytes() + state_.param_bytes());
   const std::uint64_t reserved = slots + kept + lane;
-
-  planner::Plan out;
-  out.headroom_bytes = w.headroom_bytes;
-  out.subgroups.resize(n);
-  for (std::size_t s = 0; s < n; ++s) out.subgroups[s].params = state_.params(s);
-  out.gpu_order = residents;
   std::optional<planner::Plan> transient;
   if (!rest.empty()) {
     planner::Workload sub;
@@ -435,8 +433,25 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
       sub.subgroup_params.push_back(state_.params(s));
       allowed.push_back(state_.pageable(s) ? 0 : 1);
     }
-    transient = planner::plan_allowed(sub, r, allowed, options_.planner);
-    (void)policy;
+    transient = planner::plan_allowed(sub, refiner_.rates(), allowed, options_.planner);
+  }
+  planner::Plan out = residents_first(w, transient ? &*transient : nullptr, rest, residents);
+  out.buffer_bytes = std::max(out.buffer_bytes, lane);
+  out.resident_state_bytes = slots;
+  out.resident_bytes += kept;  // their gradients, when kept on the GPU
+  return out;
+}
+
+planner::Plan Executor::residents_first(const planner::Workload& w, const planner::Plan* transient,
+                                        const std::vector<std::size_t>& rest,
+                                        const std::vector<ResidentUpdate>& residents) const {
+  const planner::Rates& r = refiner_.rates();
+  planner::Plan out;
+  out.headroom_bytes = w.headroom_bytes;
+  out.subgroups.resize(state_.size());
+  for (std::size_t s = 0; s < state_.size(); ++s) out.subgroups[s].params = state_.params(s);
+  for (const ResidentUpdate& u : residents) out.gpu_order.push_back(u.subgroup);
+  if (transient != nullptr) {
     for (std::size_t j = 0; j < transient->subgroups.size(); ++j) {
       out.subgroups[rest[j]] = transient->subgroups[j];
     }
@@ -450,28 +465,24 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
     out.predicted = transient->predicted;
   }
   out.buffers = std::max<std::size_t>(out.buffers, 1);
-  out.buffer_bytes = std::max(out.buffer_bytes, lane);
-  out.resident_state_bytes = slots;
-  out.resident_bytes += kept;  // their gradients, when kept on the GPU
-  // The resident subgroups' updates: the kernel and their gradients' copy-in (unless kept on
-  // the GPU), before the rest.
+  // The resident subgroups' updates, before the rest: a state not on the device yet and a
+  // gradient not kept there come over the link first, then the kernel.
   const double gpu_rate = r.gpu_update * w.footprint.gpu_update_scale();
   double resident_s = 0;
-  for (std::size_t s : residents) {
-    const auto params = static_cast<double>(state_.params(s));
-    planner::SubgroupPlan& sub = out.subgroups[s];
+  for (const ResidentUpdate& u : residents) {
+    const auto params = static_cast<double>(state_.params(u.subgroup));
+    const double state_in_s =
+        u.state_in ? static_cast<double>(state_.slot_bytes(u.subgroup)) / r.h2d : 0.0;
+    const double grad_in_s = u.grad_in ? params * state_.grad_bytes() / r.h2d : 0.0;
+    planner::SubgroupPlan& sub = out.subgroups[u.subgroup];
     sub.device = planner::Device::gpu;
     sub.resident = true;
     sub.start_s = resident_s;
-    // Its gradient comes over the link unless it was kept on the GPU (a prepared plan's, or a
-    // resident subgroup's since the last phase: keep_resident_gradients).
-    const bool grad_kept = w.footprint.gradients_on_gpu || offload_->device_gradient(s) != 0;
-    const double grad_in_s = grad_kept ? 0.0 : params * state_.grad_bytes() / r.h2d;
-    sub.h2d_end_s = resident_s + grad_in_s;
+    sub.h2d_end_s = resident_s + state_in_s + grad_in_s;
     sub.update_end_s = sub.h2d_end_s + params / gpu_rate;
     sub.end_s = sub.update_end_s;
     resident_s = sub.end_s;
-    out.gpu_params += state_.params(s);
+    out.gpu_params += state_.params(u.subgroup);
   }
   for (std::size_t j = 0; j < out.gpu_order.size(); ++j) {
     planner::SubgroupPlan& sub = out.subgroups[out.gpu_order[j]];
@@ -638,8 +649,12 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
         // subgroups may lose their lanes and kept gradients to them. Only where the model
         // predicts it no slower (bench_iteration's published variant: 9 resident subgroups
         // left 41 on the CPU, 1.21x slower than without).
-        planner::Plan with = plan_around_resident(policy, w, resident);
-        if (with.predicted.phase_s <= chosen->predicted.phase_s) return with;
+        // Decided on the steady state (a join is paid once); the plan says what this phase
+        // costs, the joining states' copies in included.
+        const planner::Plan with = plan_around_resident(policy, w, resident, false);
+        if (with.predicted.phase_s <= chosen->predicted.phase_s) {
+          return plan_around_resident(policy, w, resident, true);
+        }
       }
       break;
     }

@@ -175,7 +175,9 @@ struct ExecutorOptions {
 
 struct PhaseReport {
   planner::Plan planned;  // what the planner chose
-  planner::Plan ran;      // what ran (after any fallback), with the model's prediction
+  // What ran (after any fallback), with the model's prediction: resident updates first on the
+  // GPU side (a joining state's copy in included), then the copied-in subgroups and the CPU's.
+  planner::Plan ran;
   std::vector<planner::Device> devices;  // by subgroup: where it was updated
   std::vector<planner::SubgroupTiming> timings;
   // By subgroup: when its CPU update ran, on the steady clock (the one the stand-in driver's
@@ -319,9 +321,23 @@ class Executor {
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu,
                           std::uint64_t held_bytes = 0) const;
   // The plan of the subgroups `resident` does not mark within `headroom_bytes`, with the resident
-  // ones first on the GPU.
+  // ones first on the GPU. `joins`: their states not on the device yet (joining, or their pinned
+  // slots written since) are copied in first, as the phase does; without, the steady state's plan.
   planner::Plan plan_around_resident(const Policy& policy, const planner::Workload& w,
-                                     const std::vector<char>& resident) const;
+                                     const std::vector<char>& resident, bool joins) const;
+  // A resident subgroup's update in a phase: whether its state and its gradient (not kept on the
+  // GPU) cross the link before its kernel.
+  struct ResidentUpdate {
+    std::size_t subgroup = 0;
+    bool state_in = false;
+    bool grad_in = false;
+  };
+  // The plan of every subgroup of `w`: `transient`, the plan of the subgroups `rest` alone (null:
+  // none), after `residents`, updated first on the GPU one after another (their copies in and
+  // kernels lengthen the GPU side).
+  planner::Plan residents_first(const planner::Workload& w, const planner::Plan* transient,
+                                const std::vector<std::size_t>& rest,
+                                const std::vector<ResidentUpdate>& residents) const;
   std::vector<char> choose_resident(const Policy& policy, std::uint64_t held_bytes) const;
   std::uint64_t resident_working_bytes() const;
   // By subgroup, whether it may be updated on the GPU (not when its state is pageable); empty:

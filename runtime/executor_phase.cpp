@@ -61,6 +61,8 @@ struct Executor::GpuTask {
   CUdeviceptr grad = 0;      // where its gradient is on the GPU
   CUdeviceptr weights = 0;   // where the kernel leaves the new weights for the model
   bool grad_copied = false;  // its gradient is copied in (not kept on the GPU)
+  // Resident, its state copied in (joining, or its pinned slot written since).
+  bool state_copied = false;
   // Resident (runtime/residency.h): its state is updated in place in its device slot, not in
   // the lane's buffer, and never copied out.
   bool resident = false;
@@ -488,6 +490,7 @@ void Executor::Phase::copy_in(GpuTask& t) {
   }
   // A resident subgroup's state comes in when it joins, or when its pinned slot was written since.
   const bool state_copied = !t.resident || !residency.device_current(s);
+  t.state_copied = t.resident && state_copied;
   for (std::size_t c = 0; c < t.chunks; ++c) {
     const ModelParams::Range r = range(t, c);
     if (state_copied) copy_state_chunk(t, r, weights_on_device);
@@ -1141,21 +1144,42 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   for (std::size_t s : phase.written) stale_params_[s] = 0;
   for (std::size_t s : report.unwritten) stale_params_[s] = 1;
 
-  // What ran, under the model (the fallback subgroups among the CPU's).
+  // What ran, under the model (the fallback subgroups among the CPU's): the copied-in subgroups
+  // and the CPU's evaluated alone, after the resident updates (which copy no state out, and
+  // none in unless it joined), so that each CPU subgroup is timed against the GPU side it ran
+  // beside (planner/refine.h).
+  std::vector<std::size_t> rest, ran;
+  std::vector<ResidentUpdate> resident_ran;
+  std::vector<char> is_resident(state_.size(), 0);
+  for (const GpuTask& t : phase.committed) {
+    if (t.resident) {
+      resident_ran.push_back({t.subgroup, t.state_copied, t.grad_copied});
+      is_resident[t.subgroup] = 1;
+    }
+  }
   planner::Workload w;
-  w.subgroup_params = state_.sizes();
   w.footprint = fp;
   w.headroom_bytes = std::numeric_limits<std::uint64_t>::max() / 2;
-  // Resident subgroups copied no state over the link: their times are not the model's copies,
-  // and refine the GPU update's rate only (ran lists them as GPU subgroups after the refinement).
-  std::vector<std::size_t> ran, resident_ran;
-  for (const GpuTask& t : phase.committed) (t.resident ? resident_ran : ran).push_back(t.subgroup);
+  std::vector<std::size_t> index_in_rest(state_.size(), 0);
+  for (std::size_t s = 0; s < state_.size(); ++s) {
+    if (is_resident[s] != 0) continue;
+    index_in_rest[s] = rest.size();
+    rest.push_back(s);
+    w.subgroup_params.push_back(state_.params(s));
+  }
+  for (const GpuTask& t : phase.committed) {
+    if (!t.resident) ran.push_back(index_in_rest[t.subgroup]);
+  }
   const std::size_t buffers_used = phase.lanes.size();
-  report.ran = ran.empty() ? planner::all_cpu_plan(w, refiner_.rates())
-                           : evaluate(w, refiner_.rates(), planner::Placement{ran, buffers_used});
+  std::optional<planner::Plan> transient;
+  if (!rest.empty()) {
+    transient = ran.empty() ? planner::all_cpu_plan(w, refiner_.rates())
+                            : evaluate(w, refiner_.rates(), planner::Placement{ran, buffers_used});
+  }
+  w.subgroup_params = state_.sizes();
+  report.ran = residents_first(w, transient ? &*transient : nullptr, rest, resident_ran);
+  if (resident_ran.empty() && transient) report.ran.buffers = transient->buffers;
   report.ran.headroom_bytes = report.planned.headroom_bytes;
-  std::vector<planner::SubgroupTiming> timings = report.timings;
-  for (std::size_t s : resident_ran) timings[s] = planner::SubgroupTiming{};
 
   if (phase.allocation_failed) {
     headroom_cap_ = std::max<std::uint64_t>(phase.allocated_bytes, 1);
@@ -1165,19 +1189,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   }
   report.headroom_cap = headroom_cap_;
   if (options_.refine && report.fault.empty()) {
-    refiner_.observe_phase(report.ran, fp, timings);
-    // A resident update is a GPU update like any other: its kernel time refines the GPU's rate,
-    // so that the guard (plan_with) sees it where resident updates are slow (the stand-in's CPU
-    // mode, whose kernels run on one host thread).
-    for (std::size_t s : resident_ran) {
-      refiner_.observe(planner::RateKind::gpu_update,
-                       static_cast<double>(state_.params(s)) / fp.gpu_update_scale(),
-                       report.timings[s].gpu_update_s);
-    }
-  }
-  for (std::size_t s : resident_ran) {
-    report.ran.subgroups[s].device = planner::Device::gpu;
-    report.ran.subgroups[s].resident = true;
+    refiner_.observe_phase(report.ran, fp, report.timings);
   }
   relax_pressure();
   offer_to_reclaim();

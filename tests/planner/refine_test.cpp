@@ -83,7 +83,7 @@ TEST(Refine, ResistsOutliers) {
   }
   for (const RateInfo& info : rate_infos()) {
     const auto k = static_cast<std::size_t>(info.kind);
-    EXPECT_NEAR(std::exp(log_sum[k] / (observations / 2)), 1.0, 0.06) << info.key;
+    EXPECT_NEAR(std::exp(log_sum[k] / (observations / 2.0)), 1.0, 0.06) << info.key;
     EXPECT_LT(std::exp(worst[k]), 2.0) << info.key;
   }
 }
@@ -331,6 +331,105 @@ TEST(Refine, AmpleHostMemoryIsNotLowered) {
   }
   EXPECT_GE(refiner.rates().host_memory, builtin_rates().host_memory);
   EXPECT_GE(refiner.rates().host_memory_contended, builtin_rates().host_memory_contended);
+}
+
+// A plan whose two small CPU subgroups (2, 3) end while its two copied-in ones (0, 1) still run:
+// the CPU's updates are timed beside copies only.
+Plan cpu_beside_copies(const Rates& rates, Workload& w) {
+  w.subgroup_params = {100'000'000, 100'000'000, 1'000'000, 1'000'000};
+  w.headroom_bytes = 20'000'000'000;
+  return evaluate(w, rates, Placement{{0, 1}, 2});
+}
+
+// The free CPU rate is only timed where the CPU side outlasts the GPU side. A free rate left
+// below what the CPU does beside copies (one slow phase, e.g. beside copies the model did not
+// see) would keep every later plan from measuring it again: the contended measurements raise
+// it, as far as they go and no further.
+TEST(Refine, TheCpuBesideCopiesIsALowerBoundOfItsFreeRate) {
+  Rates start = builtin_rates();
+  start.cpu_update = start.cpu_update_contended = 1e8;
+  const double beside = 2e8;  // what the CPU does beside the copies
+  RateRefiner refiner(start);
+  Workload w;
+  const Plan p = cpu_beside_copies(start, w);
+  for (std::size_t s : {2, 3}) {
+    ASSERT_EQ(p.subgroups[s].device, Device::cpu);
+    ASSERT_LE(p.subgroups[s].end_s, p.predicted.gpu_side_s);
+  }
+  std::vector<SubgroupTiming> timings(p.subgroups.size());
+  for (std::size_t s : {2, 3}) timings[s].cpu_update_s = 1e6 / beside;
+  for (int phase = 0; phase < 30; ++phase) refiner.observe_phase(p, w.footprint, timings);
+  EXPECT_NEAR(refiner.rates().cpu_update_contended / beside, 1.0, 0.01);
+  EXPECT_NEAR(refiner.rates().cpu_update / beside, 1.0, 0.01);
+  EXPECT_LE(refiner.rates().cpu_update, beside * (1 + 1e-12));
+
+  // Beside copies slower than alone: the free rate stays where it is.
+  Rates fast = start;
+  fast.cpu_update = 3e8;
+  RateRefiner other(fast);
+  for (int phase = 0; phase < 30; ++phase) other.observe_phase(p, w.footprint, timings);
+  EXPECT_EQ(other.rates().cpu_update, 3e8);
+  EXPECT_EQ(other.observations(RateKind::cpu_update), 0u);
+}
+
+// A resident subgroup's update is timed by its kernel alone: its copies in (a joining state,
+// a gradient) are not the pipeline's and refine no link rate, and the CPU subgroups that ran
+// while it did are timed beside the GPU side.
+TEST(Refine, AResidentUpdateRefinesTheKernelOnly) {
+  const Rates start = builtin_rates();
+  RateRefiner refiner(start);
+  Workload w;
+  w.subgroup_params = {100'000'000, 1'000'000};
+  w.headroom_bytes = 20'000'000'000;
+  Plan p = all_cpu_plan(w, start);
+  p.cpu_order = {1};
+  p.gpu_order = {0};
+  p.subgroups[0].device = Device::gpu;
+  p.subgroups[0].resident = true;
+  p.subgroups[0].position = 0;
+  p.subgroups[0].start_s = 0;
+  p.subgroups[0].end_s = p.predicted.gpu_side_s = 1.0;
+  p.subgroups[1].start_s = 0;
+  p.subgroups[1].end_s = 0.1;
+  std::vector<SubgroupTiming> timings(2);
+  timings[0].h2d_s = 100.0;  // a join over a very slow link
+  timings[0].gpu_update_s = 1e8 / (2 * start.gpu_update);
+  timings[1].cpu_update_s = 1e6 / start.cpu_update_contended;
+  EXPECT_EQ(refiner.observe_phase(p, w.footprint, timings), 2u);
+  EXPECT_EQ(refiner.observations(RateKind::h2d), 0u);
+  EXPECT_EQ(refiner.observations(RateKind::h2d_duplex), 0u);
+  EXPECT_EQ(refiner.observations(RateKind::cpu_update_contended), 1u);
+  EXPECT_EQ(refiner.observations(RateKind::cpu_update), 0u);
+  EXPECT_GT(refiner.rates().gpu_update, start.gpu_update);
+}
+
+// A disturbance of the host slows every subgroup of a phase at once: once the rate has settled
+// (kFreePhases phases), that phase moves it as one observation would, not once per subgroup. The
+// first phases still bring a model 10x off to the machine.
+TEST(Refine, OneDisturbedPhaseMovesARateAsOneObservation) {
+  Workload w;
+  w.subgroup_params.assign(40, 10'000'000);
+  w.headroom_bytes = 0;  // all on the CPU
+  Rates start = builtin_rates();
+  const double machine = start.cpu_update / 10;
+  RateRefiner refiner(start);
+  const Plan p = all_cpu_plan(w, start);
+  std::vector<SubgroupTiming> steady(p.subgroups.size()), disturbed(p.subgroups.size());
+  for (std::size_t i = 0; i < steady.size(); ++i) {
+    steady[i].cpu_update_s = 1e7 / machine;
+    disturbed[i].cpu_update_s = 3 * steady[i].cpu_update_s;
+  }
+  for (std::uint64_t phase = 0; phase < RateRefiner::kFreePhases; ++phase) {
+    refiner.observe_phase(p, w.footprint, steady);
+  }
+  EXPECT_NEAR(refiner.rates().cpu_update / machine, 1.0, 0.01);
+  const double settled = refiner.rates().cpu_update;
+  refiner.observe_phase(p, w.footprint, disturbed);
+  const double bound = std::pow(RefineOptions{}.max_step, RefineOptions{}.weight);
+  EXPECT_NEAR(refiner.rates().cpu_update, settled / bound, settled * 1e-9);
+  // Steady again: back within 1% in 10 phases.
+  for (int phase = 0; phase < 10; ++phase) refiner.observe_phase(p, w.footprint, steady);
+  EXPECT_NEAR(refiner.rates().cpu_update / machine, 1.0, 0.01);
 }
 
 }  // namespace

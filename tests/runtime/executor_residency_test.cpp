@@ -157,6 +157,44 @@ TEST_F(ResidencyTest, ResidentStepsCopyNoStateAndGiveTheReferenceBits) {
   }
 }
 
+// The plan and the report of what ran put the resident updates on the GPU side, ahead of the
+// rest, and the joining step's copies of the states in with them: the rate refinement times each
+// CPU subgroup against the GPU side it ran beside (a CPU update beside the joins' copies is not
+// the CPU's free rate), and the reported prediction is the phase's.
+TEST_F(ResidencyTest, TheJoiningStepCountsTheStatesCopiedInOnItsGpuSide) {
+  const driver::CurrentContext context;
+  Model model(kSizes);
+  Reference ref(*model.state);
+  Executor executor(*model.state, resident_options(memory));
+  const planner::Rates rates = executor.rates();
+  // Step 1 copies the states in, and the gradients (the next ones stay on the GPU).
+  double join_s = 0, grads_s = 0;
+  for (std::size_t s = 0; s < kSizes.size(); ++s) {
+    join_s += static_cast<double>(model.state->slot_bytes(s)) / rates.h2d;
+    grads_s += static_cast<double>(2 * kSizes[s]) / rates.h2d;
+  }
+  std::vector<double> planned, ran;
+  for (int step = 1; step <= 2; ++step) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), kHeadroom);
+    ref.step(grads, hyper(step));
+    ASSERT_TRUE(report.fault.empty()) << report.fault;
+    ASSERT_EQ(report.resident_subgroups, kSizes.size());
+    EXPECT_EQ(report.ran.gpu_order.size(), kSizes.size());
+    EXPECT_TRUE(report.ran.cpu_order.empty());
+    for (std::size_t s = 0; s < kSizes.size(); ++s) EXPECT_TRUE(report.ran.subgroups[s].resident);
+    planned.push_back(report.planned.predicted.gpu_side_s);
+    ran.push_back(report.ran.predicted.gpu_side_s);
+  }
+  EXPECT_GE(planned[0], join_s);
+  EXPECT_GE(ran[0], join_s);
+  EXPECT_NEAR(planned[0] - planned[1], join_s + grads_s, 1e-9 + join_s * 1e-9);
+  EXPECT_NEAR(ran[0] - ran[1], join_s + grads_s, 1e-9 + join_s * 1e-9);
+  executor.sync_state(false);
+  expect_matches(model, ref);
+}
+
 // Once resident and stale in its pinned slot, a subgroup's kernel writes its new weights into
 // the model's parameters itself, each of its slices: a steady step copies nothing but the
 // non-finite counters, and the model has the reference's weights.
