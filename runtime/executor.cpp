@@ -400,9 +400,9 @@ std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t 
   return planner::choose_resident(in);
 }
 
-planner::Plan Executor::plan_around_resident(const Policy& policy, const planner::Workload& w,
-                                             const std::vector<char>& resident, bool joins) const {
-  (void)policy;
+planner::Plan Executor::plan_around_resident(const planner::Workload& w,
+                                             const std::vector<char>& resident,
+                                             double* steady_phase_s) const {
   const std::size_t n = state_.size();
   std::vector<std::size_t> rest;
   std::vector<ResidentUpdate> residents;
@@ -415,7 +415,7 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
     // Its gradient comes over the link unless it was kept on the GPU (a prepared plan's, or a
     // resident subgroup's since the last phase: keep_resident_gradients).
     const bool grad_kept = w.footprint.gradients_on_gpu || offload_->device_gradient(s) != 0;
-    residents.push_back({s, joins && !residency_.device_current(s), !grad_kept});
+    residents.push_back({s, !residency_.device_current(s), !grad_kept});
     largest = std::max(largest, state_.params(s));
     slots += state_.slot_bytes(s);
     kept += state_.params(s) * state_.grad_bytes();  // its gradient, kept on the GPU
@@ -435,7 +435,13 @@ planner::Plan Executor::plan_around_resident(const Policy& policy, const planner
     }
     transient = planner::plan_allowed(sub, refiner_.rates(), allowed, options_.planner);
   }
-  planner::Plan out = residents_first(w, transient ? &*transient : nullptr, rest, residents);
+  const planner::Plan* planned = transient ? &*transient : nullptr;
+  planner::Plan out = residents_first(w, planned, rest, residents);
+  *steady_phase_s = out.predicted.phase_s;
+  if (std::any_of(residents.begin(), residents.end(), [](const auto& u) { return u.state_in; })) {
+    for (ResidentUpdate& u : residents) u.state_in = false;
+    *steady_phase_s = residents_first(w, planned, rest, residents).predicted.phase_s;
+  }
   out.buffer_bytes = std::max(out.buffer_bytes, lane);
   out.resident_state_bytes = slots;
   out.resident_bytes += kept;  // their gradients, when kept on the GPU
@@ -651,10 +657,9 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
         // left 41 on the CPU, 1.21x slower than without).
         // Decided on the steady state (a join is paid once); the plan says what this phase
         // costs, the joining states' copies in included.
-        const planner::Plan with = plan_around_resident(policy, w, resident, false);
-        if (with.predicted.phase_s <= chosen->predicted.phase_s) {
-          return plan_around_resident(policy, w, resident, true);
-        }
+        double steady_s = 0;
+        planner::Plan with = plan_around_resident(w, resident, &steady_s);
+        if (steady_s <= chosen->predicted.phase_s) return with;
       }
       break;
     }

@@ -321,10 +321,11 @@ class Executor {
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu,
                           std::uint64_t held_bytes = 0) const;
   // The plan of the subgroups `resident` does not mark within `headroom_bytes`, with the resident
-  // ones first on the GPU. `joins`: their states not on the device yet (joining, or their pinned
-  // slots written since) are copied in first, as the phase does; without, the steady state's plan.
-  planner::Plan plan_around_resident(const Policy& policy, const planner::Workload& w,
-                                     const std::vector<char>& resident, bool joins) const;
+  // ones first on the GPU, their states not on the device yet (joining, or their pinned slots
+  // written since) copied in first, as the phase does; `steady_phase_s`: its phase without those
+  // copies (a join is paid once).
+  planner::Plan plan_around_resident(const planner::Workload& w, const std::vector<char>& resident,
+                                     double* steady_phase_s) const;
   // A resident subgroup's update in a phase: whether its state and its gradient (not kept on the
   // GPU) cross the link before its kernel.
   struct ResidentUpdate {
