@@ -47,7 +47,8 @@ struct SubgroupPlan {
   std::size_t position = 0;        // place in its device's order
   std::size_t buffer = kNoBuffer;  // GPU: position % buffers
   // GPU: its state stays in device memory across phases (runtime/residency.h): its update copies
-  // no state over the link. The planner places transient subgroups only; the executor adds these.
+  // no state over the link. plan() places transient subgroups only; resident ones are placed
+  // first by plan_around_resident (planner/resident_plan.h).
   bool resident = false;
   // Predicted, seconds from the start of the phase. CPU: update start and end. GPU: copy-in
   // start to copy-out end, with the ends of copy-in and update in between.

@@ -1,5 +1,6 @@
 #include "planner/plan_format.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -36,8 +37,14 @@ std::string plan_table(const Plan& plan) {
     const std::string buffer = s.buffer == kNoBuffer ? "-" : std::to_string(s.buffer);
     out << printf_string("%8zu  %10s  %-6s  %5zu  %6s  %8.3f  %8.3f\n", i,
                          format_sci(static_cast<double>(s.params)).c_str(),
-                         s.device == Device::gpu ? "GPU" : "CPU", s.position, buffer.c_str(),
-                         s.start_s, s.end_s);
+                         s.device == Device::cpu ? "CPU" : (s.resident ? "GPU*" : "GPU"),
+                         s.position, buffer.c_str(), s.start_s, s.end_s);
+  }
+  const auto resident =
+      static_cast<std::size_t>(std::count_if(plan.subgroups.begin(), plan.subgroups.end(),
+                                             [](const SubgroupPlan& s) { return s.resident; }));
+  if (resident != 0) {
+    out << "(GPU*: resident, its state kept in device memory and updated in place)\n";
   }
   const double total = static_cast<double>(plan.gpu_params + plan.cpu_params);
   out << "\n"
@@ -45,12 +52,17 @@ std::string plan_table(const Plan& plan) {
                        plan.gpu_subgroups(), plan.subgroups.size(),
                        format_sci(static_cast<double>(plan.gpu_params)).c_str(),
                        total > 0 ? 100.0 * static_cast<double>(plan.gpu_params) / total : 0.0);
+  const std::string state =
+      resident != 0 ? " + " + format_gb(static_cast<double>(plan.resident_state_bytes)) +
+                          " of resident state (" + std::to_string(resident) + " subgroup" +
+                          (resident == 1 ? "" : "s") + ")"
+                    : "";
   out << printf_string(
-      "GPU memory       %zu buffer%s of %s + %s of kept gradients = %s of %s "
+      "GPU memory       %zu buffer%s of %s + %s of kept gradients%s = %s of %s "
       "headroom\n",
       plan.buffers, plan.buffers == 1 ? "" : "s",
       format_gb(static_cast<double>(plan.buffer_bytes)).c_str(),
-      format_gb(static_cast<double>(plan.resident_bytes)).c_str(),
+      format_gb(static_cast<double>(plan.resident_bytes)).c_str(), state.c_str(),
       format_gb(static_cast<double>(plan.gpu_bytes())).c_str(),
       format_gb(static_cast<double>(plan.headroom_bytes)).c_str());
   const Prediction& p = plan.predicted;
@@ -69,6 +81,7 @@ std::string plan_json(const Plan& plan) {
   const Prediction& p = plan.predicted;
   out << "{\"optimal\":" << (plan.optimal ? "true" : "false") << ",\"buffers\":" << plan.buffers
       << ",\"buffer_bytes\":" << plan.buffer_bytes << ",\"resident_bytes\":" << plan.resident_bytes
+      << ",\"resident_state_bytes\":" << plan.resident_state_bytes
       << ",\"gpu_bytes\":" << plan.gpu_bytes() << ",\"headroom_bytes\":" << plan.headroom_bytes
       << ",\"gpu_subgroups\":" << plan.gpu_subgroups() << ",\"gpu_params\":" << plan.gpu_params
       << ",\"cpu_params\":" << plan.cpu_params
@@ -85,7 +98,7 @@ std::string plan_json(const Plan& plan) {
     out << (i ? "," : "") << "{\"index\":" << i << ",\"params\":" << s.params
         << ",\"device\":" << json::quote(device_name(s.device)) << ",\"order\":" << s.position;
     if (s.device == Device::gpu) {
-      out << ",\"buffer\":" << s.buffer;
+      out << ",\"buffer\":" << s.buffer << ",\"resident\":" << (s.resident ? "true" : "false");
     }
     out << ",\"start_s\":" << json::number(s.start_s);
     if (s.device == Device::gpu) {

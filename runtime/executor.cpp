@@ -400,105 +400,31 @@ std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t 
   return planner::choose_resident(in);
 }
 
-planner::Plan Executor::plan_around_resident(const planner::Workload& w,
-                                             const std::vector<char>& resident,
-                                             double* steady_phase_s) const {
-  const std::size_t n = state_.size();
-  std::vector<std::size_t> rest;
-  std::vector<ResidentUpdate> residents;
-  std::uint64_t largest = 0, slots = 0, kept = 0;
-  for (std::size_t s = 0; s < n; ++s) {
-    if (resident[s] == 0) {
-      rest.push_back(s);
-      continue;
-    }
+planner::ResidentPlan Executor::plan_around_resident(const planner::Workload& w,
+                                                     const std::vector<char>& resident) const {
+  std::vector<planner::ResidentUpdate> residents;
+  std::uint64_t largest = 0;
+  for (std::size_t s = 0; s < state_.size(); ++s) {
+    if (resident[s] == 0) continue;
     // Its gradient comes over the link unless it was kept on the GPU (a prepared plan's, or a
     // resident subgroup's since the last phase: keep_resident_gradients).
     const bool grad_kept = w.footprint.gradients_on_gpu || offload_->device_gradient(s) != 0;
     residents.push_back({s, !residency_.device_current(s), !grad_kept});
     largest = std::max(largest, state_.params(s));
-    slots += state_.slot_bytes(s);
-    kept += state_.params(s) * state_.grad_bytes();  // its gradient, kept on the GPU
   }
-  const std::uint64_t lane =
+  planner::ResidentLayout layout;
+  layout.slot_bytes = slot_sizes();
+  layout.lane_bytes =
       state_.slot_bytes_for(largest) + largest * (state_.grad_bytes() + state_.param_bytes());
-  const std::uint64_t reserved = slots + kept + lane;
-  std::optional<planner::Plan> transient;
-  if (!rest.empty()) {
-    planner::Workload sub;
-    sub.footprint = w.footprint;
-    sub.headroom_bytes = w.headroom_bytes > reserved ? w.headroom_bytes - reserved : 0;
-    std::vector<char> allowed;
-    for (std::size_t s : rest) {
-      sub.subgroup_params.push_back(state_.params(s));
-      allowed.push_back(state_.pageable(s) ? 0 : 1);
-    }
-    transient = planner::plan_allowed(sub, refiner_.rates(), allowed, options_.planner);
-  }
-  const planner::Plan* planned = transient ? &*transient : nullptr;
-  planner::Plan out = residents_first(w, planned, rest, residents);
-  *steady_phase_s = out.predicted.phase_s;
-  if (std::any_of(residents.begin(), residents.end(), [](const auto& u) { return u.state_in; })) {
-    for (ResidentUpdate& u : residents) u.state_in = false;
-    *steady_phase_s = residents_first(w, planned, rest, residents).predicted.phase_s;
-  }
-  out.buffer_bytes = std::max(out.buffer_bytes, lane);
-  out.resident_state_bytes = slots;
-  out.resident_bytes += kept;  // their gradients, when kept on the GPU
-  return out;
+  layout.gpu_allowed = gpu_allowed();
+  return planner::plan_around_resident(w, refiner_.rates(), layout, std::move(residents),
+                                       options_.planner);
 }
 
-planner::Plan Executor::residents_first(const planner::Workload& w, const planner::Plan* transient,
-                                        const std::vector<std::size_t>& rest,
-                                        const std::vector<ResidentUpdate>& residents) const {
-  const planner::Rates& r = refiner_.rates();
-  planner::Plan out;
-  out.headroom_bytes = w.headroom_bytes;
-  out.subgroups.resize(state_.size());
-  for (std::size_t s = 0; s < state_.size(); ++s) out.subgroups[s].params = state_.params(s);
-  for (const ResidentUpdate& u : residents) out.gpu_order.push_back(u.subgroup);
-  if (transient != nullptr) {
-    for (std::size_t j = 0; j < transient->subgroups.size(); ++j) {
-      out.subgroups[rest[j]] = transient->subgroups[j];
-    }
-    for (std::size_t s : transient->gpu_order) out.gpu_order.push_back(rest[s]);
-    for (std::size_t s : transient->cpu_order) out.cpu_order.push_back(rest[s]);
-    out.buffer_bytes = transient->buffer_bytes;
-    out.buffers = transient->buffers;
-    out.resident_bytes = transient->resident_bytes;
-    out.gpu_params = transient->gpu_params;
-    out.cpu_params = transient->cpu_params;
-    out.predicted = transient->predicted;
-  }
-  out.buffers = std::max<std::size_t>(out.buffers, 1);
-  // The resident subgroups' updates, before the rest: a state not on the device yet and a
-  // gradient not kept there come over the link first, then the kernel.
-  const double gpu_rate = r.gpu_update * w.footprint.gpu_update_scale();
-  double resident_s = 0;
-  for (const ResidentUpdate& u : residents) {
-    const auto params = static_cast<double>(state_.params(u.subgroup));
-    const double state_in_s =
-        u.state_in ? static_cast<double>(state_.slot_bytes(u.subgroup)) / r.h2d : 0.0;
-    const double grad_in_s = u.grad_in ? params * state_.grad_bytes() / r.h2d : 0.0;
-    planner::SubgroupPlan& sub = out.subgroups[u.subgroup];
-    sub.device = planner::Device::gpu;
-    sub.resident = true;
-    sub.start_s = resident_s;
-    sub.h2d_end_s = resident_s + state_in_s + grad_in_s;
-    sub.update_end_s = sub.h2d_end_s + params / gpu_rate;
-    sub.end_s = sub.update_end_s;
-    resident_s = sub.end_s;
-    out.gpu_params += state_.params(u.subgroup);
-  }
-  for (std::size_t j = 0; j < out.gpu_order.size(); ++j) {
-    planner::SubgroupPlan& sub = out.subgroups[out.gpu_order[j]];
-    sub.position = j;
-    sub.buffer = j % out.buffers;
-  }
-  out.predicted.gpu_side_s += resident_s;
-  out.predicted.phase_s = std::max(out.predicted.phase_s, out.predicted.gpu_side_s);
-  out.predicted.all_cpu_s = planner::all_cpu_plan(w, r).predicted.all_cpu_s;
-  return out;
+std::vector<std::uint64_t> Executor::slot_sizes() const {
+  std::vector<std::uint64_t> bytes(state_.size());
+  for (std::size_t s = 0; s < state_.size(); ++s) bytes[s] = state_.slot_bytes(s);
+  return bytes;
 }
 
 std::uint64_t Executor::residency_held(std::uint64_t headroom_bytes) {
@@ -657,9 +583,8 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
         // left 41 on the CPU, 1.21x slower than without).
         // Decided on the steady state (a join is paid once); the plan says what this phase
         // costs, the joining states' copies in included.
-        double steady_s = 0;
-        planner::Plan with = plan_around_resident(w, resident, &steady_s);
-        if (steady_s <= chosen->predicted.phase_s) return with;
+        planner::ResidentPlan with = plan_around_resident(w, resident);
+        if (planner::prefer_resident(with, *chosen)) return std::move(with.plan);
       }
       break;
     }

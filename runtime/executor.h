@@ -86,6 +86,7 @@
 #include "planner/plan.h"
 #include "planner/planner.h"
 #include "planner/refine.h"
+#include "planner/resident_plan.h"
 #include "runtime/buffer_pool.h"
 #include "runtime/frozen_slices.h"
 #include "runtime/gradient_offload.h"
@@ -320,25 +321,12 @@ class Executor {
   // `held_bytes`: what may be held through a whole iteration, for resident subgroups (0: none).
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu,
                           std::uint64_t held_bytes = 0) const;
-  // The plan of the subgroups `resident` does not mark within `headroom_bytes`, with the resident
-  // ones first on the GPU, their states not on the device yet (joining, or their pinned slots
-  // written since) copied in first, as the phase does; `steady_phase_s`: its phase without those
-  // copies (a join is paid once).
-  planner::Plan plan_around_resident(const planner::Workload& w, const std::vector<char>& resident,
-                                     double* steady_phase_s) const;
-  // A resident subgroup's update in a phase: whether its state and its gradient (not kept on the
-  // GPU) cross the link before its kernel.
-  struct ResidentUpdate {
-    std::size_t subgroup = 0;
-    bool state_in = false;
-    bool grad_in = false;
-  };
-  // The plan of every subgroup of `w`: `transient`, the plan of the subgroups `rest` alone (null:
-  // none), after `residents`, updated first on the GPU one after another (their copies in and
-  // kernels lengthen the GPU side).
-  planner::Plan residents_first(const planner::Workload& w, const planner::Plan* transient,
-                                const std::vector<std::size_t>& rest,
-                                const std::vector<ResidentUpdate>& residents) const;
+  // The plan around the subgroups `resident` marks (planner/resident_plan.h): their states not
+  // on the device yet (joining, or their pinned slots written since) and gradients not kept
+  // there are copied in first, as the phase does.
+  planner::ResidentPlan plan_around_resident(const planner::Workload& w,
+                                             const std::vector<char>& resident) const;
+  std::vector<std::uint64_t> slot_sizes() const;  // by subgroup: its state slot's bytes
   std::vector<char> choose_resident(const Policy& policy, std::uint64_t held_bytes) const;
   std::uint64_t resident_working_bytes() const;
   // By subgroup, whether it may be updated on the GPU (not when its state is pageable); empty:

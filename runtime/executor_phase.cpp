@@ -1149,7 +1149,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   // none in unless it joined), so that each CPU subgroup is timed against the GPU side it ran
   // beside (planner/refine.h).
   std::vector<std::size_t> rest, ran;
-  std::vector<ResidentUpdate> resident_ran;
+  std::vector<planner::ResidentUpdate> resident_ran;
   std::vector<char> is_resident(state_.size(), 0);
   for (const GpuTask& t : phase.committed) {
     if (t.resident) {
@@ -1177,7 +1177,8 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
                             : evaluate(w, refiner_.rates(), planner::Placement{ran, buffers_used});
   }
   w.subgroup_params = state_.sizes();
-  report.ran = residents_first(w, transient ? &*transient : nullptr, rest, resident_ran);
+  report.ran = planner::residents_first(w, refiner_.rates(), slot_sizes(),
+                                        transient ? &*transient : nullptr, rest, resident_ran);
   if (resident_ran.empty() && transient) report.ran.buffers = transient->buffers;
   report.ran.headroom_bytes = report.planned.headroom_bytes;
 

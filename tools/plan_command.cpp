@@ -20,6 +20,7 @@
 #include "planner/rate_sources.h"
 #include "planner/units.h"
 #include "tools/command.h"
+#include "tools/plan_residency.h"
 
 namespace tide::tools {
 namespace {
@@ -42,6 +43,12 @@ workload:
   --free-memory SIZE       GPU memory free in the update phase, per rank: a size (48GB, 40GiB)
                            or a percentage of --gpu-memory (60%)
   --gpu-memory SIZE        the GPU's memory (shown, and the base of a percentage)
+  --held-memory SIZE       GPU memory free through the whole iteration, forward and backward
+                           included, per rank (a size, or a percentage of --gpu-memory; at
+                           most --free-memory): placement auto keeps the state of as many
+                           subgroups resident in it as fit (TIDE_RESIDENCY), and the plan is
+                           made around them where the model predicts it no slower (default:
+                           none resident)
   --gradients gpu|host     where GPU subgroups' gradients are: kept on the GPU (default; memory)
                            or in pinned host memory (copied in with the state)
   --gradient-bytes N       bytes per gradient element (default 2, bf16)
@@ -330,13 +337,15 @@ struct NodeFigures {
 }  // namespace
 
 int plan_command(int argc, char** argv) {
-  std::vector<std::string_view> with_value = {
-      "--params",           "--ranks",       "--subgroup-params",
-      "--free-memory",      "--gpu-memory",  "--gradients",
-      "--gradient-bytes",   "--state-bytes", "--max-buffers",
-      "--calibration",      "--max-k",       "--forward-seconds",
-      "--backward-seconds", "--layers",      "--gradient-offload",
-      "--state-dtype",      "--master-dtype"};
+  std::vector<std::string_view> with_value = {"--params",          "--ranks",
+                                              "--subgroup-params", "--free-memory",
+                                              "--gpu-memory",      "--gradients",
+                                              "--held-memory",     "--gradient-bytes",
+                                              "--state-bytes",     "--max-buffers",
+                                              "--calibration",     "--max-k",
+                                              "--forward-seconds", "--backward-seconds",
+                                              "--layers",          "--gradient-offload",
+                                              "--state-dtype",     "--master-dtype"};
   for (const RateInfo& info : rate_infos()) with_value.push_back(info.flag);
   with_value.push_back("--ranks-per-node");
   const Arguments args(argc, argv, with_value, {"--json", "--help", "-h"});
@@ -372,6 +381,15 @@ int plan_command(int argc, char** argv) {
   // The slowest rank sets the phase: plan for the one with the most parameters.
   setting.params_per_rank = (setting.params + setting.ranks - 1) / setting.ranks;
 
+  // A size, or a percentage of --gpu-memory.
+  auto memory = [&](const std::string& flag, const std::string& value) -> std::uint64_t {
+    if (!value.ends_with('%')) return config::parse_bytes(flag, value);
+    const double percent =
+        config::parse_double(flag, std::string_view(value).substr(0, value.size() - 1), 0, 100);
+    if (setting.gpu_memory == 0)
+      throw std::invalid_argument(flag + " " + value + " needs --gpu-memory");
+    return static_cast<std::uint64_t>(static_cast<double>(setting.gpu_memory) * percent / 100.0);
+  };
   Workload workload;
   const auto free_memory = args.get("--free-memory");
   if (!free_memory) {
@@ -379,20 +397,19 @@ int plan_command(int argc, char** argv) {
         "--free-memory is required: the GPU memory free in the update phase, per rank (e.g. "
         "--free-memory 48GB, or --gpu-memory 80GB --free-memory 60%)");
   }
-  if (free_memory->ends_with('%')) {
-    const double percent = config::parse_double(
-        "--free-memory", std::string_view(*free_memory).substr(0, free_memory->size() - 1), 0, 100);
-    if (setting.gpu_memory == 0) {
-      throw std::invalid_argument("--free-memory " + *free_memory + " needs --gpu-memory");
-    }
-    workload.headroom_bytes =
-        static_cast<std::uint64_t>(static_cast<double>(setting.gpu_memory) * percent / 100.0);
-  } else {
-    workload.headroom_bytes = config::parse_bytes("--free-memory", *free_memory);
-  }
+  workload.headroom_bytes = memory("--free-memory", *free_memory);
   if (setting.gpu_memory != 0 && workload.headroom_bytes > setting.gpu_memory) {
     throw std::invalid_argument("--free-memory " + *free_memory + " is more than --gpu-memory " +
                                 *args.get("--gpu-memory"));
+  }
+  std::optional<std::uint64_t> held_memory;
+  if (auto v = args.get("--held-memory")) {
+    held_memory = memory("--held-memory", *v);
+    // What stays free through the whole iteration is free in its update phase too.
+    if (*held_memory > workload.headroom_bytes) {
+      throw std::invalid_argument("--held-memory " + *v + " is more than --free-memory " +
+                                  *free_memory);
+    }
   }
   if (auto v = args.get("--gradients")) {
     workload.footprint.gradients_on_gpu =
@@ -499,7 +516,13 @@ int plan_command(int argc, char** argv) {
   // The calibration's factor for the state format, if it measured it: it scales whatever fp32
   // CPU rate the sources above gave.
   workload.footprint.calibrate_cpu(resolved.cpu_update_factors());
-  const Plan best = plan(workload, resolved.rates, options);
+  const Plan planned = plan(workload, resolved.rates, options);
+  std::optional<PlanResidency> residency;
+  if (held_memory) {
+    residency = plan_residency(workload, resolved.rates, *held_memory, planned, options);
+  }
+  // The plan placement auto runs: around the resident subgroups where the model prefers them.
+  const Plan best = residency && residency->chosen ? *residency->steady : planned;
   const std::size_t n = workload.subgroup_params.size();
   std::vector<std::pair<std::size_t, std::optional<Plan>>> fixed;
   for (std::size_t k = 1; k <= std::min(setting.max_k, n); ++k) {
@@ -520,6 +543,7 @@ int plan_command(int argc, char** argv) {
                       ",\"headroom_bytes\":" + std::to_string(workload.headroom_bytes);
     if (setting.gpu_memory != 0)
       out += ",\"gpu_memory_bytes\":" + std::to_string(setting.gpu_memory);
+    if (held_memory) out += ",\"held_bytes\":" + std::to_string(*held_memory);
     out +=
         ",\"state_bytes_per_param\":" + std::to_string(workload.footprint.state_bytes_per_param) +
         ",\"h2d_bytes_per_param\":" + std::to_string(workload.footprint.h2d_bytes_per_param()) +
@@ -536,6 +560,7 @@ int plan_command(int argc, char** argv) {
         ",\"gpu_update_scale\":" + json::number(workload.footprint.gpu_update_scale()) + "}";
     out += ",\"rates\":" + rates_json(resolved, workload.footprint);
     out += ",\"plan\":" + plan_json(best);
+    if (residency) out += ",\"residency\":" + residency->json();
     out += ",\"fixed_k\":[";
     for (std::size_t i = 0; i < fixed.size(); ++i) {
       const auto& [k, p] = fixed[i];
@@ -568,6 +593,10 @@ int plan_command(int argc, char** argv) {
               setting.gpu_memory ? " (of " : "",
               setting.gpu_memory ? format_gb(static_cast<double>(setting.gpu_memory)).c_str() : "",
               setting.gpu_memory ? ")" : "");
+  if (held_memory) {
+    std::printf("held             %s per rank free through the whole iteration (resident state)\n",
+                format_gb(static_cast<double>(*held_memory)).c_str());
+  }
   if (workload.footprint.state_bytes_on_gpu != 0) {
     std::printf(
         "per parameter    %u state bytes (bf16 master weights and compensation, moments): "
@@ -605,6 +634,7 @@ int plan_command(int argc, char** argv) {
   std::printf("\n");
   print_rates(resolved, workload.footprint);
   std::printf("\n%s", plan_table(best).c_str());
+  if (residency) std::printf("%s", residency->lines().c_str());
   if (iteration) std::printf("%s", iteration->line().c_str());
   std::printf("%s", node.lines().c_str());
   std::printf("\none GPU subgroup every K (same model; published rule for these rates: K = %zu)\n",
