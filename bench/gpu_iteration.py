@@ -461,6 +461,24 @@ def host_memory_gbps(torch, nbytes: int = BANDWIDTH_BYTES) -> float:
         torch.set_num_threads(threads)
 
 
+def membw_gbps(smoke: bool) -> dict:
+    """tide_membw on every core (bench/membw.cpp): the in-place update pass, which has no
+    write-allocate traffic as Adam's buffers have none (the ceiling a CPU update reaches; a copy
+    reads the line it writes first, so its figure counts a third of its traffic less), and the
+    Adam access pattern's. Empty when the build has no tide_membw."""
+    membw = REPO / "build" / "bin" / "tide_membw"
+    if not membw.is_file():
+        return {}
+    argv = [str(membw), "--threads", str(len(os.sched_getaffinity(0)))]
+    argv += ["--mib", "16", "--reps", "2"] if smoke else ["--mib", "512", "--reps", "5"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        return {"host_memory_membw_error": done.stderr.strip()[-200:]}
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"host_memory_update_gbps": line["update_gbps"],
+            "host_memory_adam_gbps": line["adam_gbps"]}
+
+
 def run_case(torch, tt, case: dict, args, device: str) -> dict:
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -753,7 +771,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     machine["gpu"] = None if args.device == "cuda" else "none (--device cpu rehearsal)"
     bandwidth = {"host_memory_gbps": host_memory_gbps(
-        torch, BANDWIDTH_BYTES if args.device == "cuda" else BANDWIDTH_BYTES >> 4)}
+        torch, BANDWIDTH_BYTES if args.device == "cuda" else BANDWIDTH_BYTES >> 4),
+        **membw_gbps(smoke=args.device != "cuda")}
     wanted = {c for c in args.cases.split(",") if c}
     records: list[dict] = []
     total_bytes = None

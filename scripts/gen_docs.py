@@ -625,6 +625,10 @@ def _gpu_iteration_provenance(run: dict, summary: dict) -> str:
     bw = [f"host memory bandwidth {_fmt(summary['host_memory_gbps'])} GB/s (copy, read + written)"
           if isinstance(summary.get("host_memory_gbps"), (int, float)) else
           "host memory bandwidth not measured"]
+    if isinstance(summary.get("host_memory_update_gbps"), (int, float)):
+        bw.append(f"{_fmt(summary['host_memory_update_gbps'])} GB/s updated in place, "
+                  f"{_fmt(summary.get('host_memory_adam_gbps'))} GB/s in Adam's pattern "
+                  "(tide\\_membw)")
     if isinstance(summary.get("device_memory_gbps"), (int, float)):
         bw.append(f"device memory bandwidth {_fmt(summary['device_memory_gbps'])} GB/s "
                   "(copy, read + written)")

@@ -193,6 +193,23 @@ def test_gpu_iteration_bandwidth_with_both_directions_at_once(gen_docs, tmp_path
             in section)
 
 
+def test_gpu_iteration_host_memory_in_place_beside_the_copy(gen_docs, tmp_path):
+    """tide_membw's in-place and Adam-pattern figures, when the bandwidth line has them, beside
+    the copy's (which counts no write-allocate traffic); without them, the copy's alone."""
+    report = json.loads(FIXTURE.read_text())
+    (tmp_path / "gpu-check-synthetic.json").write_text(json.dumps(report))
+    section = gen_docs.gen_results(tmp_path).split("## Whole iterations on a real GPU", 1)[1]
+    assert "(copy, read + written)" in section and "tide\\_membw" not in section
+    for step in report["steps"]:
+        for line in step.get("figures", {}).get("lines", []):
+            if line.get("case") == "bandwidth":
+                line.update({"host_memory_update_gbps": 95.5, "host_memory_adam_gbps": 88.0})
+    (tmp_path / "gpu-check-synthetic.json").write_text(json.dumps(report))
+    section = gen_docs.gen_results(tmp_path).split("## Whole iterations on a real GPU", 1)[1]
+    assert ("(copy, read + written); 95.5 GB/s updated in place, 88 GB/s in Adam's pattern "
+            "(tide\\_membw)" in section)
+
+
 def test_gpu_iteration_device_memory_bandwidth_and_bounds(gen_docs, tmp_path):
     """The device memory's bandwidth beside the others, and the update phases over the time
     their bytes take at it (the synthetic fixture, with made-up figures added); a bound that is

@@ -203,6 +203,9 @@ def test_the_flow_rehearsed_on_the_cpu():
     assert list(by) == ["bandwidth", "torch_gpu", "torch_offload", "tide_auto",
                         "capped_tide_auto", "summary"]
     assert by["bandwidth"]["host_memory_gbps"] > 0
+    # tide_membw's in-place pass and Adam's pattern beside the copy.
+    assert by["bandwidth"]["host_memory_update_gbps"] > 0
+    assert by["bandwidth"]["host_memory_adam_gbps"] > 0
     for case in ("torch_gpu", "torch_offload", "tide_auto"):
         assert by[case]["iteration_s"] > 0 and len(by[case]["losses"]) == 2
         # Each step's parts, the warm-up step marked, and (tide) what was resident after it.
