@@ -570,6 +570,10 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
         record["allocator"] = {k: after[k] - counters.get(k, 0) for k in after}
         if case["impl"] == "tide":
             record["telemetry"] = allocator_telemetry(tt)
+    if case["impl"] == "tide":
+        # The model's rates after the run, refined by its steps: `tide plan` with them (and
+        # --held-memory from the telemetry's forecast) replays the plan this case ran.
+        record["rates"] = opt.rates
     del model, opt
     return record
 

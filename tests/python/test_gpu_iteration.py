@@ -215,6 +215,10 @@ def test_the_flow_rehearsed_on_the_cpu():
         assert step["forward_backward_ms"] > step["forward_ms"] > 0 and step["update_ms"] > 0
         tide = case == "tide_auto"
         assert ("resident_subgroups" in step) == tide
+        # tide's refined rates after the run, one dict per bucket.
+        assert ("rates" in by[case]) == tide
+        if tide:
+            assert by[case]["rates"][0]["cpu_update"] > 0
         assert ("gradients_offloaded_in_backward" in step) == tide
         if tide:  # the tiny model's gradients go to the host in backward or at step()
             assert step["gradients_offloaded_at_step"] + step["gradients_offloaded_in_backward"] > 0

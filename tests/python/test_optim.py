@@ -556,6 +556,24 @@ def test_last_plan_names_the_placement_in_force(monkeypatch, placement, knob, ex
         assert plan["gpu_subgroups"] == math.ceil(len(plan["devices"]) / expected)
 
 
+def test_rates_are_what_the_next_plan_uses_refined_by_the_steps():
+    """opt.rates: per bucket, the performance model's rates. Steps on the CPU measure its update
+    rate, which moves from where it started (built-in or calibrated); nothing measures the copies,
+    whose rates stay."""
+    model = make_model()
+    opt = tt.AdamW(model.parameters(), subgroup_size=3000, placement="cpu")
+    before = opt.rates
+    assert len(before) == 1
+    assert set(before[0]) == {"cpu_update", "cpu_update_contended", "h2d", "d2h", "h2d_duplex",
+                              "d2h_duplex", "gpu_update"}
+    assert all(v > 0 for v in before[0].values())
+    train(model, opt, batches(2))
+    after = opt.rates[0]
+    assert after["cpu_update"] != before[0]["cpu_update"]
+    copies = ("h2d", "d2h", "h2d_duplex", "d2h_duplex", "gpu_update")
+    assert {k: after[k] for k in copies} == {k: before[0][k] for k in copies}
+
+
 def test_bad_arguments_and_knobs_are_clear_errors(monkeypatch):
     params = make_model().parameters
     with pytest.raises(ValueError, match="amsgrad"):

@@ -662,6 +662,13 @@ class AdamW(torch.optim.Optimizer):
         """The last step's placement and times (see `stats`), or None before the first step."""
         return self.stats[-1] if self.stats else None
 
+    @property
+    def rates(self) -> list[dict[str, float]]:
+        """The performance model's rates each bucket's next plan uses, refined by the phases so
+        far: params/s for the updates, bytes/s for the copies (`tide plan` takes them as
+        --cpu-update ... and --h2d-gbps ... in GB/s). One dict per bucket, in order."""
+        return [b.executor.rates() for b in self._buckets]
+
     def node_summary(self) -> dict[str, Any]:
         """Under torch.distributed: every rank's last plan (this rank's is `last_plan`), with
         totals per node (ranks on one host) and for the job, gathered with one
