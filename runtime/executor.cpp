@@ -374,8 +374,12 @@ void Executor::relax_pressure() {
 std::uint64_t Executor::resident_working_bytes() const {
   std::uint64_t largest = 0;
   for (std::size_t s = 0; s < state_.size(); ++s) largest = std::max(largest, state_.params(s));
+  return lane_bytes_for(largest);
+}
+
+std::uint64_t Executor::lane_bytes_for(std::uint64_t params) const {
   // While one is updated: its lane (state area, gradient, weights).
-  return state_.slot_bytes_for(largest) + largest * (state_.grad_bytes() + state_.param_bytes());
+  return state_.slot_bytes_for(params) + params * (state_.grad_bytes() + state_.param_bytes());
 }
 
 std::vector<char> Executor::choose_resident(const Policy& policy, std::uint64_t held_bytes) const {
@@ -414,8 +418,7 @@ planner::ResidentPlan Executor::plan_around_resident(const planner::Workload& w,
   }
   planner::ResidentLayout layout;
   layout.slot_bytes = slot_sizes();
-  layout.lane_bytes =
-      state_.slot_bytes_for(largest) + largest * (state_.grad_bytes() + state_.param_bytes());
+  layout.lane_bytes = lane_bytes_for(largest);
   layout.gpu_allowed = gpu_allowed();
   return planner::plan_around_resident(w, refiner_.rates(), layout, std::move(residents),
                                        options_.planner);

@@ -329,6 +329,8 @@ class Executor {
   std::vector<std::uint64_t> slot_sizes() const;  // by subgroup: its state slot's bytes
   std::vector<char> choose_resident(const Policy& policy, std::uint64_t held_bytes) const;
   std::uint64_t resident_working_bytes() const;
+  // The lane a resident subgroup of `params` parameters is updated through.
+  std::uint64_t lane_bytes_for(std::uint64_t params) const;
   // By subgroup, whether it may be updated on the GPU (not when its state is pageable); empty:
   // all may.
   std::vector<char> gpu_allowed() const;

@@ -23,20 +23,20 @@ PlanResidency plan_residency(const Workload& w, const Rates& rates, std::uint64_
   out.without_phase_s = without.predicted.phase_s;
   // As the executor counts them (runtime/executor.cpp): a subgroup's state slot and its
   // gradient, kept on the GPU between phases; a lane for the largest while one is updated.
+  auto slot_of = [&](std::uint64_t params) {
+    return static_cast<std::uint64_t>(
+        std::ceil(static_cast<double>(params) * f.state_copy_bytes_per_param()));
+  };
   ResidentLayout layout;
   ResidencyInput in;
   std::uint64_t largest = 0;
   for (std::uint64_t p : w.subgroup_params) {
-    const auto slot = static_cast<std::uint64_t>(
-        std::ceil(static_cast<double>(p) * f.state_copy_bytes_per_param()));
-    layout.slot_bytes.push_back(slot);
-    in.slot_bytes.push_back(slot + p * f.gradient_bytes_per_param);
+    layout.slot_bytes.push_back(slot_of(p));
+    in.slot_bytes.push_back(slot_of(p) + p * f.gradient_bytes_per_param);
     largest = std::max(largest, p);
   }
-  const std::uint64_t largest_slot = static_cast<std::uint64_t>(
-      std::ceil(static_cast<double>(largest) * f.state_copy_bytes_per_param()));
-  layout.lane_bytes = largest_slot + largest * (std::uint64_t{f.gradient_bytes_per_param} +
-                                                f.weight_bytes_per_param);
+  layout.lane_bytes = slot_of(largest) + largest * (std::uint64_t{f.gradient_bytes_per_param} +
+                                                    f.weight_bytes_per_param);
   in.held_bytes = std::min(held_bytes, w.headroom_bytes);
   in.working_bytes = layout.lane_bytes;
   in.allowed.assign(n, 1);

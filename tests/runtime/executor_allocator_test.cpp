@@ -13,10 +13,9 @@ constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
 constexpr std::size_t kSubgroups = 6;
 constexpr std::uint64_t kParams = 256 * 1024;  // a buffer: 14 bytes per parameter, 3.5 MiB
 
-struct ExecutorAllocatorTest : ::testing::Test {
+struct ExecutorAllocatorTest : AllocatorDeviceTest {
   void SetUp() override {
     // 64 MiB of device memory; the model's parameters and gradients take 6 MiB.
-    capacity = standin.capacity();
     standin.set_capacity(64 * kMiB);
     model = std::make_unique<Model>(std::vector<std::uint64_t>(kSubgroups, kParams), 3);
     allocator = &allocator::device::device_allocator(0);
@@ -30,17 +29,6 @@ struct ExecutorAllocatorTest : ::testing::Test {
     allocator->deallocate(small, 4096, nullptr);
     ASSERT_LT(driver::memory_info().free_bytes, 14 * kParams);
   }
-  void TearDown() override {
-    model.reset();
-    allocator->empty_cache();
-    standin.set_capacity(capacity);
-  }
-
-  const driver::CurrentContext context;
-  allocator::testing::DeviceStandin standin;
-  std::unique_ptr<Model> model;
-  allocator::device::CachingAllocator* allocator = nullptr;
-  std::uint64_t capacity = 0;
 };
 
 TEST_F(ExecutorAllocatorTest, BuffersComeFromTheAllocatorsCache) {
@@ -165,9 +153,8 @@ namespace {
 // Resident state under tide's allocator, 64 MiB of device memory: the model takes 6 MiB, and
 // iterations whose passes peaked at 16 MiB of activations make the held headroom forecast (what
 // may be held through an iteration) room for the whole state, 18 MiB.
-struct ExecutorAllocatorResidency : ::testing::Test {
+struct ExecutorAllocatorResidency : AllocatorDeviceTest {
   void SetUp() override {
-    capacity = standin.capacity();
     standin.set_capacity(64 * kMiB);
     model = std::make_unique<Model>(std::vector<std::uint64_t>(kSubgroups, kParams), 3);
     allocator = &allocator::device::device_allocator(0);
@@ -186,11 +173,6 @@ struct ExecutorAllocatorResidency : ::testing::Test {
     options.rates = test_rates();
     options.refine = false;
     options.residency = true;
-  }
-  void TearDown() override {
-    model.reset();
-    allocator->empty_cache();
-    standin.set_capacity(capacity);
   }
 
   // One marked iteration: a forward pass whose freed blocks cannot serve what it asks next (20
@@ -221,12 +203,7 @@ struct ExecutorAllocatorResidency : ::testing::Test {
     allocator->mark(Mark::kIterationEnd);
   }
 
-  const driver::CurrentContext context;
-  allocator::testing::DeviceStandin standin;
-  std::unique_ptr<Model> model;
-  allocator::device::CachingAllocator* allocator = nullptr;
   ExecutorOptions options;
-  std::uint64_t capacity = 0;
 };
 
 // An allocation that would fail because of resident state takes it back home first (the

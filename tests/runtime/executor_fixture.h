@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "allocator/device/caching_allocator.h"
 #include "allocator/memory_resource.h"
 #include "driver/context.h"
 #include "driver/memory.h"
@@ -227,6 +228,22 @@ inline void expect_matches(const Model& model, const Reference& ref) {
     ASSERT_EQ(model.device_params(i), ref.copy[i]) << "device weights " << i;
   }
 }
+
+// The executor under tide's allocator on the stand-in device, whose capacity the test sets: at
+// its end the model goes, the allocator's cache is emptied and the capacity restored.
+struct AllocatorDeviceTest : ::testing::Test {
+  void TearDown() override {
+    model.reset();
+    if (allocator != nullptr) allocator->empty_cache();
+    standin.set_capacity(capacity);
+  }
+
+  const driver::CurrentContext context;
+  allocator::testing::DeviceStandin standin;
+  std::unique_ptr<Model> model;
+  allocator::device::CachingAllocator* allocator = nullptr;
+  const std::uint64_t capacity = standin.capacity();
+};
 
 inline kernels::AdamHyper hyper(int step) {
   kernels::AdamHyper h;

@@ -67,14 +67,7 @@ struct ResidencyRun {
   }
 };
 
-struct TraceResidency : ::testing::Test {
-  void SetUp() override { capacity = standin.capacity(); }
-  void TearDown() override {
-    model.reset();
-    if (allocator != nullptr) allocator->empty_cache();
-    standin.set_capacity(capacity);
-  }
-
+struct TraceResidency : AllocatorDeviceTest {
   // kIterations of a small transformer's trace, each iteration's sequence length varied by up to
   // `size_jitter`, with the executor's automatic phase at each update mark (the trace's own
   // update allocations, a fused optimizer's temporaries, are left out).
@@ -145,12 +138,6 @@ struct TraceResidency : ::testing::Test {
     executor.sync_state(false);
     expect_matches(*model, ref);
   }
-
-  const driver::CurrentContext context;
-  allocator::testing::DeviceStandin standin;
-  std::unique_ptr<Model> model;
-  allocator::device::CachingAllocator* allocator = nullptr;
-  std::uint64_t capacity = 0;
 };
 
 // Fixed shapes: the first phases find less room than the forecast of one iteration said, and the
