@@ -52,9 +52,15 @@ ResidentPlan plan_around_resident(const Workload& w, const Rates& rates,
                                   std::vector<ResidentUpdate> residents,
                                   const PlannerOptions& options);
 
-// Residency where the model predicts its steady phase no slower than the plan without it.
-inline bool prefer_resident(const ResidentPlan& with, const Plan& without) {
-  return with.steady_phase_s <= without.predicted.phase_s;
+// Residency where the model predicts its steady phase no slower than the plan without it; while
+// state is resident already (`resident_now`), until the plan without it is faster by more than
+// `hysteresis` (a fraction of its phase). Rates refined every step wobble: near a tie, a choice
+// without the band would send the states home and copy them back in on alternate steps, paying a
+// join each time.
+inline bool prefer_resident(const ResidentPlan& with, const Plan& without, bool resident_now,
+                            double hysteresis) {
+  const double margin = resident_now ? 1.0 + hysteresis : 1.0;
+  return with.steady_phase_s <= without.predicted.phase_s * margin;
 }
 
 }  // namespace tide::planner

@@ -587,7 +587,10 @@ planner::Plan Executor::plan_with(const Policy& policy, std::uint64_t headroom_b
         // Decided on the steady state (a join is paid once); the plan says what this phase
         // costs, the joining states' copies in included.
         planner::ResidentPlan with = plan_around_resident(w, resident);
-        if (planner::prefer_resident(with, *chosen)) return std::move(with.plan);
+        if (planner::prefer_resident(with, *chosen, residency_.count() > 0,
+                                     options_.residency_hysteresis)) {
+          return std::move(with.plan);
+        }
       }
       break;
     }

@@ -157,6 +157,8 @@ struct ExecutorOptions {
   // memory that can be held through a whole iteration allows (runtime/residency.h,
   // planner/residency.h). Off here by default; the C ABI takes it from TIDE_RESIDENCY.
   bool residency = false;
+  // The band both residency choices keep: the set (planner::ResidencyInput::hysteresis) and
+  // residency against none (planner::prefer_resident).
   double residency_hysteresis = 0.05;
   // A GPU subgroup's copies and update go in chunks of this many parameters (a multiple of
   // kernels::kQuantBlock): a chunk's update starts once its copy-in is done and its copy-out once

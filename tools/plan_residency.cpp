@@ -57,7 +57,7 @@ PlanResidency plan_residency(const Workload& w, const Rates& rates, std::uint64_
   out.steady = r.plan;
   out.first_phase_s =
       plan_around_resident(w, rates, layout, joining, options).plan.predicted.phase_s;
-  out.chosen = prefer_resident(r, without);
+  out.chosen = prefer_resident(r, without, false, 0.0);  // the first choice: nothing resident yet
   return out;
 }
 

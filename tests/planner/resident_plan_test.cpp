@@ -125,7 +125,7 @@ TEST(ResidentPlan, ResidencyIsPreferredOnlyWhereItsSteadyPhaseIsNoSlower) {
   std::vector<ResidentUpdate> all;
   for (std::size_t s = 0; s < 10; ++s) all.push_back({s, true, false});
   const ResidentPlan everything = plan_around_resident(roomy, rates(), l, all, {});
-  EXPECT_TRUE(prefer_resident(everything, plan_allowed(roomy, rates(), {})));
+  EXPECT_TRUE(prefer_resident(everything, plan_allowed(roomy, rates(), {}), false, 0.05));
   // Room for two lanes: one resident subgroup takes it, and the other nine go to the CPU
   // (0.9 s), where two lanes copy some in beside the CPU's.
   const Workload two_lanes = workload(10, 2 * l.lane_bytes);
@@ -133,7 +133,22 @@ TEST(ResidentPlan, ResidencyIsPreferredOnlyWhereItsSteadyPhaseIsNoSlower) {
   const Plan without = plan_allowed(two_lanes, rates(), {});
   EXPECT_NEAR(one.steady_phase_s, 0.9, 1e-9);
   EXPECT_LT(without.predicted.phase_s, 0.9);
-  EXPECT_FALSE(prefer_resident(one, without));
+  EXPECT_FALSE(prefer_resident(one, without, false, 0.05));
+}
+
+TEST(ResidentPlan, ResidencyStaysUntilThePlanWithoutItIsFasterByMoreThanTheBand) {
+  Plan without;
+  without.predicted.phase_s = 1.0;
+  ResidentPlan with;
+  with.steady_phase_s = 1.04;  // 4% slower than without: inside a 5% band
+  EXPECT_FALSE(prefer_resident(with, without, false, 0.05));  // nothing resident: not joined
+  EXPECT_TRUE(prefer_resident(with, without, true, 0.05));    // resident: stays
+  with.steady_phase_s = 1.06;                                 // past the band: leaves
+  EXPECT_FALSE(prefer_resident(with, without, true, 0.05));
+  EXPECT_FALSE(prefer_resident(with, without, true, 0.0));
+  with.steady_phase_s = 1.0;  // a tie joins and stays
+  EXPECT_TRUE(prefer_resident(with, without, false, 0.0));
+  EXPECT_TRUE(prefer_resident(with, without, true, 0.0));
 }
 
 TEST(ResidentPlan, SubgroupsThatMayNotGoToTheGpuStayOnTheCpu) {
