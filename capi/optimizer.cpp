@@ -1,6 +1,7 @@
 // The executor's part of the C ABI (include/tide/tide.h, "executor"): the offloading optimizer's
 // state, gradient offload and update phase, for the Python layer.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <iterator>
@@ -141,6 +142,15 @@ CpuUpdateFactors factors_from_c(const tide_cpu_update_factors& given_by_caller) 
     out.contended[static_cast<std::size_t>(f.format)] = f.contended;
   }
   return out;
+}
+
+// A host memory rate the caller gave: bytes/s within what TIDE_RATE_HOST_MEMORY_GBPS takes.
+double host_memory_rate(double bytes_per_s, const char* field) {
+  require(std::isfinite(bytes_per_s) && bytes_per_s >= 1e6 && bytes_per_s <= 1e14,
+          std::string("tide_optimizer_create: ") + field +
+              " must be 0 (the built-in rate) or bytes/s from 1e6 to 1e14, not " +
+              std::to_string(bytes_per_s));
+  return bytes_per_s;
 }
 
 tide_optimizer_options default_options() {
@@ -297,7 +307,16 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     const StateOptions so = state_options_from_c(o);
     ExecutorOptions eo;
     eo.device = o.device;
-    if (o.use_rates) eo.rates = rates_from_c(o.rates);
+    if (o.use_rates) {
+      eo.rates = rates_from_c(o.rates);
+      if (o.host_memory_rate != 0) {
+        eo.rates->host_memory = host_memory_rate(o.host_memory_rate, "host_memory_rate");
+      }
+      if (o.host_memory_contended_rate != 0) {
+        eo.rates->host_memory_contended =
+            host_memory_rate(o.host_memory_contended_rate, "host_memory_contended_rate");
+      }
+    }
     eo.gradients_on_gpu = o.gradients_on_gpu != 0;
     eo.residency = tide::runtime::residency_from_env();
     eo.gpu_chunk_params = tide::runtime::gpu_chunk_from_env();
@@ -601,6 +620,16 @@ TIDE_API tide_status tide_optimizer_rates(const tide_optimizer* optimizer, tide_
     const Rates& r = o.executor->rates();
     *rates = tide_rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
                         r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
+  });
+}
+
+TIDE_API tide_status tide_optimizer_host_memory_rates(const tide_optimizer* optimizer,
+                                                      tide_host_memory_rates* rates) {
+  return tide::capi::guard([&] {
+    const tide_optimizer& o = checked(optimizer);
+    require(rates != nullptr, "tide_optimizer_host_memory_rates: null output pointer");
+    tide::capi::write_versioned(rates, tide::capi::host_memory_rates_to_c(o.executor->rates()),
+                                "tide_host_memory_rates");
   });
 }
 

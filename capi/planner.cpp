@@ -18,7 +18,8 @@ namespace tide::capi {
 using planner::Rates;
 
 Rates rates_from_c(const tide_rates& r) {
-  // tide_rates (a fixed ABI) has no host memory rates: the built-in ones stand in (Rates').
+  // tide_rates (a plain record) has no host memory rates: the built-in ones stand in (Rates');
+  // tide_optimizer_options gives them beside it.
   return Rates{r.cpu_update, r.cpu_update_contended, r.h2d,       r.d2h,
                r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
 }
@@ -40,10 +41,16 @@ tide_rates rates_to_c(const Rates& r) {
                     r.h2d_duplex, r.d2h_duplex,           r.gpu_update};
 }
 
+tide_host_memory_rates host_memory_rates_to_c(const Rates& r) {
+  return tide_host_memory_rates{sizeof(tide_host_memory_rates), r.host_memory,
+                                r.host_memory_contended};
+}
+
 }  // namespace tide::capi
 
 namespace {
 
+using tide::capi::host_memory_rates_to_c;
 using tide::capi::rates_from_c;
 using tide::capi::rates_to_c;
 using tide::capi::require;
@@ -72,6 +79,17 @@ TIDE_API tide_status tide_rates_resolve(const char* calibration_path, tide_rates
     std::optional<std::filesystem::path> path;
     if (calibration_path != nullptr) path = calibration_path;
     *rates = rates_to_c(resolve_rates(path).rates);
+  });
+}
+
+TIDE_API tide_status tide_host_memory_rates_resolve(const char* calibration_path,
+                                                    tide_host_memory_rates* rates) {
+  return tide::capi::guard([&] {
+    require(rates != nullptr, "tide_host_memory_rates_resolve: null output pointer");
+    std::optional<std::filesystem::path> path;
+    if (calibration_path != nullptr) path = calibration_path;
+    tide::capi::write_versioned(rates, host_memory_rates_to_c(resolve_rates(path).rates),
+                                "tide_host_memory_rates");
   });
 }
 

@@ -10,6 +10,8 @@ namespace tide::capi {
 
 planner::Rates rates_from_c(const tide_rates& rates);
 tide_rates rates_to_c(const planner::Rates& rates);
+// The rates' host memory pair, struct_size set to this library's.
+tide_host_memory_rates host_memory_rates_to_c(const planner::Rates& rates);
 // The plan's prediction and buffers, struct_size set to this library's.
 tide_plan_summary summary_to_c(const planner::Plan& plan);
 

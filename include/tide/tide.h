@@ -585,6 +585,27 @@ typedef struct tide_rates {
  * default path when NULL, read if it exists), then the TIDE_RATE_* variables. */
 TIDE_API tide_status tide_rates_resolve(const char* calibration_path, tide_rates* rates);
 
+/* The model's host memory rates, bytes/s through host DRAM (reads and writes counted): the CPU
+ * update threads alone, and everything (CPU threads and both copy directions) while copies run
+ * both ways. The CPU update and the GPU subgroups' copies share this budget. Versioned (see the
+ * top); tide_host_memory_rates_default() sets both to 0. */
+typedef struct tide_host_memory_rates {
+  size_t struct_size;
+  double host_memory;           /* CPU update alone */
+  double host_memory_contended; /* with copies running both ways */
+} tide_host_memory_rates;
+
+static inline tide_host_memory_rates tide_host_memory_rates_default(void) {
+  tide_host_memory_rates rates = TIDE_ZERO_INIT;
+  rates.struct_size = sizeof(tide_host_memory_rates);
+  return rates;
+}
+
+/* The host memory rates from the sources tide_rates_resolve reads (TIDE_RATE_HOST_MEMORY_GBPS,
+ * TIDE_RATE_HOST_MEMORY_CONTENDED_GBPS). */
+TIDE_API tide_status tide_host_memory_rates_resolve(const char* calibration_path,
+                                                    tide_host_memory_rates* rates);
+
 /* What a GPU subgroup moves and holds per parameter, and the CPU update rate of its state
  * format. Versioned (see the top); tide_plan_footprint_default(): 12 state bytes (fp32 p, m, v),
  * 2 gradient bytes, gradients kept on the GPU, 2 weight bytes uploaded, factors from the
@@ -714,7 +735,8 @@ typedef struct tide_optimizer_options { /* versioned (see the top) */
   int32_t gradients_on_gpu; /* 1: GPU subgroups of a prepared plan keep their gradients on the
                                GPU (device-to-device offload) instead of copying them in */
   uint64_t max_buffers;     /* cap on GPU buffers in flight; 0: as many as fit and help */
-  int32_t use_rates;        /* 1: start from `rates`; 0: tide_rates_resolve(NULL) */
+  int32_t use_rates;        /* 1: start from `rates` (and host_memory_rate below); 0:
+                               tide_rates_resolve(NULL), tide_host_memory_rates_resolve(NULL) */
   int32_t refine;           /* 1: measured subgroup times refine the rates (default) */
   tide_rates rates;
   int32_t cpu_threads;  /* threads for the CPU subgroups' updates; 0: the pool's all (the pool
@@ -738,6 +760,11 @@ typedef struct tide_optimizer_options { /* versioned (see the top) */
                            master_dtype TIDE_BFLOAT16, which needs bf16 parameters: creating
                            the optimizer fails). Each step's gradients are read where they are:
                            tide_optimizer_set_gradients. */
+  double host_memory_rate;           /* with use_rates: bytes/s through host memory, the CPU
+                                        update alone (tide_host_memory_rates); 0 (default): the
+                                        built-in rate */
+  double host_memory_contended_rate; /* with use_rates: the same with copies running both ways;
+                                        0 (default): the built-in rate */
 } tide_optimizer_options;
 
 /* Writes the defaults into `options`' first options->struct_size bytes. */
@@ -1054,6 +1081,9 @@ TIDE_API tide_status tide_optimizer_last_timings(const tide_optimizer* optimizer
 
 /* The rates the next plan uses (refined by the phases so far). */
 TIDE_API tide_status tide_optimizer_rates(const tide_optimizer* optimizer, tide_rates* rates);
+/* The host memory rates the next plan uses (refined by the phases so far). */
+TIDE_API tide_status tide_optimizer_host_memory_rates(const tide_optimizer* optimizer,
+                                                      tide_host_memory_rates* rates);
 
 /* How much of the state is held in pageable host memory: the subgroups that could not be pinned
  * (past this rank's share of TIDE_NODE_PINNED_LIMIT, or the host would not pin more), which are

@@ -1,8 +1,10 @@
 // The executor's C ABI, driven the way the Python optimizer drives it, and its bad inputs
 // (TIDE_PLACEMENT included): every rejection names what is wrong.
+#include <cstddef>
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "capi/status.h"
 #include "config/env.h"
@@ -244,6 +246,81 @@ TEST(ExecutorCapi, RejectsBadArguments) {
   }
   ::unsetenv("TIDE_PLACEMENT");
   EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+}
+
+// A caller that passes its own rates may give the host memory rates beside them (0: the built-in
+// ones, as before they existed); the optimizer hands back the rates its next plan uses, and a bad
+// one is refused naming the field, nothing created. tide_host_memory_rates_resolve reads the
+// sources tide_rates_resolve does.
+TEST(ExecutorCapi, HostMemoryRatesAreGivenWithTheRatesAndReadBack) {
+  const driver::CurrentContext context;
+  driver::DeviceBuffer params(2 * 1000);
+  const std::uint64_t sizes[] = {1000};
+  const tide_param_slice whole{0, 0, 1000, params.get()};
+  tide_optimizer_options options = tide_optimizer_options_default();
+  EXPECT_EQ(options.host_memory_rate, 0.0);
+  EXPECT_EQ(options.host_memory_contended_rate, 0.0);
+  options.use_rates = 1;
+  options.refine = 0;
+  options.rates = tide_rates{1e9, 0.5e9, 12e9, 12e9, 6e9, 6e9, 1e10};
+  auto created_with = [&](double alone, double contended) {
+    options.host_memory_rate = alone;
+    options.host_memory_contended_rate = contended;
+    tide_optimizer* opt = nullptr;
+    EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, nullptr, &opt), TIDE_OK)
+        << tide::capi::last_error_text();
+    tide_host_memory_rates got = tide_host_memory_rates_default();
+    EXPECT_EQ(tide_optimizer_host_memory_rates(opt, &got), TIDE_OK)
+        << tide::capi::last_error_text();
+    EXPECT_EQ(tide_optimizer_host_memory_rates(opt, nullptr), TIDE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(tide_optimizer_destroy(opt), TIDE_OK);
+    return std::pair{got.host_memory, got.host_memory_contended};
+  };
+  EXPECT_EQ(created_with(0, 0),
+            std::pair(planner::kBuiltinHostMemory, planner::kBuiltinHostMemoryContended));
+  EXPECT_EQ(created_with(30e9, 20e9), std::pair(30e9, 20e9));
+  EXPECT_EQ(created_with(0, 20e9), std::pair(planner::kBuiltinHostMemory, 20e9));
+
+  for (const double bad : {-1.0, 1e3, 1e20, std::numeric_limits<double>::quiet_NaN(),
+                           std::numeric_limits<double>::infinity()}) {
+    for (const bool contended : {false, true}) {
+      options.host_memory_rate = contended ? 0 : bad;
+      options.host_memory_contended_rate = contended ? bad : 0;
+      tide_optimizer* opt = nullptr;
+      EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, nullptr, &opt),
+                TIDE_ERROR_INVALID_ARGUMENT)
+          << bad;
+      EXPECT_EQ(opt, nullptr);
+      const std::string field = contended ? "host_memory_contended_rate" : "host_memory_rate must";
+      EXPECT_NE(std::string(tide::capi::last_error_text()).find(field), std::string::npos)
+          << tide::capi::last_error_text();
+    }
+  }
+
+  ::unsetenv("TIDE_CALIBRATION_FILE");
+  const char* cache_home = std::getenv("XDG_CACHE_HOME");
+  const std::string saved_cache_home = cache_home != nullptr ? cache_home : "";
+  tide_host_memory_rates resolved = tide_host_memory_rates_default();
+  ASSERT_EQ(tide_host_memory_rates_resolve("/nonexistent-tide-test/none.json", &resolved),
+            TIDE_ERROR_INVALID_ARGUMENT);
+  ::setenv("XDG_CACHE_HOME", "/nonexistent-tide-test", 1);
+  ASSERT_EQ(tide_host_memory_rates_resolve(nullptr, &resolved), TIDE_OK)
+      << tide::capi::last_error_text();
+  EXPECT_EQ(resolved.host_memory, planner::kBuiltinHostMemory);
+  EXPECT_EQ(resolved.host_memory_contended, planner::kBuiltinHostMemoryContended);
+  EXPECT_EQ(tide_host_memory_rates_resolve(nullptr, nullptr), TIDE_ERROR_INVALID_ARGUMENT);
+  // A caller's older struct, with the first rate only: the second is not written.
+  tide_host_memory_rates older = tide_host_memory_rates_default();
+  older.struct_size = offsetof(tide_host_memory_rates, host_memory_contended);
+  older.host_memory_contended = -7;
+  ASSERT_EQ(tide_host_memory_rates_resolve(nullptr, &older), TIDE_OK);
+  EXPECT_EQ(older.host_memory, planner::kBuiltinHostMemory);
+  EXPECT_EQ(older.host_memory_contended, -7);
+  if (cache_home != nullptr) {
+    ::setenv("XDG_CACHE_HOME", saved_cache_home.c_str(), 1);
+  } else {
+    ::unsetenv("XDG_CACHE_HOME");
+  }
 }
 
 // tide_optimizer_create_ex: a caller that passes its own rates passes the CPU update factors of

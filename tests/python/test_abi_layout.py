@@ -33,6 +33,7 @@ MIRRORS = {
     "tide.pinned.PinnedStats": "tide_pinned_stats",
     "tide.pinned.NodePinned": "tide_node_pinned",
     "tide.torch._executor.Rates": "tide_rates",
+    "tide.torch._executor.HostMemoryRates": "tide_host_memory_rates",
     "tide.torch._executor.ParamSlice": "tide_param_slice",
     "tide.torch._executor.Options": "tide_optimizer_options",
     "tide.torch._executor.SubgroupBuffers": "tide_subgroup_buffers",

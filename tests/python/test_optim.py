@@ -565,13 +565,24 @@ def test_rates_are_what_the_next_plan_uses_refined_by_the_steps():
     before = opt.rates
     assert len(before) == 1
     assert set(before[0]) == {"cpu_update", "cpu_update_contended", "h2d", "d2h", "h2d_duplex",
-                              "d2h_duplex", "gpu_update"}
+                              "d2h_duplex", "gpu_update", "host_memory", "host_memory_contended"}
     assert all(v > 0 for v in before[0].values())
     train(model, opt, batches(2))
     after = opt.rates[0]
     assert after["cpu_update"] != before[0]["cpu_update"]
     copies = ("h2d", "d2h", "h2d_duplex", "d2h_duplex", "gpu_update")
     assert {k: after[k] for k in copies} == {k: before[0][k] for k in copies}
+
+
+def test_rates_include_the_host_memory_rates_the_plan_is_given(monkeypatch):
+    """opt.rates has the host memory budget the model charges CPU updates and copies against
+    (bytes/s): from TIDE_RATE_HOST_MEMORY_GBPS and its contended twin when set, as every rate."""
+    monkeypatch.setenv("TIDE_RATE_HOST_MEMORY_GBPS", "42")
+    monkeypatch.setenv("TIDE_RATE_HOST_MEMORY_CONTENDED_GBPS", "31.5")
+    opt = tt.AdamW(make_model().parameters(), subgroup_size=3000, placement="cpu")
+    rates = opt.rates[0]
+    assert rates["host_memory"] == pytest.approx(42e9)
+    assert rates["host_memory_contended"] == pytest.approx(31.5e9)
 
 
 def test_bad_arguments_and_knobs_are_clear_errors(monkeypatch):

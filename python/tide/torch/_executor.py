@@ -31,6 +31,11 @@ class Rates(c.Structure):
         "gpu_update")]
 
 
+class HostMemoryRates(_lib.Versioned):
+    _fields_ = [("struct_size", c.c_size_t), ("host_memory", c.c_double),
+                ("host_memory_contended", c.c_double)]
+
+
 class ParamSlice(c.Structure):
     _fields_ = [("subgroup", c.c_uint64), ("offset", c.c_uint64), ("count", c.c_uint64),
                 ("device_ptr", c.c_uint64)]
@@ -41,7 +46,8 @@ class Options(_lib.Versioned):
                 ("gradients_on_gpu", c.c_int32), ("max_buffers", c.c_uint64),
                 ("use_rates", c.c_int32), ("refine", c.c_int32), ("rates", Rates),
                 ("cpu_threads", c.c_int32), ("state_dtype", c.c_int32),
-                ("master_dtype", c.c_int32), ("host_params", c.c_int32)]
+                ("master_dtype", c.c_int32), ("host_params", c.c_int32),
+                ("host_memory_rate", c.c_double), ("host_memory_contended_rate", c.c_double)]
 
 
 class SubgroupBuffers(c.Structure):
@@ -122,6 +128,7 @@ def _cdll() -> c.CDLL:
                 "tide_optimizer_evict": [opt, c.c_uint64, p(c.c_uint64)],
                 "tide_optimizer_last_plan": [opt, p(c.c_uint8), p(c.c_uint32), p(PlanSummary)],
                 "tide_optimizer_rates": [opt, p(Rates)],
+                "tide_optimizer_host_memory_rates": [opt, p(HostMemoryRates)],
                 "tide_optimizer_pageable": [opt, p(c.c_size_t), p(c.c_uint64)],
                 "tide_optimizer_set_state_rounding": [opt, c.c_int32, c.c_uint64],
             }.items():
@@ -395,4 +402,8 @@ class Executor:
     def rates(self) -> dict[str, Any]:
         out = Rates()
         _lib.check(self._lib.tide_optimizer_rates(self._handle, c.byref(out)))
-        return {name: getattr(out, name) for name, _ in Rates._fields_}
+        host = HostMemoryRates()
+        _lib.check(self._lib.tide_optimizer_host_memory_rates(self._handle, c.byref(host)))
+        return {**{name: getattr(out, name) for name, _ in Rates._fields_},
+                "host_memory": host.host_memory,
+                "host_memory_contended": host.host_memory_contended}

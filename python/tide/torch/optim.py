@@ -665,8 +665,10 @@ class AdamW(torch.optim.Optimizer):
     @property
     def rates(self) -> list[dict[str, float]]:
         """The performance model's rates each bucket's next plan uses, refined by the phases so
-        far: params/s for the updates, bytes/s for the copies (`tide plan` takes them as
-        --cpu-update ... and --h2d-gbps ... in GB/s). One dict per bucket, in order."""
+        far: params/s for the updates, bytes/s for the copies and through host memory
+        (`host_memory`, `host_memory_contended`: the budget CPU updates and copies share) (`tide
+        plan` takes them as --cpu-update ..., --h2d-gbps ... and --host-memory-gbps ... in GB/s).
+        One dict per bucket, in order."""
         return [b.executor.rates() for b in self._buckets]
 
     def node_summary(self) -> dict[str, Any]:
