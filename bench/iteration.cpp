@@ -92,6 +92,14 @@
 // need (a capped real GPU's regime). The published variant's configurations, ZeRO-Offload-style
 // left out; the target is the published one (tide within 3% of the best static configuration).
 //
+// Variant "shapes": as "partial", but each iteration's activations differ, as with sequence
+// lengths that vary from batch to batch: up to kShapeJitter more or less than the partial
+// variant's, the same sizes in the same order for every configuration. A round is
+// kShapeIterations iterations (the forecast of what stays free then misses now and then, and
+// resident state meets pressure in the passes: evictions, cache releases), and the ratios are of
+// the median rounds. Configurations: dos_k2, dos_k3 (the partial variant's best static ones),
+// tide_no_residency and tide; the target is the partial one.
+//
 // Each line's by_memory_state also has the allocator's driver allocations and frees, retries
 // (allocations served only by giving its cache back) and waits for all streams in that iteration
 // (a real driver charges for each: mappings, a device synchronize; the stand-in barely does), and
@@ -158,6 +166,17 @@ constexpr double kFitsCapacity = 32;
 // state fits the held headroom beside the lanes and kept gradients the other half needs.
 constexpr double kPartialExtra = 12;
 constexpr double kMargin = 0.02;  // TIDE_HEADROOM_MARGIN's default
+// The "shapes" variant: iterations per round, and how far each one's activations are from the
+// partial variant's (a fraction, either way).
+constexpr int kShapeIterations = 8;
+constexpr double kShapeJitter = 0.2;
+
+// The "shapes" variant's activations in iteration i of a configuration's sequence, over the
+// partial variant's: in [1 - kShapeJitter, 1 + kShapeJitter], the same for every configuration.
+double shape_factor(std::uint64_t i) {
+  const std::uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ULL;  // Fibonacci hashing: well spread
+  return 1.0 + kShapeJitter * (2.0 * static_cast<double>(h >> 11) / 0x1p53 - 1.0);
+}
 
 using bench::sleeping_adam;
 
@@ -196,6 +215,10 @@ struct Measured {
   std::uint64_t headroom = 0, headroom_used = 0;  // headroom_used: the plan's GPU bytes
   std::uint64_t headroom_cap = 0;  // the executor's cap on later plans after a fallback (0: none)
   std::size_t resident = 0;        // resident subgroups after the update phase
+  // Pressure on resident state in the passes before the update phase (PhaseReport::pressure):
+  // subgroups taken home inside an allocation, and the allocator's cache releases.
+  std::size_t evicted = 0;
+  std::uint64_t cache_releases = 0;
   // The allocator's driver calls and retries in the iteration: a real driver charges for each
   // (a mapping, a synchronization), the stand-in barely does.
   std::uint64_t device_allocs = 0, device_frees = 0, alloc_retries = 0, syncs = 0;
@@ -342,6 +365,8 @@ class Trainer {
     m.headroom_used = r.ran.gpu_bytes();
     m.headroom_cap = r.headroom_cap;
     m.resident = r.resident_subgroups;
+    m.evicted = r.pressure.evicted_subgroups;
+    m.cache_releases = r.pressure.cache_releases;
     m.planned = r.planned;
     m.gpu_busy = r.gpu_seconds;
     m.h2d_busy = r.h2d_seconds;
@@ -398,7 +423,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   double total = 1e8;
   int rounds = 5;
-  std::string variants = "published,varying,varying_tight,fits,partial";
+  std::string variants = "published,varying,varying_tight,fits,partial,shapes";
   int best_k = 0;  // the varying variants run K=2 and the published variant's best K (or this)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--params") && i + 1 < argc) {
@@ -413,8 +438,8 @@ int main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: bench_iteration [--params N (1e8), in 50 subgroups] [--rounds N (5)] "
-          "[--variants published,varying,varying_tight,fits,partial] [--best-k K (2-6): the\n"
-          "varying variants' best K without the published variant]\n");
+          "[--variants published,varying,varying_tight,fits,partial,shapes] [--best-k K (2-6):\n"
+          "the varying variants' best K without the published variant]\n");
       return 2;
     }
   }
@@ -562,7 +587,7 @@ int main(int argc, char** argv) {
 
   auto run_variant = [&](const std::string& variant) {
     const bool varying = variant.starts_with("varying"), fits = variant == "fits",
-               partial = variant == "partial";
+               shapes = variant == "shapes", partial = variant == "partial" || shapes;
     if (variant != "published") rates = measure(("before the " + variant + " variant").c_str());
     predict_with(rates);
     // Memory outside tide's allocator, bytes per parameter: the published headroom, or
@@ -603,6 +628,9 @@ int main(int argc, char** argv) {
         continue;
       }
       if ((varying || partial) && c.offload != Offload::async) continue;
+      if (shapes && c.static_headroom && c.name != "dos_k2@roomy" && c.name != "dos_k3@roomy") {
+        continue;
+      }
       if (varying && c.name.starts_with("dos_k") && !c.name.starts_with("dos_k2@") &&
           !c.name.starts_with(best_dos + "@")) {
         continue;
@@ -677,8 +705,14 @@ int main(int argc, char** argv) {
         Round r;
         for (std::size_t k = 0; k < outside.size(); ++k) {
           set_outside(k);
-          r.push_back(trainer.iteration(configs[i], *executors[i],
-                                        static_headroom[configs[i].planned_for]));
+          for (int j = 0; j < (shapes ? kShapeIterations : 1); ++j) {
+            if (shapes) {
+              const std::uint64_t n = static_cast<std::uint64_t>(round + 1) * kShapeIterations + j;
+              trainer.set_activation_bytes(kActivations * P * shape_factor(n));
+            }
+            r.push_back(trainer.iteration(configs[i], *executors[i],
+                                          static_headroom[configs[i].planned_for]));
+          }
           if (!configs[i].static_headroom) seen[k] = r.back().headroom;
         }
         if (round >= 0) runs[i].push_back(std::move(r));
@@ -716,7 +750,8 @@ int main(int argc, char** argv) {
            tide_no_residency_s = 0;
     std::string best_static_name;
     for (std::size_t i : chosen) {
-      const double t = round_s(best[i]);
+      // With varying shapes a round's pressure is part of what is measured: the median round.
+      const double t = shapes ? med[i] : round_s(best[i]);
       if (configs[i].name == "zero_offload") zero = t;
       if (configs[i].name == "zero_offload_published") zero_published = t;
       if (configs[i].name == "no_offload") floor_s = t;
@@ -738,7 +773,8 @@ int main(int argc, char** argv) {
       std::string states;
       for (std::size_t k = 0; k < b.size(); ++k) {
         // The headroom tide saw in that memory state; a static configuration plans with its own.
-        const std::uint64_t headroom = c.static_headroom ? static_headroom[c.planned_for] : seen[k];
+        const std::uint64_t headroom =
+            c.static_headroom ? static_headroom[c.planned_for] : seen[shapes ? 0 : k];
         // With resident subgroups: the plan the executor made (the predictors have none).
         const Plan plan = c.residency ? b[k].planned : predicted_plan(c, headroom);
         double predicted = plan.predicted.phase_s, predicted_bw = 0;
@@ -811,15 +847,23 @@ int main(int argc, char** argv) {
                         tide_s / tide_no_residency_s);
         }
       }
-      std::size_t resident_min = SIZE_MAX;
+      std::size_t resident_min = SIZE_MAX, evicted = 0, pressed = 0, iterations = 0;
       for (const Round& r : runs[i]) {
-        for (const Measured& m : r) resident_min = std::min(resident_min, m.resident);
+        for (const Measured& m : r) {
+          resident_min = std::min(resident_min, m.resident);
+          evicted += m.evicted;
+          pressed += m.evicted + m.cache_releases > 0 ? 1 : 0;
+          ++iterations;
+        }
       }
       {
+        // Over every round: the iterations whose passes met pressure from resident state.
         const std::size_t used = std::strlen(extra);
         std::snprintf(extra + used, sizeof extra - used,
-                      ",\"resident_subgroups\":%zu,\"resident_subgroups_min\":%zu",
-                      b.back().resident, resident_min);
+                      ",\"resident_subgroups\":%zu,\"resident_subgroups_min\":%zu,"
+                      "\"pressured_iterations\":%zu,\"evicted_subgroups\":%zu,"
+                      "\"iterations_timed\":%zu",
+                      b.back().resident, resident_min, pressed, evicted, iterations);
       }
       const std::string base = c.name.substr(0, c.name.find('@'));
       const std::string dos_best = base == best_dos ? ",\"dos_best\":true" : "";
@@ -871,7 +915,7 @@ int main(int argc, char** argv) {
                 variant.c_str(), summary.c_str());
     std::fflush(stdout);
   };
-  for (const char* v : {"published", "varying", "varying_tight", "fits", "partial"}) {
+  for (const char* v : {"published", "varying", "varying_tight", "fits", "partial", "shapes"}) {
     for (std::size_t at = 0; (at = variants.find(v, at)) != std::string::npos; at += 1) {
       const std::size_t end = at + std::strlen(v);
       if ((at == 0 || variants[at - 1] == ',') &&
