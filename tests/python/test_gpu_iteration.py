@@ -172,8 +172,8 @@ def test_the_default_cap_leaves_room_for_half_the_state(bench):
 def test_the_residency_cases_follow_the_knob(bench, tmp_path):
     names = [c["case"] for g in bench.groups(None) for c in g["cases"]]
     assert names == ["torch_gpu", "torch_offload", "tide_auto", "tide_cpu", "tide_gpu", "tide_2",
-                     "tide_auto_residency_off", "capped_tide_auto", "capped_tide_cpu",
-                     "capped_tide_gpu", "capped_tide_2", "capped_tide_auto_residency_off"]
+                     "capped_tide_auto", "capped_tide_cpu", "capped_tide_gpu", "capped_tide_2",
+                     "tide_auto_residency_off", "capped_tide_auto_residency_off"]
     off = [g for g in bench.groups("no knob") if g["env"].get("TIDE_RESIDENCY") == "off"]
     assert len(off) == 2 and all(g["not_run"] == "no knob" for g in off)
     assert all(g.get("not_run") is None for g in bench.groups(None))
