@@ -309,6 +309,46 @@ TEST_F(ResidencyTest, TheSetFollowsTheHeldMemoryWithHysteresis) {
   EXPECT_EQ(executor.residency().bytes(), 0u);
 }
 
+// The choice between residency and none keeps the band while states are resident
+// (planner::prefer_resident). With room for one resident subgroup beside a lane, and a CPU about
+// as fast as the copies, the model puts the plan with it a little behind the plan without (within
+// 20%): a fresh executor keeps none resident (the set would admit one), one whose states are all
+// resident keeps the one that still fits, and with no band it sends that one home too.
+TEST_F(ResidencyTest, ResidencyAgainstNoneKeepsTheBandWhileStatesAreResident) {
+  const driver::CurrentContext context;
+  const std::uint64_t headroom =
+      37 * 4096;  // a lane (16 B/param) and a slot with its gradient (14)
+  auto resident_after = [&](double hysteresis, bool all_resident_before) {
+    Model model({4096, 4096, 4096, 4096});
+    Reference ref(*model.state);
+    ExecutorOptions options = resident_options(memory);
+    options.rates->cpu_update = 1.2e8;
+    options.rates->cpu_update_contended = 1.08e8;
+    options.residency_hysteresis = hysteresis;
+    Executor executor(*model.state, options);
+    const Policy policy = Policy::automatic_policy();
+    int step = 1;
+    if (all_resident_before) {
+      auto grads = model.make_gradients(step);
+      model.offload_all(executor);
+      EXPECT_EQ(executor.run(hyper(step), policy, kHeadroom).resident_subgroups, 4u);
+      ref.step(grads, hyper(step++));
+    }
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    const PhaseReport& report = executor.run(hyper(step), policy, headroom);
+    ref.step(grads, hyper(step));
+    EXPECT_TRUE(report.fault.empty()) << report.fault;
+    const std::size_t resident = report.resident_subgroups;
+    executor.sync_state(false);
+    expect_matches(model, ref);
+    return resident;
+  };
+  EXPECT_EQ(resident_after(0.2, false), 0u);
+  EXPECT_EQ(resident_after(0.2, true), 1u);
+  EXPECT_EQ(resident_after(0.0, true), 0u);
+}
+
 // Where only part of the state fits, resident subgroups would take the memory the others need
 // to be copied in, and those would go to a slow CPU: the plan without residency is kept.
 // Resident updates refine the GPU's rate like any GPU update: where they are slower than the CPU
