@@ -591,7 +591,7 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
 STEP_PLAN_KEYS = ("gpu_subgroups", "cpu_subgroups", "resident_subgroups",
                   "predicted_seconds", "gradients_offloaded_in_backward",
                   "gradients_offloaded_at_step", "evicted_subgroups", "evict_seconds",
-                  "cache_releases", "headroom_bytes", "gpu_busy_seconds", "h2d_busy_seconds",
+                  "cache_releases", "withdrawn_gradients", "headroom_bytes", "gpu_busy_seconds", "h2d_busy_seconds",
                   "d2h_busy_seconds", "cpu_busy_seconds")
 
 

@@ -222,6 +222,8 @@ void fill_result(tide_optimizer& o, const PhaseReport& r, tide_step_result& out)
   out.evicted_bytes = r.pressure.evicted_bytes;
   out.evict_seconds = r.pressure.evict_seconds;
   out.cache_releases = r.pressure.cache_releases;
+  out.withdrawn_gradients = r.pressure.withdrawn_gradients;
+  out.withdrawn_bytes = r.pressure.withdrawn_bytes;
   out.gpu_busy_seconds = r.gpu_seconds;
   out.h2d_busy_seconds = r.h2d_seconds;
   out.d2h_busy_seconds = r.d2h_seconds;

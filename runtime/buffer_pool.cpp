@@ -84,6 +84,14 @@ CUdeviceptr BufferPool::add_gradient(std::uint64_t bytes, CUstream stream) {
   return gradients_.back().get();
 }
 
+bool BufferPool::free_gradient(CUdeviceptr ptr) {
+  const auto it = std::find_if(gradients_.begin(), gradients_.end(),
+                               [ptr](const UpdateBuffer& b) { return b.get() == ptr; });
+  if (it == gradients_.end()) return false;
+  gradients_.erase(it);
+  return true;
+}
+
 std::uint64_t BufferPool::gradient_bytes() const {
   std::uint64_t bytes = 0;
   for (const UpdateBuffer& b : gradients_) bytes += b.size();

@@ -281,12 +281,19 @@ std::uint64_t Executor::evict(std::uint64_t max_bytes) {
 }
 
 void Executor::offer_to_reclaim() {
-  if (reclaimed_from_ != nullptr || residency_.count() == 0) return;
+  if (reclaimed_from_ != nullptr || (residency_.count() == 0 && !buffers_.has_gradients())) {
+    return;
+  }
   allocator::device::CachingAllocator* a = buffers_.caching_allocator();
   if (a == nullptr) return;
   reclaimer_ = a->add_reclaimer([this](std::uint64_t bytes) -> std::uint64_t {
     const std::unique_lock lock(residency_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return 0;
+    // Kept gradients that hold nothing yet cost nothing to give back; resident state costs a
+    // copy home and a copy in later. One kind per call: the allocator tries again in between.
+    if (const std::uint64_t withdrawn = withdraw_kept_gradients_locked(bytes); withdrawn > 0) {
+      return withdrawn;
+    }
     const auto start = std::chrono::steady_clock::now();
     const std::size_t before = residency_.count();
     const std::uint64_t freed = evict_locked(bytes);
@@ -298,6 +305,25 @@ void Executor::offer_to_reclaim() {
     return freed;
   });
   reclaimed_from_ = a;
+}
+
+std::uint64_t Executor::withdraw_kept_gradients_locked(std::uint64_t max_bytes) {
+  // A prepared plan's (gradients_on_gpu): held from zero_grad() on. Resident subgroups' kept
+  // gradients (keep_resident_gradients) go with their state when it is evicted.
+  if (!prepared_ || !buffers_.has_gradients()) return 0;
+  std::uint64_t freed = 0;
+  for (const GradientOffload::Withdrawn& w : offload_->withdraw_unwritten(max_bytes)) {
+    // No gradient reached it: nothing queued writes it, and its subgroup's go to pinned memory.
+    if (!buffers_.free_gradient(w.buffer)) continue;
+    freed += state_.params(w.subgroup) * state_.grad_bytes();
+    ++evicted_.withdrawn_gradients;
+  }
+  evicted_.withdrawn_bytes += freed;
+  if (freed > 0) {
+    const driver::ContextScope scope(context_);
+    hand_freed_blocks_over();  // allocated on the compute stream; the allocation is on another
+  }
+  return freed;
 }
 
 std::uint64_t Executor::evict_locked(std::uint64_t max_bytes) {
@@ -633,6 +659,7 @@ const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headr
       prepared_ = plan_with(policy, headroom_bytes, false, held);
     }
   }
+  offer_to_reclaim();  // a forward pass past the forecast takes the kept gradients back
   return *prepared_;
 }
 

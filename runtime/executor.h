@@ -212,12 +212,16 @@ struct PhaseReport {
   // resident state. Subgroups the allocator took back home because an allocation would have
   // failed (its reclaimer), their bytes and the time it spent on it inside those allocations;
   // and allocations tide's allocator served only by giving its cache back to the driver (a
-  // synchronize, unmaps and maps again), counted whatever was resident.
+  // synchronize, unmaps and maps again), counted whatever was resident. Before any state, the
+  // reclaimer gives back a prepared plan's kept gradients that no gradient had reached yet (their
+  // subgroups' gradients went to pinned memory instead, and the phase updates them on the CPU).
   struct Pressure {
     std::size_t evicted_subgroups = 0;
     std::uint64_t evicted_bytes = 0;
     double evict_seconds = 0;
     std::uint64_t cache_releases = 0;
+    std::size_t withdrawn_gradients = 0;
+    std::uint64_t withdrawn_bytes = 0;
   };
   Pressure pressure;
 };
@@ -360,6 +364,10 @@ class Executor {
   // as save() zeroes them in pinned buffers (so that their update is finite, then undone).
   void zero_frozen_kept_gradients();
   std::uint64_t evict_locked(std::uint64_t max_bytes);
+  // The reclaimer's first resort: frees a prepared plan's kept gradients that no gradient has
+  // reached yet, the last subgroups first, until `max_bytes` (GradientOffload::
+  // withdraw_unwritten). Returns the bytes.
+  std::uint64_t withdraw_kept_gradients_locked(std::uint64_t max_bytes);
   // A residency budget unit of subgroup s: its state slot and its kept gradient.
   std::uint64_t resident_cost(std::size_t s) const;
   // The allocator took resident state back (its forecast left too little): the budget is capped
@@ -383,8 +391,8 @@ class Executor {
   // ends in the allocator giving its whole cache back). Nothing if the streams cannot be waited.
   void hand_freed_blocks_over();
   void write_params_locked(std::size_t s);
-  // With resident state under tide's allocator: it may take the state back home before an
-  // allocation would fail (CachingAllocator::add_reclaimer).
+  // With resident state or kept gradients under tide's allocator: it may take them back before
+  // an allocation would fail (CachingAllocator::add_reclaimer).
   void offer_to_reclaim();
 
   OptimizerState& state_;

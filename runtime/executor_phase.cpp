@@ -1106,6 +1106,21 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
     const auto s = static_cast<std::size_t>(&sub - report.planned.subgroups.data());
     if (sub.resident && frozen_.any(s)) sub.resident = false;
   }
+  if (prepared && buffers_.has_gradients()) {
+    // The reclaimer gave back the kept gradients of some of the prepared plan's GPU subgroups
+    // (a forward pass past the forecast): their gradients are in pinned memory, and the lanes
+    // have no room for one. They are updated on the CPU (a resident one goes home first).
+    std::vector<std::size_t> withdrawn;
+    for (std::size_t s : report.planned.gpu_order) {
+      if (offload_->device_gradient(s) == 0) withdrawn.push_back(s);
+    }
+    for (std::size_t s : withdrawn) {
+      std::erase(report.planned.gpu_order, s);
+      report.planned.cpu_order.push_back(s);
+      report.planned.subgroups[s].device = planner::Device::cpu;
+      report.planned.subgroups[s].resident = false;
+    }
+  }
   report.timings.assign(state_.size(), planner::SubgroupTiming{});
   report.devices.assign(state_.size(), planner::Device::cpu);
   report.cpu_spans.assign(state_.size(), PhaseReport::Span{});

@@ -1,5 +1,6 @@
 #include "runtime/gradient_offload.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -8,7 +9,7 @@
 namespace tide::runtime {
 
 GradientOffload::GradientOffload(const OptimizerState& state, const driver::Stream& stream)
-    : state_(state), stream_(stream), copied_(state.size()) {}
+    : state_(state), stream_(stream), copied_(state.size()), written_(state.size(), 0) {}
 
 void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdeviceptr src,
                               std::uint64_t count, kernels::Dtype dtype, CUstream producer) {
@@ -47,6 +48,7 @@ void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdevi
                                bytes, stream_);
   }
   copied_[subgroup].record(stream_);
+  written_[subgroup] = 1;
   ++offloads_;
   if (device == 0 && state_.pageable(subgroup)) {
     // Pageable subgroups (optimizer_state.h) are offloaded synchronously: CUDA stages a copy
@@ -66,6 +68,20 @@ void GradientOffload::route(std::vector<CUdeviceptr> device) {
   }
   std::lock_guard lock(mutex_);
   route_ = std::move(device);
+  std::fill(written_.begin(), written_.end(), 0);
+}
+
+std::vector<GradientOffload::Withdrawn> GradientOffload::withdraw_unwritten(std::uint64_t bytes) {
+  std::vector<Withdrawn> out;
+  std::lock_guard lock(mutex_);
+  std::uint64_t freed = 0;
+  for (std::size_t s = route_.size(); s-- > 0 && freed < bytes;) {
+    if (route_[s] == 0 || written_[s] != 0) continue;
+    out.push_back({s, route_[s]});
+    route_[s] = 0;
+    freed += state_.params(s) * state_.grad_bytes();
+  }
+  return out;
 }
 
 CUdeviceptr GradientOffload::device_gradient(std::size_t subgroup) const {

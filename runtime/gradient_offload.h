@@ -42,6 +42,15 @@ class GradientOffload {
   // that device buffer (params(i) elements) instead of its pinned buffer. Empty: all to host.
   void route(std::vector<CUdeviceptr> device);
   CUdeviceptr device_gradient(std::size_t subgroup) const;
+  // Device buffers that no gradient has reached since they were routed, from the last subgroup
+  // down until they add up to `bytes` (or all of them): their subgroups' gradients go to their
+  // pinned buffers from now on, and the caller may free the buffers returned. Atomic against
+  // offload(): a gradient lands in a buffer returned here only if it was offloaded before.
+  struct Withdrawn {
+    std::size_t subgroup = 0;
+    CUdeviceptr buffer = 0;
+  };
+  std::vector<Withdrawn> withdraw_unwritten(std::uint64_t bytes);
 
   // Work submitted to `stream` after this waits for every gradient of `subgroup` offloaded so
   // far.
@@ -60,6 +69,7 @@ class GradientOffload {
   driver::Event produced_;             // re-recorded per call; the wait captures it at once
   std::vector<driver::Event> copied_;  // per subgroup: its latest copy on stream_
   std::vector<CUdeviceptr> route_;
+  std::vector<char> written_;  // per subgroup: a gradient reached its route since route()
   std::uint64_t offloads_ = 0;
 };
 

@@ -81,9 +81,13 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   }
   const bool reclaimable = has_reclaimers_.load(std::memory_order_acquire);
   void* p = allocate_core(bytes, rounded, stream, false, !reclaimable);
-  if (p == nullptr && reclaimable) {
-    (void)reclaim(rounded);  // whatever it freed, this is the last try
-    p = allocate_core(bytes, rounded, stream);
+  // Reclaimers give back the cheapest first, one kind per call: the allocation is tried again
+  // after each call that freed something (bytes freed need not make room for this block), and
+  // once more, for the record, after the first that freed nothing.
+  for (int round = 0; p == nullptr && reclaimable; ++round) {
+    const bool freed = round < kMaxReclaimRounds && reclaim(rounded);
+    p = allocate_core(bytes, rounded, stream, false, !freed);
+    if (!freed) break;
   }
   return p;
 }

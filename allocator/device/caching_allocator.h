@@ -65,11 +65,15 @@ class CachingAllocator final : public DeviceMemoryResource {
   void* allocate_from_headroom(std::size_t bytes, CUstream stream);
   void deallocate_from_headroom(void* ptr, std::size_t bytes, CUstream stream);
   // Who can give device memory back when an allocation would fail: tide's executor, for its
-  // resident optimizer state. Before allocate() reports out of memory, each reclaimer is called,
-  // without the allocator's lock, with the bytes wanted, and returns the bytes it freed; if any
-  // did, the allocation is tried once more. A reclaimer must not allocate from this allocator.
-  // Returns an id for remove_reclaimer, which waits for a call in progress to return.
+  // kept gradients and resident optimizer state. Before allocate() reports out of memory, each
+  // reclaimer is called, without the allocator's lock, with the bytes wanted, and returns the
+  // bytes it freed; if any did, the allocation is tried again, and the reclaimers are asked
+  // again while it fails and they free something (at most kMaxReclaimRounds times), so that a
+  // reclaimer may give back one kind at a time, the cheapest first. A reclaimer must not
+  // allocate from this allocator. Returns an id for remove_reclaimer, which waits for a call in
+  // progress to return.
   using Reclaimer = std::function<std::uint64_t(std::uint64_t)>;
+  static constexpr int kMaxReclaimRounds = 16;
   std::uint64_t add_reclaimer(Reclaimer reclaimer);
   void remove_reclaimer(std::uint64_t id);
   // The block at `ptr` (allocated) is used on `stream` too: not reused before that stream's work

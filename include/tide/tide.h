@@ -1004,6 +1004,13 @@ typedef struct tide_step_result {
   double gpu_busy_seconds;
   double h2d_busy_seconds;
   double d2h_busy_seconds;
+  /* Since the previous step: gradient buffers a prepared plan kept on the GPU
+   * (gradients_on_gpu) that tide's allocator took back, before any gradient reached them, because
+   * an allocation would have failed (a forward pass past the forecast); their subgroups'
+   * gradients went to pinned memory, and this step updated those of them still on the GPU side
+   * on the CPU. Given back before any resident state. */
+  uint64_t withdrawn_gradients;
+  uint64_t withdrawn_bytes;
 } tide_step_result;
 
 static inline tide_step_result tide_step_result_default(void) {

@@ -179,3 +179,68 @@ def test_a_step_reports_the_pressure_its_passes_put_on_resident_state():
         assert {"cache_releases"} <= after.keys()
     finally:
         tt.set_per_process_memory_fraction(limit_before / total_b.value, 0)
+
+
+def test_a_forward_pass_past_the_forecast_takes_the_kept_gradients_back(monkeypatch):
+    """gradients_on_gpu=True keeps the GPU subgroups' gradient buffers from zero_grad() through the
+    forward pass, sized from the forecast. A forward pass that needs more than the forecast said
+    (here without resident state, TIDE_RESIDENCY=off) gets those buffers back inside its
+    allocation, before any gradient reached them, instead of failing; the step says so
+    (withdrawn_gradients, withdrawn_bytes) and completes with the same bits as a twin that never
+    kept gradients on the GPU. Failed before: the allocation failed."""
+    import ctypes
+
+    from tide import _lib
+    from tide.torch import allocator
+    monkeypatch.setenv("TIDE_RESIDENCY", "off")
+    lib = allocator._lib_declared()
+    free_b, total_b = ctypes.c_size_t(), ctypes.c_size_t()
+    _lib.check(lib.tide_device_memory(0, ctypes.byref(free_b), ctypes.byref(total_b)))
+    limit_before = tt.headroom(0)["limit_bytes"]
+
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                   torch.nn.Linear(1024, 256)).to(DEVICE)
+
+    model, twin = build(), build()
+    tt.set_per_process_memory_fraction(64 * 2**20 / total_b.value, 0)
+    tt.empty_cache()
+    try:
+        opt = tt.AdamW(model.parameters(), lr=1e-3, subgroup_size=1 << 17, placement="gpu",
+                       gradients_on_gpu=True)
+        twin_opt = tt.AdamW(twin.parameters(), lr=1e-3, subgroup_size=1 << 17, placement="gpu")
+        gen = torch.Generator().manual_seed(1)
+
+        def iteration(activations: int) -> dict:
+            x = torch.randn(4, 256, generator=gen).to(DEVICE)
+            tt.mark_phase("forward")
+            act = lib.tide_alloc(activations, 0, None)
+            assert act is not None, _lib.lib().tide_last_error()
+            model(x).square().mean().backward()
+            tt.mark_phase("backward")
+            lib.tide_free(act, activations, 0, None)
+            opt.step()
+            opt.zero_grad()
+            twin(x).square().mean().backward()
+            twin_opt.step()
+            twin_opt.zero_grad()
+            return opt.last_plan
+
+        opt.zero_grad()
+        plans = [iteration(8 << 20) for _ in range(4)]
+        assert all(p["withdrawn_gradients"] == p["withdrawn_bytes"] == 0 for p in plans), plans
+        kept = plans[-1]["buffer_bytes"]
+        assert plans[-1]["gpu_subgroups"] > 0 and kept > 0, plans[-1]
+        # A forward pass that needs all the cap leaves, and part of the kept gradients' memory.
+        bigger = tt.headroom(0)["limit_bytes"] - tt.memory_allocated(0) + (1 << 20)
+        pressed = iteration(bigger)
+        assert pressed["withdrawn_gradients"] > 0, pressed
+        assert pressed["withdrawn_bytes"] > 0, pressed
+        assert pressed["evicted_subgroups"] == 0, pressed
+        after = iteration(8 << 20)
+        assert after["withdrawn_gradients"] == 0, after
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(p, q)
+    finally:
+        tt.set_per_process_memory_fraction(limit_before / total_b.value, 0)

@@ -82,7 +82,8 @@ class StepResult(_lib.Versioned):
             "evicted_subgroups", "evicted_bytes")] + [
         ("evict_seconds", c.c_double), ("cache_releases", c.c_uint64)] + [
         (name, c.c_double) for name in (
-            "gpu_busy_seconds", "h2d_busy_seconds", "d2h_busy_seconds")]
+            "gpu_busy_seconds", "h2d_busy_seconds", "d2h_busy_seconds")] + [
+        (name, c.c_uint64) for name in ("withdrawn_gradients", "withdrawn_bytes")]
 
 
 class PlanSummary(_lib.Versioned):

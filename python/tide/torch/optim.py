@@ -633,6 +633,11 @@ class AdamW(torch.optim.Optimizer):
             "evict_seconds": sum(r["report"].evict_seconds for r in ran),
             "cache_releases": sum({r["device"]: r["report"].cache_releases
                                    for r in ran}.values()),
+            # With gradients_on_gpu: kept gradient buffers tide's allocator took back before
+            # any gradient reached them (a forward pass past the forecast); those subgroups'
+            # gradients went to pinned memory.
+            "withdrawn_gradients": sum(r["report"].withdrawn_gradients for r in ran),
+            "withdrawn_bytes": sum(r["report"].withdrawn_bytes for r in ran),
             "devices": ["gpu" if d else "cpu" for r in ran for d in r["devices"]],
             "t_start_ns": t_start,
             "t_end_ns": t_end,

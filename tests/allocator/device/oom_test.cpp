@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "allocator/device/caching_allocator.h"
@@ -141,6 +142,62 @@ TEST_F(OomTest, TheSmallPoolFailsCleanlyToo) {
   void* p = a.allocate(1000, nullptr);  // the cached pages go back to make room
   EXPECT_NE(p, nullptr);
   a.deallocate(p, 1000, nullptr);
+}
+
+// Reclaimers give back one kind at a time (the executor: kept gradients, then resident state):
+// bytes freed in one call need not make room for the block, so the allocator asks again while
+// the allocation fails and something was freed, and records no out-of-memory when a later call
+// made the room.
+TEST_F(OomTest, ReclaimersAreAskedAgainWhileTheyFreeSomething) {
+  CachingAllocator a(0, config(true));
+  void* live = a.allocate(56 * kMiB, nullptr);
+  void* useless = a.allocate(2 * kMiB, nullptr);  // freeing it leaves 4 MiB: not enough
+  void* useful = a.allocate(6 * kMiB, nullptr);
+  ASSERT_NE(live, nullptr);
+  ASSERT_NE(useless, nullptr);
+  ASSERT_NE(useful, nullptr);
+  std::vector<std::uint64_t> asked;
+  const std::uint64_t id = a.add_reclaimer([&](std::uint64_t bytes) -> std::uint64_t {
+    asked.push_back(bytes);
+    if (useless != nullptr) {
+      a.deallocate(std::exchange(useless, nullptr), 2 * kMiB, nullptr);
+      return 2 * kMiB;
+    }
+    if (useful != nullptr) {
+      a.deallocate(std::exchange(useful, nullptr), 6 * kMiB, nullptr);
+      return 6 * kMiB;
+    }
+    return 0;
+  });
+  void* p = a.allocate(8 * kMiB, nullptr);
+  EXPECT_NE(p, nullptr);
+  EXPECT_EQ(asked, (std::vector<std::uint64_t>{8 * kMiB, 8 * kMiB}));
+  EXPECT_TRUE(a.ooms().empty());
+  // Nothing left to give: asked once more, then the out-of-memory is recorded.
+  asked.clear();
+  EXPECT_EQ(a.allocate(8 * kMiB, nullptr), nullptr);
+  EXPECT_EQ(asked.size(), 1u);
+  EXPECT_EQ(a.ooms().size(), 1u);
+  a.remove_reclaimer(id);
+  a.deallocate(p, 8 * kMiB, nullptr);
+  a.deallocate(live, 56 * kMiB, nullptr);
+}
+
+// A reclaimer that says it freed memory and never makes room is asked a bounded number of times.
+TEST_F(OomTest, AReclaimerThatNeverMakesRoomIsAskedABoundedNumberOfTimes) {
+  CachingAllocator a(0, config(true));
+  void* live = a.allocate(60 * kMiB, nullptr);
+  ASSERT_NE(live, nullptr);
+  int calls = 0;
+  const std::uint64_t id = a.add_reclaimer([&](std::uint64_t) -> std::uint64_t {
+    ++calls;
+    return kMiB;  // a claim, nothing freed
+  });
+  EXPECT_EQ(a.allocate(8 * kMiB, nullptr), nullptr);
+  EXPECT_EQ(calls, CachingAllocator::kMaxReclaimRounds);
+  EXPECT_EQ(a.ooms().size(), 1u);
+  a.remove_reclaimer(id);
+  a.deallocate(live, 60 * kMiB, nullptr);
 }
 
 }  // namespace
