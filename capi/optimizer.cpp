@@ -20,6 +20,7 @@
 #include "capi/status.h"
 #include "capi/versioned.h"
 #include "planner/rate_sources.h"
+#include "planner/rates.h"
 #include "runtime/executor.h"
 #include "runtime/gradient_stats.h"
 #include "tide/tide.h"
@@ -144,12 +145,14 @@ CpuUpdateFactors factors_from_c(const tide_cpu_update_factors& given_by_caller) 
   return out;
 }
 
-// A host memory rate the caller gave: bytes/s within what TIDE_RATE_HOST_MEMORY_GBPS takes.
-double host_memory_rate(double bytes_per_s, const char* field) {
-  require(std::isfinite(bytes_per_s) && bytes_per_s >= 1e6 && bytes_per_s <= 1e14,
+// A host memory rate the caller gave: bytes/s within what its TIDE_RATE_* knob takes.
+double host_memory_rate(double bytes_per_s, RateKind kind, const char* field) {
+  const RateInfo& info = rate_info(kind);
+  const double low = info.min_given * info.scale, high = info.max_given * info.scale;
+  require(std::isfinite(bytes_per_s) && bytes_per_s >= low && bytes_per_s <= high,
           std::string("tide_optimizer_create: ") + field +
-              " must be 0 (the built-in rate) or bytes/s from 1e6 to 1e14, not " +
-              std::to_string(bytes_per_s));
+              " must be 0 (the built-in rate) or bytes/s from " + std::to_string(low) + " to " +
+              std::to_string(high) + ", not " + std::to_string(bytes_per_s));
   return bytes_per_s;
 }
 
@@ -312,11 +315,13 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
     if (o.use_rates) {
       eo.rates = rates_from_c(o.rates);
       if (o.host_memory_rate != 0) {
-        eo.rates->host_memory = host_memory_rate(o.host_memory_rate, "host_memory_rate");
+        eo.rates->host_memory =
+            host_memory_rate(o.host_memory_rate, RateKind::host_memory, "host_memory_rate");
       }
       if (o.host_memory_contended_rate != 0) {
         eo.rates->host_memory_contended =
-            host_memory_rate(o.host_memory_contended_rate, "host_memory_contended_rate");
+            host_memory_rate(o.host_memory_contended_rate, RateKind::host_memory_contended,
+                             "host_memory_contended_rate");
       }
     }
     eo.gradients_on_gpu = o.gradients_on_gpu != 0;

@@ -84,12 +84,13 @@ CUdeviceptr BufferPool::add_gradient(std::uint64_t bytes, CUstream stream) {
   return gradients_.back().get();
 }
 
-bool BufferPool::free_gradient(CUdeviceptr ptr) {
+std::uint64_t BufferPool::free_gradient(CUdeviceptr ptr) {
   const auto it = std::find_if(gradients_.begin(), gradients_.end(),
                                [ptr](const UpdateBuffer& b) { return b.get() == ptr; });
-  if (it == gradients_.end()) return false;
+  if (it == gradients_.end()) return 0;
+  const std::uint64_t bytes = it->size();
   gradients_.erase(it);
-  return true;
+  return bytes;
 }
 
 std::uint64_t BufferPool::gradient_bytes() const {

@@ -57,8 +57,9 @@ class BufferPool {
   // gradients_on_gpu) until the phase that reads them is over.
   CUdeviceptr add_gradient(std::uint64_t bytes, CUstream stream);
   bool has_gradients() const { return !gradients_.empty(); }
-  // Frees the kept gradient buffer at `ptr` (one add_gradient gave); false if there is none.
-  bool free_gradient(CUdeviceptr ptr);
+  // Frees the kept gradient buffer at `ptr` (one add_gradient gave); returns its bytes (0 if
+  // there is none).
+  std::uint64_t free_gradient(CUdeviceptr ptr);
   std::uint64_t gradient_bytes() const;
   void clear_gradients() { gradients_.clear(); }
 

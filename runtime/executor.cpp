@@ -314,9 +314,9 @@ std::uint64_t Executor::withdraw_kept_gradients_locked(std::uint64_t max_bytes) 
   std::uint64_t freed = 0;
   for (const GradientOffload::Withdrawn& w : offload_->withdraw_unwritten(max_bytes)) {
     // No gradient reached it: nothing queued writes it, and its subgroup's go to pinned memory.
-    if (!buffers_.free_gradient(w.buffer)) continue;
-    freed += state_.params(w.subgroup) * state_.grad_bytes();
-    ++evicted_.withdrawn_gradients;
+    const std::uint64_t bytes = buffers_.free_gradient(w.buffer);
+    freed += bytes;
+    evicted_.withdrawn_gradients += bytes > 0 ? 1 : 0;
   }
   evicted_.withdrawn_bytes += freed;
   if (freed > 0) {

@@ -46,6 +46,19 @@ struct ResidencyTest : ::testing::Test {
     ASSERT_EQ(report.resident_subgroups, model.state->size());
   }
 
+  // One automatic step with `headroom`, the reference's too: it ran without a fault, and the
+  // pinned slots are made current for the caller to compare.
+  const PhaseReport& synced_step(Model& model, Executor& executor, Reference& ref, int step,
+                                 std::uint64_t headroom) {
+    auto grads = model.make_gradients(step);
+    model.offload_all(executor);
+    const PhaseReport& report = executor.run(hyper(step), Policy::automatic_policy(), headroom);
+    ref.step(grads, hyper(step));
+    EXPECT_TRUE(report.fault.empty()) << report.fault;
+    executor.sync_state(false);
+    return report;
+  }
+
   // Step 1 with `headroom` (`resident` subgroups join), then step 2 run once with nothing
   // failing and once with each of its copies, then each of its kernel launches, failing in
   // turn, each time from a fresh model: step 2 completes exactly (nothing left not updated or
@@ -277,20 +290,14 @@ TEST_F(ResidencyTest, TheSetFollowsTheHeldMemoryWithHysteresis) {
   ExecutorOptions options = resident_options(memory);
   options.residency_hysteresis = 0.2;
   Executor executor(*model.state, options);
-  const Policy policy = Policy::automatic_policy();
   // What a resident subgroup holds: its state slot and its gradient, kept on the GPU.
   const std::uint64_t slot = model.state->slot_bytes(0) + 4096 * 2;
   const std::uint64_t working = model.state->slot_bytes(0) + 4096 * 4;  // a lane
   // Room for exactly three slots with the working memory: the join limit (80%) admits two.
   const std::uint64_t three = 3 * slot + working;
   auto step_with = [&](int step, std::uint64_t headroom) {
-    auto grads = model.make_gradients(step);
-    model.offload_all(executor);
-    const PhaseReport& report = executor.run(hyper(step), policy, headroom);
-    ref.step(grads, hyper(step));
-    EXPECT_TRUE(report.fault.empty()) << report.fault;
+    const PhaseReport& report = synced_step(model, executor, ref, step, headroom);
     const std::size_t resident = report.resident_subgroups;
-    executor.sync_state(false);
     for (std::size_t i = 0; i < 4; ++i) {
       EXPECT_TRUE(same_bits(model.state->param(i), ref.p[i].data(), 4096))
           << "step " << step << " subgroup " << i << " device "
@@ -326,21 +333,13 @@ TEST_F(ResidencyTest, ResidencyAgainstNoneKeepsTheBandWhileStatesAreResident) {
     options.rates->cpu_update_contended = 1.08e8;
     options.residency_hysteresis = hysteresis;
     Executor executor(*model.state, options);
-    const Policy policy = Policy::automatic_policy();
     int step = 1;
     if (all_resident_before) {
-      auto grads = model.make_gradients(step);
-      model.offload_all(executor);
-      EXPECT_EQ(executor.run(hyper(step), policy, kHeadroom).resident_subgroups, 4u);
-      ref.step(grads, hyper(step++));
+      tide_standin_stats stats;
+      all_resident_step(model, executor, ref, step++, &stats);
     }
-    auto grads = model.make_gradients(step);
-    model.offload_all(executor);
-    const PhaseReport& report = executor.run(hyper(step), policy, headroom);
-    ref.step(grads, hyper(step));
-    EXPECT_TRUE(report.fault.empty()) << report.fault;
-    const std::size_t resident = report.resident_subgroups;
-    executor.sync_state(false);
+    const std::size_t resident =
+        synced_step(model, executor, ref, step, headroom).resident_subgroups;
     expect_matches(model, ref);
     return resident;
   };
