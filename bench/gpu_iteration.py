@@ -585,14 +585,14 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
 # it, which gradients went to the host during backward and which only at step(), and the
 # pressure its passes put on resident state (subgroups taken back home inside their
 # allocations, and the time that took; allocations served only by giving the cache back to the
-# driver).
+# driver), and how many GPU subgroups found their gradient on the GPU (kept_gradients).
 # And where the update phase's time went: each stream's busy time (the GPU's kernels, the copies
 # each way, the CPU's updates), in ms.
 STEP_PLAN_KEYS = ("gpu_subgroups", "cpu_subgroups", "resident_subgroups",
                   "predicted_seconds", "gradients_offloaded_in_backward",
                   "gradients_offloaded_at_step", "evicted_subgroups", "evict_seconds",
-                  "cache_releases", "withdrawn_gradients", "headroom_bytes", "gpu_busy_seconds", "h2d_busy_seconds",
-                  "d2h_busy_seconds", "cpu_busy_seconds")
+                  "cache_releases", "withdrawn_gradients", "kept_gradients", "headroom_bytes",
+                  "gpu_busy_seconds", "h2d_busy_seconds", "d2h_busy_seconds", "cpu_busy_seconds")
 
 
 def allocator_telemetry(tt) -> dict:

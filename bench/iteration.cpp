@@ -548,7 +548,11 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < configs.size(); ++i) {
     ExecutorOptions o;
     o.rates = rates;
-    o.gradients_on_gpu = configs[i].offload == Offload::async;
+    // Static configurations keep their gradients on the GPU (Deep Optimizer States does); tide
+    // where its model predicts it pays (the default).
+    o.gradients_on_gpu = configs[i].offload != Offload::async ? KeptGradients::no
+                         : configs[i].static_headroom         ? KeptGradients::yes
+                                                              : KeptGradients::automatic;
     o.residency = configs[i].residency;
     o.cpu_threads = 1;
     o.cpu_isa = kernels::CpuIsa::kScalar;
@@ -563,7 +567,7 @@ int main(int argc, char** argv) {
     for (bool on_gpu : {false, true}) {
       ExecutorOptions o;
       o.rates = r;
-      o.gradients_on_gpu = on_gpu;
+      o.gradients_on_gpu = on_gpu ? KeptGradients::yes : KeptGradients::no;
       o.refine = false;
       predictors.push_back(std::make_unique<Executor>(trainer.state(), o));
     }

@@ -162,6 +162,7 @@ tide_optimizer_options default_options() {
   o.grad_dtype = TIDE_BFLOAT16;
   o.param_dtype = TIDE_BFLOAT16;
   o.refine = 1;
+  o.gradients_on_gpu = TIDE_GRADIENTS_AUTO;
   return o;
 }
 
@@ -227,6 +228,7 @@ void fill_result(tide_optimizer& o, const PhaseReport& r, tide_step_result& out)
   out.cache_releases = r.pressure.cache_releases;
   out.withdrawn_gradients = r.pressure.withdrawn_gradients;
   out.withdrawn_bytes = r.pressure.withdrawn_bytes;
+  out.kept_gradients = r.kept_gradients;
   out.gpu_busy_seconds = r.gpu_seconds;
   out.h2d_busy_seconds = r.h2d_seconds;
   out.d2h_busy_seconds = r.d2h_seconds;
@@ -324,7 +326,13 @@ TIDE_API tide_status tide_optimizer_create(const uint64_t* subgroup_params, size
                              "host_memory_contended_rate");
       }
     }
-    eo.gradients_on_gpu = o.gradients_on_gpu != 0;
+    require(o.gradients_on_gpu >= TIDE_GRADIENTS_HOST && o.gradients_on_gpu <= TIDE_GRADIENTS_AUTO,
+            "tide_optimizer_create: gradients_on_gpu must be TIDE_GRADIENTS_HOST (0), "
+            "TIDE_GRADIENTS_GPU (1) or TIDE_GRADIENTS_AUTO (2), not " +
+                std::to_string(o.gradients_on_gpu));
+    eo.gradients_on_gpu = o.gradients_on_gpu == TIDE_GRADIENTS_GPU    ? KeptGradients::yes
+                          : o.gradients_on_gpu == TIDE_GRADIENTS_AUTO ? KeptGradients::automatic
+                                                                      : KeptGradients::no;
     eo.residency = tide::runtime::residency_from_env();
     eo.gpu_chunk_params = tide::runtime::gpu_chunk_from_env();
     eo.planner.max_buffers = o.max_buffers;

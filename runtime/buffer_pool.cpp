@@ -79,6 +79,14 @@ std::uint64_t BufferPool::residency_budget(std::uint64_t headroom) {
   return f.iterations > 0 ? std::min(headroom, f.held_headroom) : 0;
 }
 
+std::optional<std::uint64_t> BufferPool::update_headroom() {
+  allocator::device::CachingAllocator* a = caching_allocator();
+  if (a == nullptr) return std::nullopt;
+  const allocator::telemetry::HeadroomForecast f = a->headroom();
+  if (f.iterations == 0) return std::nullopt;
+  return f.headroom;
+}
+
 CUdeviceptr BufferPool::add_gradient(std::uint64_t bytes, CUstream stream) {
   gradients_.emplace_back(memory(), bytes, stream);
   return gradients_.back().get();

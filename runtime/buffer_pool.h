@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -53,6 +54,9 @@ class BufferPool {
   // before tide's allocator has seen an iteration, nor without tide's allocator or a given
   // resource (the forward pass's peak is unknown there, and nothing could give the memory back).
   std::uint64_t residency_budget(std::uint64_t headroom);
+  // The update phase's own headroom as tide's allocator forecasts it, once it has seen an
+  // iteration; nullopt without tide's allocator (nothing to compare a held plan with).
+  std::optional<std::uint64_t> update_headroom();
   // A prepared plan's GPU subgroups' gradients, kept on the GPU (ExecutorOptions::
   // gradients_on_gpu) until the phase that reads them is over.
   CUdeviceptr add_gradient(std::uint64_t bytes, CUstream stream);

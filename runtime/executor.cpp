@@ -110,7 +110,7 @@ Executor::Executor(OptimizerState& state, const ExecutorOptions& options)
                                 std::to_string(kernels::kQuantBlock) + ", not " +
                                 std::to_string(options_.gpu_chunk_params));
   }
-  if (state_.host_params() && options_.gradients_on_gpu) {
+  if (state_.host_params() && options_.gradients_on_gpu == KeptGradients::yes) {
     throw std::invalid_argument(
         "tide: executor: host-resident parameters read their gradients where they are: "
         "gradients_on_gpu does not apply");
@@ -259,7 +259,7 @@ std::uint64_t Executor::capped(std::uint64_t headroom) const {
 bool Executor::needs_staging() const { return state_.separate_weights(); }
 
 planner::Plan Executor::plan_for(const Policy& policy, std::uint64_t headroom_bytes) const {
-  return plan_with(policy, headroom_bytes, options_.gradients_on_gpu);
+  return plan_with(policy, headroom_bytes, options_.gradients_on_gpu == KeptGradients::yes);
 }
 
 void Executor::sync_state(bool written) {
@@ -633,23 +633,62 @@ std::vector<char> Executor::gpu_allowed() const {
   return allowed;
 }
 
-const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {
+std::optional<planner::Plan> Executor::plan_keeping_gradients(const Policy& policy,
+                                                              std::uint64_t holdable,
+                                                              std::uint64_t held) {
+  // Without a forecast of the update's own headroom (no iteration seen, not tide's allocator)
+  // there is nothing to compare with, and nothing could take the buffers back.
+  const std::optional<std::uint64_t> update_headroom = buffers_.update_headroom();
+  if (!update_headroom || state_.host_params()) return std::nullopt;
+  planner::Plan with = plan_with(policy, holdable, true, held);
+  if (with.gpu_order.empty()) return std::nullopt;
+  const planner::Plan without = plan_with(policy, *update_headroom, false, held);
+  if (with.predicted.phase_s > without.predicted.phase_s) return std::nullopt;
+  return with;
+}
+
+const planner::Plan* Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {
   const std::lock_guard lock(residency_mutex_);
   const driver::ContextScope scope(context_);
   offload_->synchronize_all();  // no copy may be in flight to a buffer being re-routed
-  buffers_.clear_gradients();
-  offload_->route({});
   // Kept gradients are held through the forward and backward passes: no more than may be held.
   const std::uint64_t held = options_.residency ? residency_held(headroom_bytes) : 0;
-  if (options_.gradients_on_gpu) headroom_bytes = buffers_.holdable(headroom_bytes);
-  prepared_ = plan_with(policy, headroom_bytes, options_.gradients_on_gpu, held);
-  if (options_.gradients_on_gpu && !prepared_->gpu_order.empty()) {
+  const bool keep = options_.gradients_on_gpu != KeptGradients::no;
+  if (keep) headroom_bytes = buffers_.holdable(headroom_bytes);
+  std::optional<planner::Plan> chosen;
+  if (options_.gradients_on_gpu == KeptGradients::automatic) {
+    chosen = plan_keeping_gradients(policy, headroom_bytes, held);
+    if (!chosen) {
+      // run() plans with the update's headroom. Resident subgroups keep the gradient routes the
+      // last phase gave them (keep_resident_gradients), unless an earlier prepare() changed them.
+      if (prepared_) {
+        prepared_.reset();
+        buffers_.clear_gradients();
+        offload_->route({});
+        keep_resident_gradients();
+      }
+      offer_to_reclaim();
+      return nullptr;
+    }
+  }
+  buffers_.clear_gradients();
+  offload_->route({});
+  prepared_ = chosen ? std::move(chosen) : plan_with(policy, headroom_bytes, keep, held);
+  if (keep && !prepared_->gpu_order.empty()) {
     std::vector<CUdeviceptr> route(state_.size(), 0);
+    // Automatic: copied subgroups' gradients reach pinned memory too, so that a step stays
+    // exact or changes nothing whatever the device does (a resident one's state is on the
+    // device anyway).
+    std::vector<char> mirrored(state_.size(), 0);
     try {
       for (std::size_t s : prepared_->gpu_order) {
         route[s] = buffers_.add_gradient(state_.params(s) * state_.grad_bytes(), compute_->get());
+        mirrored[s] = options_.gradients_on_gpu == KeptGradients::automatic &&
+                              !prepared_->subgroups[s].resident
+                          ? 1
+                          : 0;
       }
-      offload_->route(std::move(route));
+      offload_->route(std::move(route), std::move(mirrored));
     } catch (...) {
       if (!out_of_memory(std::current_exception())) throw;
       // No room for the gradients on the GPU: they go to host memory, the plan is made again
@@ -660,7 +699,7 @@ const planner::Plan& Executor::prepare(const Policy& policy, std::uint64_t headr
     }
   }
   offer_to_reclaim();  // a forward pass past the forecast takes the kept gradients back
-  return *prepared_;
+  return &*prepared_;
 }
 
 }  // namespace tide::runtime

@@ -136,6 +136,15 @@ inline constexpr std::uint64_t kMaxGpuChunks = 64;
 // TIDE_GPU_CHUNK if set (strictly parsed; config::EnvError), else kDefaultGpuChunkParams.
 std::uint64_t gpu_chunk_from_env();
 
+// Where a prepared plan's GPU subgroups take their gradients from (tide_optimizer_options::
+// gradients_on_gpu): pinned memory (no); the GPU, offloaded there only (yes: a device lost before
+// the step loses them, TIDE_STEP_INCOMPLETE); or (automatic) the GPU where the model predicts the
+// phase no slower that way than with the update's own headroom and tide's allocator can take the
+// buffers back from a forward pass past its forecast, offloaded to pinned memory too, so that
+// the step can still redo them on the CPU (the update saves their copy in, not the backward
+// pass's copy out).
+enum class KeptGradients { no, yes, automatic };
+
 struct ExecutorOptions {
   int device = 0;
   std::optional<planner::Rates>
@@ -143,9 +152,9 @@ struct ExecutorOptions {
   // The CPU update's rate by state format against fp32 state's (planner/cpu_update_factors.h).
   // nullopt: the calibration file's when `rates` is nullopt too, else none (the model's factor).
   std::optional<planner::CpuUpdateFactors> cpu_update_factors;
-  // GPU subgroups of a prepared plan keep their gradients on the GPU (offloaded device to device)
-  // instead of copying them in from pinned memory with their state.
-  bool gradients_on_gpu = false;
+  // Whether GPU subgroups of a prepared plan keep their gradients on the GPU (offloaded device
+  // to device) instead of copying them in from pinned memory with their state.
+  KeptGradients gradients_on_gpu = KeptGradients::no;
   planner::PlannerOptions planner;
   bool refine = true;  // measured times refine the rates
   planner::RefineOptions refine_options;
@@ -206,8 +215,11 @@ struct PhaseReport {
   std::string fault;                     // the first fault of the phase (empty: none)
   std::vector<std::size_t> unwritten;    // updated, but their model parameters were not written
   std::vector<std::size_t> not_updated;  // not updated: their gradient was lost with the device
-  std::size_t resident_subgroups = 0;    // resident after the phase (their state on the device)
-  std::uint64_t resident_bytes = 0;      // device memory their state holds
+  // GPU subgroups whose gradient was on the GPU when the phase began (a prepared plan's kept
+  // gradients, a resident subgroup's): their update copied none in.
+  std::size_t kept_gradients = 0;
+  std::size_t resident_subgroups = 0;  // resident after the phase (their state on the device)
+  std::uint64_t resident_bytes = 0;    // device memory their state holds
   // Since the previous phase (the forward and backward passes between them): memory pressure on
   // resident state. Subgroups the allocator took back home because an allocation would have
   // failed (its reclaimer), their bytes and the time it spent on it inside those allocations;
@@ -240,11 +252,13 @@ class Executor {
   GradientOffload& offload() { return *offload_; }
   OptimizerState& state() { return state_; }
 
-  // The plan for the next update phase with `headroom_bytes` of GPU memory, computed now (before
-  // backward), so that with gradients_on_gpu its GPU subgroups receive their gradients on the
-  // GPU: allocates their gradient buffers and routes the offload there. Optional: run() plans
-  // itself when no plan was prepared.
-  const planner::Plan& prepare(const Policy& policy, std::uint64_t headroom_bytes);
+  // The plan for the next update phase with `headroom_bytes` of GPU memory (what may be held
+  // through the coming passes), computed now (before backward), so that with gradients_on_gpu its
+  // GPU subgroups receive their gradients on the GPU: allocates their gradient buffers and routes
+  // the offload there. Optional: run() plans itself when no plan was prepared. Returns the plan,
+  // or nullptr where KeptGradients::automatic found keeping them not worth it (run() plans then,
+  // with the update's headroom).
+  const planner::Plan* prepare(const Policy& policy, std::uint64_t headroom_bytes);
 
   // Everything the step needs before it can change anything: checks `hyper`, waits for the
   // gradients offloaded so far and for work a failed phase left queued. Throws when it cannot
@@ -324,6 +338,11 @@ class Executor {
   void synchronize_streams() const;
   bool needs_staging() const;
   std::uint64_t capped(std::uint64_t headroom) const;
+  // KeptGradients::automatic: the plan keeping its GPU subgroups' gradients within `holdable`,
+  // where the model predicts it no slower than the plan without them within the update's own
+  // forecast headroom; nullopt where not (or where there is no forecast).
+  std::optional<planner::Plan> plan_keeping_gradients(const Policy& policy, std::uint64_t holdable,
+                                                      std::uint64_t held);
   // `held_bytes`: what may be held through a whole iteration, for resident subgroups (0: none).
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu,
                           std::uint64_t held_bytes = 0) const;

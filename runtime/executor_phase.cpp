@@ -351,8 +351,9 @@ void Executor::Phase::to_cpu(std::size_t s) {
     }
   }
   if (residency.resident(s)) residency.host_written(s);  // the CPU updates the pinned slot
-  if (const CUdeviceptr g = x.offload_->device_gradient(s); g != 0) {
-    // Its gradient was kept on the GPU: bring it over first. The kernel never writes it.
+  if (const CUdeviceptr g = x.offload_->device_gradient(s);
+      g != 0 && !x.offload_->reaches_host(s)) {
+    // Its gradient was kept on the GPU only: bring it over first. The kernel never writes it.
     try {
       driver::copy_to_host(state.grad(s), g, state.params(s) * gs);
     } catch (...) {
@@ -1121,6 +1122,9 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
       report.planned.subgroups[s].resident = false;
     }
   }
+  for (std::size_t s : report.planned.gpu_order) {
+    if (offload_->device_gradient(s) != 0) ++report.kept_gradients;
+  }
   report.timings.assign(state_.size(), planner::SubgroupTiming{});
   report.devices.assign(state_.size(), planner::Device::cpu);
   report.cpu_spans.assign(state_.size(), PhaseReport::Span{});
@@ -1214,7 +1218,7 @@ const PhaseReport& Executor::run(const kernels::AdamHyper& hyper, const Policy& 
   if (allocator::device::CachingAllocator* a = buffers_.caching_allocator()) {
     cache_releases_seen_ = a->usage().cache_releases;
   }
-  if (!options_.gradients_on_gpu) keep_resident_gradients();
+  if (options_.gradients_on_gpu != KeptGradients::yes) keep_resident_gradients();
   report.resident_subgroups = residency_.count();
   report.resident_bytes = residency_.bytes();
   for (const planner::SubgroupTiming& t : report.timings) {

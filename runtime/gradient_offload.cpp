@@ -41,9 +41,8 @@ void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdevi
   produced_.record(producer);
   stream_.wait(produced_);
   const CUdeviceptr device = route_.empty() ? 0 : route_[subgroup];
-  if (device != 0) {
-    driver::copy_on_device_async(device + offset * size, src, bytes, stream_);
-  } else {
+  if (device != 0) driver::copy_on_device_async(device + offset * size, src, bytes, stream_);
+  if (device == 0 || mirrored_[subgroup] != 0) {
     driver::copy_to_host_async(static_cast<char*>(state_.grad(subgroup)) + offset * size, src,
                                bytes, stream_);
   }
@@ -62,12 +61,17 @@ void GradientOffload::offload(std::size_t subgroup, std::uint64_t offset, CUdevi
   }
 }
 
-void GradientOffload::route(std::vector<CUdeviceptr> device) {
+void GradientOffload::route(std::vector<CUdeviceptr> device, std::vector<char> mirrored) {
   if (!device.empty() && device.size() != state_.size()) {
     throw std::invalid_argument("tide: gradient offload: one route per subgroup");
   }
+  if (!mirrored.empty() && mirrored.size() != device.size()) {
+    throw std::invalid_argument("tide: gradient offload: one mirror flag per route");
+  }
+  if (mirrored.empty()) mirrored.assign(device.size(), 0);
   std::lock_guard lock(mutex_);
   route_ = std::move(device);
+  mirrored_ = std::move(mirrored);
   std::fill(written_.begin(), written_.end(), 0);
 }
 
@@ -87,6 +91,11 @@ std::vector<GradientOffload::Withdrawn> GradientOffload::withdraw_unwritten(std:
 CUdeviceptr GradientOffload::device_gradient(std::size_t subgroup) const {
   std::lock_guard lock(mutex_);
   return route_.empty() ? 0 : route_.at(subgroup);
+}
+
+bool GradientOffload::reaches_host(std::size_t subgroup) const {
+  std::lock_guard lock(mutex_);
+  return route_.empty() || route_.at(subgroup) == 0 || mirrored_[subgroup] != 0;
 }
 
 void GradientOffload::wait_on(std::size_t subgroup, const driver::Stream& stream) const {

@@ -39,9 +39,13 @@ class GradientOffload {
                kernels::Dtype dtype, CUstream producer);
 
   // Where each subgroup's gradient goes: `device[i]` non-zero sends subgroup i's gradients to
-  // that device buffer (params(i) elements) instead of its pinned buffer. Empty: all to host.
-  void route(std::vector<CUdeviceptr> device);
+  // that device buffer (params(i) elements) instead of its pinned buffer, and also to the pinned
+  // buffer where `mirrored[i]` is set (a step that waited for them can then redo the subgroup on
+  // the CPU whatever happens to the device). Empty: all to host.
+  void route(std::vector<CUdeviceptr> device, std::vector<char> mirrored = {});
   CUdeviceptr device_gradient(std::size_t subgroup) const;
+  // Whether the subgroup's gradients reach its pinned buffer: not routed, or mirrored.
+  bool reaches_host(std::size_t subgroup) const;
   // Device buffers that no gradient has reached since they were routed, from the last subgroup
   // down until they add up to `bytes` (or all of them): their subgroups' gradients go to their
   // pinned buffers from now on, and the caller may free the buffers returned. Atomic against
@@ -69,7 +73,8 @@ class GradientOffload {
   driver::Event produced_;             // re-recorded per call; the wait captures it at once
   std::vector<driver::Event> copied_;  // per subgroup: its latest copy on stream_
   std::vector<CUdeviceptr> route_;
-  std::vector<char> written_;  // per subgroup: a gradient reached its route since route()
+  std::vector<char> mirrored_;  // per subgroup when route_ is not empty
+  std::vector<char> written_;   // per subgroup: a gradient reached its route since route()
   std::uint64_t offloads_ = 0;
 };
 

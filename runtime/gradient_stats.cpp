@@ -32,9 +32,11 @@ void accumulate(const void* data, std::uint64_t begin, std::uint64_t end, Gradie
 
 GradientStats gradient_stats(const OptimizerState& state, const GradientOffload& offload) {
   offload.synchronize_all();
-  // Gradients kept on the GPU (gradients_on_gpu) are not in their pinned buffers, which still
-  // hold an older step's: brought over first (the buffers are unused for those subgroups).
+  // Gradients kept on the GPU only (gradients_on_gpu, not mirrored) are not in their pinned
+  // buffers, which still hold an older step's: brought over first (the buffers are unused for
+  // those subgroups).
   for (std::size_t s = 0; s < state.size(); ++s) {
+    if (offload.reaches_host(s)) continue;
     if (const CUdeviceptr g = offload.device_gradient(s); g != 0) {
       driver::copy_to_host(state.grad(s), g, state.params(s) * state.grad_bytes());
     }

@@ -709,11 +709,11 @@ TIDE_API tide_status tide_plan(const uint64_t* subgroup_params, size_t count,
  * and which subgroup is where: the model's parameters of some subgroups may not have been
  * written (the device could not take the new weights: write them from the master weights, or
  * call tide_optimizer_write_params once it can) and, only with a lost device, some subgroups
- * may not have been updated: those whose gradient was kept on it (gradients_on_gpu) or whose
- * state was resident there (tide_optimizer_sync_state). No work the call enqueued writes
- * anything after it returns but the same committed weights, and only where a lost device could
- * not be waited for. A step of several optimizers that must succeed or fail together calls
- * tide_optimizer_ready on every one of them first. */
+ * may not have been updated: those whose gradient was kept on it only (gradients_on_gpu
+ * TIDE_GRADIENTS_GPU) or whose state was resident there (tide_optimizer_sync_state). No work the
+ * call enqueued writes anything after it returns but the same committed weights, and only where
+ * a lost device could not be waited for. A step of several optimizers that must succeed or fail
+ * together calls tide_optimizer_ready on every one of them first. */
 
 typedef struct tide_optimizer tide_optimizer;
 
@@ -727,13 +727,27 @@ typedef struct tide_param_slice {
   uint64_t device_ptr; /* a CUdeviceptr */
 } tide_param_slice;
 
+/* tide_optimizer_options.gradients_on_gpu: where the GPU subgroups of a plan made by
+ * tide_optimizer_prepare take their gradients from (their buffers are held from then on through
+ * the forward and backward passes). TIDE_GRADIENTS_HOST: pinned memory, copied in with the
+ * state. TIDE_GRADIENTS_GPU: kept on the GPU only (device-to-device offload); the backward pass
+ * copies nothing to the host for them, and a device lost before they are read loses them
+ * (TIDE_STEP_INCOMPLETE). TIDE_GRADIENTS_AUTO, the default: kept on the GPU where tide's
+ * allocator forecasts the memory (it can take them back from a forward pass past its forecast)
+ * and the model predicts the update no slower that way, and offloaded to pinned memory as well,
+ * so that the step stays exact or unchanged whatever the device does; the update copies them in
+ * no more. */
+#define TIDE_GRADIENTS_HOST 0
+#define TIDE_GRADIENTS_GPU 1
+#define TIDE_GRADIENTS_AUTO 2
+
 typedef struct tide_optimizer_options { /* versioned (see the top) */
   size_t struct_size;
   int32_t device;           /* CUDA device ordinal */
   int32_t grad_dtype;       /* tide_dtype of the gradients (default TIDE_BFLOAT16) */
   int32_t param_dtype;      /* tide_dtype of the model's parameters (default TIDE_BFLOAT16) */
-  int32_t gradients_on_gpu; /* 1: GPU subgroups of a prepared plan keep their gradients on the
-                               GPU (device-to-device offload) instead of copying them in */
+  int32_t gradients_on_gpu; /* where a prepared plan's GPU subgroups take their gradients from:
+                               a TIDE_GRADIENTS_* (default TIDE_GRADIENTS_AUTO) */
   uint64_t max_buffers;     /* cap on GPU buffers in flight; 0: as many as fit and help */
   int32_t use_rates;        /* 1: start from `rates` (and host_memory_rate below); 0:
                                tide_rates_resolve(NULL), tide_host_memory_rates_resolve(NULL) */
@@ -896,9 +910,11 @@ typedef struct tide_placement_policy {
 } tide_placement_policy;
 
 /* Plans the coming update phase now (call before backward). Optional; needed for
- * gradients_on_gpu. `policy` NULL: TIDE_PLACEMENT, else auto. The kept gradients' buffers are
- * allocated now and held through the forward and backward passes: pass what fits at their peak
- * (tide_alloc_forecast's held_headroom_bytes), not the update phase's headroom_bytes. */
+ * gradients_on_gpu (with TIDE_GRADIENTS_AUTO, where keeping them does not pay, nothing is
+ * prepared and the step plans with its own headroom). `policy` NULL: TIDE_PLACEMENT, else
+ * auto. The kept gradients' buffers are allocated now and held through the forward and
+ * backward passes: pass what fits at their peak (tide_alloc_forecast's held_headroom_bytes),
+ * not the update phase's headroom_bytes. */
 TIDE_API tide_status tide_optimizer_prepare(tide_optimizer* optimizer,
                                             const tide_placement_policy* policy,
                                             uint64_t headroom_bytes);
@@ -951,7 +967,8 @@ typedef enum tide_step_outcome {
                                           master weights, or tide_optimizer_write_params once the
                                           device can) */
   TIDE_STEP_NOT_HAPPENED = 2,          /* nothing changed: `reason`; the call returned its error */
-  TIDE_STEP_INCOMPLETE = 3             /* only with gradients_on_gpu and a lost device: the
+  TIDE_STEP_INCOMPLETE = 3             /* only with a lost device and gradients_on_gpu
+                                          TIDE_GRADIENTS_GPU or resident state: the
                                           `not_updated` subgroups could not be updated (their
                                           gradients were lost), the others were: `reason` */
 } tide_step_outcome;
@@ -1011,6 +1028,9 @@ typedef struct tide_step_result {
    * on the CPU. Given back before any resident state. */
   uint64_t withdrawn_gradients;
   uint64_t withdrawn_bytes;
+  /* GPU subgroups whose gradient was on the GPU when the step began (kept by a prepared plan:
+   * gradients_on_gpu; or a resident subgroup's): their update copied no gradient in. */
+  uint64_t kept_gradients;
 } tide_step_result;
 
 static inline tide_step_result tide_step_result_default(void) {

@@ -167,6 +167,18 @@ TEST(ExecutorCapi, RejectsBadArguments) {
   EXPECT_NE(std::string(tide::capi::last_error_text()).find("state_dtype"), std::string::npos)
       << tide::capi::last_error_text();
   options.state_dtype = TIDE_FLOAT32;
+  // Where kept gradients go: TIDE_GRADIENTS_AUTO by default, one of the three values.
+  EXPECT_EQ(options.gradients_on_gpu, TIDE_GRADIENTS_AUTO);
+  for (const int bad : {-1, 3}) {
+    options.gradients_on_gpu = bad;
+    EXPECT_EQ(tide_optimizer_create(sizes, 1, &whole, 1, &options, nullptr, &opt),
+              TIDE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(opt, nullptr);
+    EXPECT_NE(std::string(tide::capi::last_error_text()).find("gradients_on_gpu"),
+              std::string::npos)
+        << tide::capi::last_error_text();
+  }
+  options.gradients_on_gpu = TIDE_GRADIENTS_AUTO;
   // bf16 master weights: only of bf16 parameters, not with 8-bit moments, and a known dtype.
   EXPECT_EQ(options.master_dtype, TIDE_FLOAT32);
   options.master_dtype = TIDE_FLOAT16;

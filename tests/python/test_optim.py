@@ -226,13 +226,16 @@ def test_tensor_lr_and_maximize():
                                  **options), data)).assert_close(ours)
 
 
-@pytest.mark.parametrize("how", ["tide", "torch", "tide-gradients-on-gpu"])
+@pytest.mark.parametrize("how", ["tide", "torch", "tide-gradients-on-gpu",
+                                 "tide-gradients-on-host"])
 def test_gradient_clipping(how):
     ours = make_model()
-    # gradients_on_gpu: the GPU subgroups' gradients are kept on the GPU, not in their pinned
-    # buffers, and the norm must still be this step's (it was an older step's).
+    # gradients_on_gpu=True: the GPU subgroups' gradients are kept on the GPU, not in their pinned
+    # buffers, and the norm must still be this step's (it was an older step's). The default keeps
+    # them on the GPU and in their pinned buffers, which the norm reads.
     opt = tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2,
-                   gradients_on_gpu=how.endswith("gpu"))
+                   gradients_on_gpu={"tide-gradients-on-gpu": True,
+                                     "tide-gradients-on-host": False}.get(how))
     norms = []
 
     def clip_ours(model, o):
@@ -435,17 +438,49 @@ def test_gradient_accumulation_over_micro_batches():
 def test_gpu_buffers_are_freed_after_the_step_unless_kept():
     """The headroom is what the update phase may use: its buffers must not stay allocated into
     the next forward pass, unless asked for. They come from tide's allocator (its cache), so
-    they are counted there."""
+    they are counted there. Gradients kept on the GPU (the default, where memory allows) are
+    allocated at zero_grad() for the next step, and held through its passes: only they stay."""
     for keep in (False, True):
+        for kept_gradients in (False, None):
+            model = make_model()
+            opt = tt.AdamW(model.parameters(), subgroup_size=3000, placement="gpu",
+                           keep_buffers=keep, gradients_on_gpu=kept_gradients)
+            before = tt.memory_allocated(0)
+            train(model, opt, batches(2))
+            assert opt.last_plan["gpu_subgroups"] > 0
+            # Those the step used (every subgroup's); zero_grad() allocated them again for the
+            # next one: fp32 gradients.
+            kept = opt.last_plan["kept_gradients"]
+            assert kept == (opt.last_plan["gpu_subgroups"] if kept_gradients is None else 0)
+            held = 4 * sum(p.numel() for p in model.parameters()) if kept else 0
+            if keep:  # buffer_bytes: the lanes and the kept gradients the step used
+                assert tt.memory_allocated(0) >= before + opt.stats[-1]["buffer_bytes"]
+            else:  # each kept buffer is a block of tide's allocator: 512-byte granules
+                extra = tt.memory_allocated(0) - before - held
+                assert (0 <= extra < 512 * kept) if kept else extra == 0
+            del model, opt
+
+
+def test_gradients_stay_on_the_gpu_where_memory_allows_by_default():
+    """gradients_on_gpu=None (the default): once tide's allocator has seen an iteration, the GPU
+    subgroups of a roomy device find their gradients on the GPU at step() (kept_gradients), with
+    the same bits as without; False: never. Anything else is refused."""
+    kept, weights = {}, {}
+    for mode in (None, False):
         model = make_model()
-        opt = tt.AdamW(model.parameters(), subgroup_size=3000, placement="gpu", keep_buffers=keep)
-        before = tt.memory_allocated(0)
-        train(model, opt, batches(2))
-        assert opt.last_plan["gpu_subgroups"] > 0
-        if keep:
-            assert tt.memory_allocated(0) >= before + opt.stats[-1]["buffer_bytes"]
-        else:
-            assert tt.memory_allocated(0) == before
+        opt = tt.AdamW(model.parameters(), lr=3e-3, subgroup_size=3000, placement=2,
+                       gradients_on_gpu=mode)
+        train(model, opt, batches(4))
+        kept[mode] = [(s["kept_gradients"], s["gpu_subgroups"]) for s in opt.stats]
+        weights[mode] = [p.detach().clone() for p in model.parameters()]
+    assert all(k == 0 for k, _ in kept[False]), kept
+    assert all(g > 0 for _, g in kept[None]), kept
+    assert kept[None][0][0] == 0, "kept before the forecast had seen an iteration"
+    assert all(k == g for k, g in kept[None][1:]), kept
+    for a, b in zip(weights[None], weights[False]):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="gradients_on_gpu"):
+        tt.AdamW(make_model().parameters(), gradients_on_gpu="yes")
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="sizes the stand-in device's limit in tide's allocator")

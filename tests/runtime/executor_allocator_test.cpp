@@ -105,9 +105,9 @@ TEST_F(ExecutorAllocatorTest, KeptGradientsComeFromTheCacheToo) {
   Reference ref(*model->state);
   ExecutorOptions options;
   options.rates = test_rates();
-  options.gradients_on_gpu = true;
+  options.gradients_on_gpu = KeptGradients::yes;
   Executor executor(*model->state, options);
-  const planner::Plan& plan = executor.prepare(Policy::all_gpu(), 48 * kMiB);
+  const planner::Plan& plan = *executor.prepare(Policy::all_gpu(), 48 * kMiB);
   ASSERT_EQ(plan.gpu_order.size(), kSubgroups);
   EXPECT_GE(allocator->usage().live, kSubgroups * 2 * kParams);  // the kept bf16 gradients
   auto grads = model->make_gradients(1);
@@ -117,6 +117,136 @@ TEST_F(ExecutorAllocatorTest, KeptGradientsComeFromTheCacheToo) {
   EXPECT_EQ(r.ran.gpu_order.size(), kSubgroups);
   ref.step(grads, hyper(1));
   expect_matches(*model, ref);
+}
+
+// KeptGradients::automatic (the default of tide.torch and the C ABI) keeps the gradients on the
+// GPU where the forecast says they may be held through the passes and the model predicts the
+// phase no slower that way, and otherwise prepares nothing: the phase plans with its own
+// headroom and copies the gradients in from pinned memory.
+struct AutomaticKeptGradients : ExecutorAllocatorTest {
+  // The forecast of `n` iterations whose passes peaked at `activations` (the window's worth, so
+  // that other tests' iterations are out of it), then an executor and its prepared plan.
+  const planner::Plan* prepare_after(std::size_t activations) {
+    allocator->mark(allocator::telemetry::Mark::kIterationEnd);
+    iterations_seen(5, activations);
+    options.rates = test_rates();
+    options.gradients_on_gpu = KeptGradients::automatic;
+    executor = std::make_unique<Executor>(*model->state, options);
+    ref = std::make_unique<Reference>(*model->state);
+    return prepare_now();
+  }
+  const planner::Plan* prepare_now() {
+    return executor->prepare(Policy::automatic_policy(), allocator->headroom().held_headroom);
+  }
+  // Subgroups whose gradient goes to a GPU buffer now.
+  std::vector<std::size_t> kept() const {
+    std::vector<std::size_t> out;
+    for (std::size_t s = 0; s < kSubgroups; ++s) {
+      if (executor->offload().device_gradient(s) != 0) out.push_back(s);
+    }
+    return out;
+  }
+  // Backward and the phase, with the update's headroom as tide.torch gives it; exact.
+  const PhaseReport& finish() {
+    auto grads = model->make_gradients(1);
+    model->offload_all(*executor);
+    const PhaseReport& r =
+        executor->run(hyper(1), Policy::automatic_policy(), allocator->headroom().headroom);
+    EXPECT_TRUE(r.fault.empty()) << r.fault;
+    ref->step(grads, hyper(1));
+    expect_matches(*model, *ref);
+    executor->release_buffers();
+    return r;
+  }
+  ExecutorOptions options;
+  std::unique_ptr<Executor> executor;
+  std::unique_ptr<Reference> ref;
+};
+
+TEST_F(AutomaticKeptGradients, WhereMemoryAllowsTheGpuSubgroupsKeepThem) {
+  const planner::Plan* plan = prepare_after(8 * kMiB);
+  ASSERT_NE(plan, nullptr) << "room for every lane and kept gradient, and no copy of them in";
+  ASSERT_FALSE(plan->gpu_order.empty());
+  std::vector<std::size_t> gpu = plan->gpu_order;
+  std::sort(gpu.begin(), gpu.end());
+  EXPECT_EQ(kept(), gpu);
+  EXPECT_GE(allocator->usage().live, gpu.size() * 2 * kParams);
+  const PhaseReport& r = finish();
+  EXPECT_EQ(r.ran.gpu_order.size(), gpu.size());
+  EXPECT_EQ(r.fallback_subgroups, 0u);
+}
+
+// The passes peak at 50 MiB: what may be held through them has room for the kept gradients and
+// one lane, which the model predicts slower than the lanes of the update phase's own headroom.
+TEST_F(AutomaticKeptGradients, WhereTheyWouldCostLanesNothingIsPrepared) {
+  const planner::Plan* plan = prepare_after(50 * kMiB);
+  const allocator::telemetry::HeadroomForecast f = allocator->headroom();
+  ASSERT_GT(f.held_headroom, 14 * kParams + 3 * 2 * kParams);
+  ASSERT_LT(f.held_headroom, 2 * 14 * kParams);
+  ASSERT_GT(f.headroom, 4 * 14 * kParams);
+  EXPECT_EQ(plan, nullptr);
+  EXPECT_TRUE(kept().empty());
+  EXPECT_EQ(allocator->usage().live, 0u);
+  const PhaseReport& r = finish();
+  EXPECT_FALSE(r.ran.gpu_order.empty()) << "planned with the update's headroom";
+  EXPECT_EQ(r.fallback_subgroups, 0u);
+}
+
+// At 54 MiB not even one lane fits beside a kept gradient: the same.
+TEST_F(AutomaticKeptGradients, WhereNoLaneFitsBesideThemNothingIsPrepared) {
+  const planner::Plan* plan = prepare_after(54 * kMiB);
+  const allocator::telemetry::HeadroomForecast f = allocator->headroom();
+  ASSERT_LT(f.held_headroom, 14 * kParams + 2 * kParams);
+  ASSERT_GT(f.headroom, 2 * 14 * kParams);
+  EXPECT_EQ(plan, nullptr);
+  EXPECT_TRUE(kept().empty());
+  const PhaseReport& r = finish();
+  EXPECT_FALSE(r.ran.gpu_order.empty()) << "planned with the update's headroom";
+  EXPECT_EQ(r.fallback_subgroups, 0u);
+}
+
+// A device lost at any driver call of the phase: every subgroup is still updated exactly. The
+// kept gradients reached pinned memory too, which step() waited for before anything changed, so
+// a GPU subgroup the device cannot finish is redone on the CPU. Before, it was reported not
+// updated (TIDE_STEP_INCOMPLETE), as it still is with KeptGradients::yes.
+TEST_F(AutomaticKeptGradients, ADeviceLostDuringThePhaseLosesNoGradient) {
+  auto phase_losing_at = [&](std::uint64_t n) {
+    const std::string at = "device lost at call " + std::to_string(n);
+    executor.reset();
+    ref.reset();
+    model.reset();
+    allocator->empty_cache();
+    model = std::make_unique<Model>(std::vector<std::uint64_t>(kSubgroups, kParams), 3);
+    const planner::Plan* plan = prepare_after(8 * kMiB);
+    EXPECT_NE(plan, nullptr) << at;
+    auto grads = model->make_gradients(1);
+    model->offload_all(*executor);
+    executor->ready(hyper(1));
+    const std::uint64_t headroom = allocator->headroom().headroom;
+    standin.reset_stats();
+    standin.device_lost(n);
+    const PhaseReport r = executor->run(hyper(1), Policy::automatic_policy(), headroom);
+    const std::uint64_t calls = standin.stats().driver_calls;
+    standin.device_lost(0);
+    EXPECT_TRUE(r.not_updated.empty()) << at << ": " << r.fault;
+    for (std::size_t s : r.unwritten) executor->write_params(s);
+    ref->step(grads, hyper(1));
+    expect_matches(*model, *ref);
+    executor->release_buffers();
+    return calls;
+  };
+  const std::uint64_t calls = phase_losing_at(0);
+  ASSERT_GT(calls, 0u);
+  for (std::uint64_t n = 1; n <= calls + 1; ++n) phase_losing_at(n);
+}
+
+// Without tide's allocator nothing forecasts what the passes need, and nothing could take the
+// buffers back from them: nothing is kept, however roomy the headroom given.
+TEST_F(AutomaticKeptGradients, WithoutTidesAllocatorNothingIsPrepared) {
+  allocator::DriverResource driver_memory;
+  options.memory = &driver_memory;
+  EXPECT_EQ(prepare_after(8 * kMiB), nullptr);
+  EXPECT_TRUE(kept().empty());
 }
 
 // bench_iteration's varying_tight variant died with "out of device memory allocating 200000
@@ -136,7 +266,7 @@ TEST_F(ExecutorAllocatorTest, KeptGradientsLeaveTheForwardPassItsRoom) {
   Reference ref(*model->state);
   ExecutorOptions options;
   options.rates = test_rates();
-  options.gradients_on_gpu = true;
+  options.gradients_on_gpu = KeptGradients::yes;
   Executor executor(*model->state, options);
   // A headroom measured when memory was roomy (a static configuration's): the kept gradients
   // (6 x 512 KiB) would fit now, and leave the forward pass 2 MiB short.
@@ -169,10 +299,10 @@ struct KeptGradientsPastTheForecast : ExecutorAllocatorTest {
     allocator->empty_cache();
     tenant.emplace(driver::memory_info().free_bytes - 48 * kMiB);
     options.rates = test_rates();
-    options.gradients_on_gpu = true;
+    options.gradients_on_gpu = KeptGradients::yes;
     executor = std::make_unique<Executor>(*model->state, options);
     ref = std::make_unique<Reference>(*model->state);
-    kept = executor->prepare(Policy::all_gpu(), 48 * kMiB).gpu_order;
+    kept = executor->prepare(Policy::all_gpu(), 48 * kMiB)->gpu_order;
     ASSERT_GT(kept.size(), 1u) << "the forecast leaves room for kept gradients";
     allocator->mark(Mark::kForward);
   }

@@ -95,7 +95,7 @@ TEST_F(FaultTest, NoBufferAtAllRunsEverythingOnTheCpu) {
 // Gradients kept on the GPU whose subgroup falls back: brought to host memory first.
 TEST_F(FaultTest, FallbackWithGradientsKeptOnTheGpu) {
   ExecutorOptions kept = options();
-  kept.gradients_on_gpu = true;
+  kept.gradients_on_gpu = KeptGradients::yes;
   Run run(*this, std::vector<std::uint64_t>(4, 4096), /*split_every=*/0, kept);
   run.executor.prepare(Policy::all_gpu(), kHeadroom);
   auto grads = run.gradients(1);
@@ -111,10 +111,10 @@ TEST_F(FaultTest, FallbackWithGradientsKeptOnTheGpu) {
 // bytes, and plans stayed all-CPU for dozens of phases while it grew back by a quarter a phase).
 TEST_F(FaultTest, TheCapAfterAFallbackCountsTheGradientsKeptOnTheGpu) {
   ExecutorOptions kept = options();
-  kept.gradients_on_gpu = true;
+  kept.gradients_on_gpu = KeptGradients::yes;
   kept.refine = false;
   Run run(*this, std::vector<std::uint64_t>(4, 4096), /*split_every=*/0, kept);
-  const planner::Plan& prepared = run.executor.prepare(Policy::all_gpu(), kHeadroom);
+  const planner::Plan& prepared = *run.executor.prepare(Policy::all_gpu(), kHeadroom);
   ASSERT_EQ(prepared.resident_bytes, 4u * 4096 * 2);
   auto grads = run.gradients(1);
   standin.fail_alloc(2);  // the counters are allocated, the first buffer is not

@@ -28,7 +28,7 @@ void run_steps(const Policy& policy, bool gradients_on_gpu, bool prepare,
   Reference ref(*model.state);
   ExecutorOptions options;
   options.rates = test_rates();
-  options.gradients_on_gpu = gradients_on_gpu;
+  options.gradients_on_gpu = gradients_on_gpu ? KeptGradients::yes : KeptGradients::no;
   options.refine = false;  // the stand-in's measured times must not change the placement here
   options.gpu_chunk_params = chunk;
   Executor executor(*model.state, options);

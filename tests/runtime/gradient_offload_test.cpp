@@ -1,6 +1,8 @@
 // Gradient offload during backward: the caller is never blocked, the copy waits for the stream
 // that produced the gradient, and the update sees exactly the offloaded gradients.
 #include <atomic>
+#include <cstring>
+#include <vector>
 
 #include "tests/runtime/executor_fixture.h"
 
@@ -101,6 +103,39 @@ TEST_F(OffloadTest, ConcurrentOffloads) {
   executor.run(hyper(1), Policy::every(2), kHeadroom);
   ref.step(grads, hyper(1));
   expect_matches(model, ref);
+}
+
+// A route to a device buffer sends the gradient there only, or there and to the pinned buffer
+// where it is mirrored (KeptGradients::automatic); reaches_host() says which.
+TEST_F(OffloadTest, MirroredRoutesReachBothBuffers) {
+  const driver::CurrentContext context;
+  const std::uint64_t n = 4096;
+  Model model({n, n, n});
+  ExecutorOptions options;
+  options.rates = test_rates();
+  Executor executor(*model.state, options);
+  GradientOffload& o = executor.offload();
+  std::vector<driver::DeviceBuffer> kept;
+  kept.reserve(2);
+  for (int i = 0; i < 2; ++i) kept.emplace_back(n * 2);
+  o.route({kept[0].get(), kept[1].get(), 0}, {1, 0, 0});
+  EXPECT_TRUE(o.reaches_host(0));
+  EXPECT_FALSE(o.reaches_host(1));
+  EXPECT_TRUE(o.reaches_host(2));
+  for (std::size_t s = 0; s < 3; ++s) std::memset(model.state->grad(s), 0, n * 2);
+  const auto grads = model.make_gradients(1);
+  model.offload_all(executor);
+  o.synchronize_all();
+  for (std::size_t s = 0; s < 3; ++s) {
+    const bool on_host = s != 1;
+    EXPECT_EQ(on_host, 0 == std::memcmp(model.state->grad(s), grads[s].data(), n * 2)) << s;
+    if (s == 2) continue;
+    std::vector<std::uint16_t> device(n);
+    driver::copy_to_host(device.data(), kept[s].get(), n * 2);
+    EXPECT_EQ(device, grads[s]) << s;
+  }
+  EXPECT_THROW(o.route({kept[0].get(), 0, 0}, {1, 0}), std::invalid_argument);
+  o.route({});
 }
 
 TEST_F(OffloadTest, RejectsBadArguments) {

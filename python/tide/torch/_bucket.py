@@ -35,7 +35,7 @@ class Bucket:
     """The parameters of one param group with one dtype on one device, and their executor."""
 
     def __init__(self, group_index: int, params: list[torch.Tensor], subgroup_size: int, *,
-                 device: int, cpu_threads: int, gradients_on_gpu: bool,
+                 device: int, cpu_threads: int, gradients_on_gpu: bool | None,
                  state_dtype: torch.dtype = torch.float32,
                  master_dtype: torch.dtype = torch.float32,
                  owners: list[torch.Tensor] | None = None, host: bool = False):

@@ -83,7 +83,8 @@ class StepResult(_lib.Versioned):
         ("evict_seconds", c.c_double), ("cache_releases", c.c_uint64)] + [
         (name, c.c_double) for name in (
             "gpu_busy_seconds", "h2d_busy_seconds", "d2h_busy_seconds")] + [
-        (name, c.c_uint64) for name in ("withdrawn_gradients", "withdrawn_bytes")]
+        (name, c.c_uint64) for name in ("withdrawn_gradients", "withdrawn_bytes",
+                                        "kept_gradients")]
 
 
 class PlanSummary(_lib.Versioned):
@@ -149,7 +150,7 @@ def policy(kind: int, k: int = 0) -> PlacementPolicy:
 
 
 def options(*, device: int = 0, dtype: int = 1, cpu_threads: int = 0,
-            gradients_on_gpu: bool = False, state_dtype: int = 0, master_dtype: int = 0,
+            gradients_on_gpu: bool | None = None, state_dtype: int = 0, master_dtype: int = 0,
             host_params: bool = False) -> Options:
     """tide_optimizer_options: tide's defaults, then these."""
     out = Options()
@@ -158,7 +159,8 @@ def options(*, device: int = 0, dtype: int = 1, cpu_threads: int = 0,
     out.grad_dtype = dtype
     out.param_dtype = dtype
     out.cpu_threads = cpu_threads
-    out.gradients_on_gpu = int(gradients_on_gpu)
+    if gradients_on_gpu is not None:  # None: TIDE_GRADIENTS_AUTO, the library's default
+        out.gradients_on_gpu = int(gradients_on_gpu)
     out.state_dtype = state_dtype
     out.master_dtype = master_dtype
     out.host_params = int(host_params)
@@ -236,7 +238,8 @@ class Executor:
     `slices` (subgroup, offset, count, device pointer)."""
 
     def __init__(self, subgroup_params: list[int], slices: list[tuple[int, int, int, int]], *,
-                 device: int, dtype: int, cpu_threads: int = 0, gradients_on_gpu: bool = False,
+                 device: int, dtype: int, cpu_threads: int = 0,
+                 gradients_on_gpu: bool | None = None,
                  state_dtype: int = 0, master_dtype: int = 0, host_params: bool = False):
         lib = _cdll()
         given = options(device=device, dtype=dtype, cpu_threads=cpu_threads,

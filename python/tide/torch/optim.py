@@ -77,7 +77,9 @@ class AdamW(torch.optim.Optimizer):
       placement:         'auto' (the planner, within the allocator's headroom), 'cpu', 'gpu', or
                          K >= 1 (one GPU subgroup every K); default TIDE_PLACEMENT, else 'auto';
       threads:           threads for CPU subgroups (default: TIDE_CPU_THREADS's pool, all of it);
-      gradients_on_gpu:  plan at zero_grad() so that GPU subgroups keep their gradients on the GPU;
+      gradients_on_gpu:  plan at zero_grad() so that GPU subgroups keep their gradients on the GPU
+                         (True), never (False), or where tide's allocator forecasts the memory
+                         and the model predicts the update no slower that way (None, default);
       keep_buffers:      keep the update phase's GPU buffers until the next step instead of
                          freeing them when step() returns (saves their allocation, but the
                          headroom is what the update phase may use, not the forward pass);
@@ -139,7 +141,7 @@ class AdamW(torch.optim.Optimizer):
                  maximize: bool = False, foreach: bool | None = None, capturable: bool = False,
                  differentiable: bool = False, fused: bool | None = None,
                  subgroup_size: int | None = None, placement: str | int | None = None,
-                 threads: int | None = None, gradients_on_gpu: bool = False,
+                 threads: int | None = None, gradients_on_gpu: bool | None = None,
                  keep_buffers: bool = False, state_dtype: torch.dtype | str | None = None,
                  sharded_gradients: str = "step",
                  master_dtype: torch.dtype | str | None = None,
@@ -172,7 +174,10 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError("tide: stochastic rounding of the moments with bf16 master weights "
                              "(master_dtype=torch.bfloat16) is not supported: the bf16-master "
                              "kernels round to nearest")
-        self._gradients_on_gpu = bool(gradients_on_gpu)
+        if gradients_on_gpu not in (None, True, False):
+            raise ValueError(f"tide: gradients_on_gpu={gradients_on_gpu!r}; it accepts None "
+                             "(where it pays), True or False")
+        self._gradients_on_gpu = gradients_on_gpu
         self._keep_buffers = bool(keep_buffers)
         if host_params not in (None, True, False):
             raise ValueError(f"tide: host_params={host_params!r}; it accepts None (automatic), "
@@ -299,7 +304,7 @@ class AdamW(torch.optim.Optimizer):
             params = [_distributed.local(p) for p in owners]
             bucket = Bucket(group_index, params, self._subgroup_size, device=device,
                             cpu_threads=self._threads,
-                            gradients_on_gpu=self._gradients_on_gpu and not host,
+                            gradients_on_gpu=False if host else self._gradients_on_gpu,
                             state_dtype=self._state_dtype, master_dtype=self._master_dtype,
                             owners=owners, host=host)
             self._buckets.append(bucket)
@@ -465,7 +470,9 @@ class AdamW(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
-        if self._gradients_on_gpu:
+        # None: the executor decides, with tide's allocator's forecast (without it, never).
+        if self._gradients_on_gpu or (self._gradients_on_gpu is None
+                                      and self._forecast_headroom()):
             for bucket in self._buckets:
                 device = self._device_of(bucket)
                 bucket.executor.prepare(self._policy, self._headroom(device, held=True))
@@ -477,7 +484,7 @@ class AdamW(torch.optim.Optimizer):
         may be called again; once the update began, a fault (a failed copy, a lost device) is
         rolled forward on the CPU and the step completes with the same bits, with a
         RuntimeWarning. Only what cannot be completed raises after that (the model's parameters
-        cannot be written on a failed GPU; with gradients_on_gpu, gradients lost with the
+        cannot be written on a failed GPU; with gradients_on_gpu=True, gradients lost with the
         device): the message says what holds."""
         loss = None
         if closure is not None:
@@ -638,6 +645,9 @@ class AdamW(torch.optim.Optimizer):
             # gradients went to pinned memory.
             "withdrawn_gradients": sum(r["report"].withdrawn_gradients for r in ran),
             "withdrawn_bytes": sum(r["report"].withdrawn_bytes for r in ran),
+            # GPU subgroups whose gradient was already on the GPU (gradients_on_gpu kept it, or
+            # it is resident): their update copied none in.
+            "kept_gradients": sum(r["report"].kept_gradients for r in ran),
             "devices": ["gpu" if d else "cpu" for r in ran for d in r["devices"]],
             "t_start_ns": t_start,
             "t_end_ns": t_end,
