@@ -81,11 +81,12 @@ void* CachingAllocator::allocate(std::size_t bytes, CUstream stream) {
   }
   const bool reclaimable = has_reclaimers_.load(std::memory_order_acquire);
   void* p = allocate_core(bytes, rounded, stream, false, !reclaimable);
-  // Reclaimers give back the cheapest first, one kind per call: the allocation is tried again
+  // Reclaimers give back the cheapest first, one kind per call, what the limit lacks (resident
+  // state taken back costs a copy home and another to return): the allocation is tried again
   // after each call that freed something (bytes freed need not make room for this block), and
   // once more, for the record, after the first that freed nothing.
   for (int round = 0; p == nullptr && reclaimable; ++round) {
-    const bool freed = round < kMaxReclaimRounds && reclaim(rounded);
+    const bool freed = round < kMaxReclaimRounds && reclaim(shortfall(rounded));
     p = allocate_core(bytes, rounded, stream, false, !freed);
     if (!freed) break;
   }

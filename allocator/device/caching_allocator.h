@@ -147,6 +147,10 @@ class CachingAllocator final : public DeviceMemoryResource {
                       bool from_headroom = false, bool last_try = true);
   // Asks the reclaimers for `bytes` (caching_allocator_reclaim.cpp); true if any freed some.
   bool reclaim(std::size_t bytes);
+  // What reclaimers are asked for when a block of `rounded` bytes could not be had (the cache
+  // already given back): what the limit leaves no room for, in whole pages; all of it when the
+  // limit left room (the device refused, not the limit).
+  std::size_t shortfall(std::size_t rounded);
   void deallocate_core(CUdeviceptr ptr, std::size_t bytes, bool from_cache);
   void deallocate_locked(CUdeviceptr ptr, std::size_t bytes, bool from_cache);
   Block* split_off_locked(Block* block, std::size_t offset);

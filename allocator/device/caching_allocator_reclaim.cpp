@@ -2,6 +2,8 @@
 #include <utility>
 
 #include "allocator/device/caching_allocator.h"
+#include "allocator/device/caching_allocator_parts.h"
+#include "allocator/device/segment.h"
 
 namespace tide::allocator::device {
 
@@ -32,6 +34,20 @@ bool CachingAllocator::reclaim(std::size_t bytes) {
     }
   }
   return freed > 0;
+}
+
+std::size_t CachingAllocator::shortfall(std::size_t rounded) {
+  const std::lock_guard lock(mutex_);
+  // The growable segment maps whole pages (grow_growable_locked); otherwise a fixed segment as
+  // large as fixed_segment_size makes it, as for small blocks always.
+  const PoolKind pool = rounded <= kSmallSize ? PoolKind::kSmall : PoolKind::kLarge;
+  std::size_t need = fixed_segment_size(rounded, pool);
+  if (pool == PoolKind::kLarge && growable_ != nullptr) {
+    need = align_up(rounded, growable_->vm->page_size());
+  }
+  const std::size_t reserved = reserved_locked();
+  const std::size_t room = limit_ > reserved ? limit_ - reserved : 0;
+  return room >= need ? rounded : need - room;
 }
 
 }  // namespace tide::allocator::device

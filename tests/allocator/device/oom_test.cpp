@@ -145,9 +145,9 @@ TEST_F(OomTest, TheSmallPoolFailsCleanlyToo) {
 }
 
 // Reclaimers give back one kind at a time (the executor: kept gradients, then resident state):
-// bytes freed in one call need not make room for the block, so the allocator asks again while
-// the allocation fails and something was freed, and records no out-of-memory when a later call
-// made the room.
+// bytes freed in one call need not make room for the block, so the allocator asks again, for
+// what is still missing, while the allocation fails and something was freed, and records no
+// out-of-memory when a later call made the room.
 TEST_F(OomTest, ReclaimersAreAskedAgainWhileTheyFreeSomething) {
   CachingAllocator a(0, config(true));
   void* live = a.allocate(56 * kMiB, nullptr);
@@ -171,7 +171,7 @@ TEST_F(OomTest, ReclaimersAreAskedAgainWhileTheyFreeSomething) {
   });
   void* p = a.allocate(8 * kMiB, nullptr);
   EXPECT_NE(p, nullptr);
-  EXPECT_EQ(asked, (std::vector<std::uint64_t>{8 * kMiB, 8 * kMiB}));
+  EXPECT_EQ(asked, (std::vector<std::uint64_t>{8 * kMiB, 6 * kMiB}));
   EXPECT_TRUE(a.ooms().empty());
   // Nothing left to give: asked once more, then the out-of-memory is recorded.
   asked.clear();
@@ -180,6 +180,34 @@ TEST_F(OomTest, ReclaimersAreAskedAgainWhileTheyFreeSomething) {
   EXPECT_EQ(a.ooms().size(), 1u);
   a.remove_reclaimer(id);
   a.deallocate(p, 8 * kMiB, nullptr);
+  a.deallocate(live, 56 * kMiB, nullptr);
+}
+
+// Reclaimers are asked for what the limit lacks once the cache went back, not for the whole
+// block: each byte of resident state they give back costs a copy home and another to return.
+// Before, the executor evicted as much state as the block's size.
+TEST_F(OomTest, ReclaimersAreAskedForWhatTheLimitLacks) {
+  CachingAllocator a(0, config(true));
+  void* live = a.allocate(56 * kMiB, nullptr);
+  void* cached = a.allocate(2 * kMiB, nullptr);
+  void* held = a.allocate(6 * kMiB, nullptr);
+  ASSERT_NE(live, nullptr);
+  ASSERT_NE(cached, nullptr);
+  ASSERT_NE(held, nullptr);
+  a.deallocate(cached, 2 * kMiB, nullptr);  // in the cache: given back before reclaimers
+  std::vector<std::uint64_t> asked;
+  const std::uint64_t id = a.add_reclaimer([&](std::uint64_t bytes) -> std::uint64_t {
+    asked.push_back(bytes);
+    if (held == nullptr) return 0;
+    a.deallocate(std::exchange(held, nullptr), 6 * kMiB, nullptr);
+    return 6 * kMiB;
+  });
+  void* p = a.allocate(7 * kMiB + 1000, nullptr);  // 4 pages of 2 MiB; 2 MiB of room
+  EXPECT_NE(p, nullptr);
+  EXPECT_EQ(asked, (std::vector<std::uint64_t>{6 * kMiB}));
+  EXPECT_TRUE(a.ooms().empty());
+  a.remove_reclaimer(id);
+  a.deallocate(p, 7 * kMiB + 1000, nullptr);
   a.deallocate(live, 56 * kMiB, nullptr);
 }
 
