@@ -676,25 +676,30 @@ const planner::Plan* Executor::prepare(const Policy& policy, std::uint64_t headr
   prepared_ = chosen ? std::move(chosen) : plan_with(policy, headroom_bytes, keep, held);
   if (keep && !prepared_->gpu_order.empty()) {
     std::vector<CUdeviceptr> route(state_.size(), 0);
-    // Automatic: copied subgroups' gradients reach pinned memory too, so that a step stays
-    // exact or changes nothing whatever the device does (a resident one's state is on the
-    // device anyway).
+    // Automatic: their gradients reach pinned memory too, so that a step stays exact or changes
+    // nothing whatever the device does; not where the device holds the only current state (a
+    // resident subgroup's is lost with it anyway).
+    const bool automatic = options_.gradients_on_gpu == KeptGradients::automatic;
     std::vector<char> mirrored(state_.size(), 0);
     try {
       for (std::size_t s : prepared_->gpu_order) {
         route[s] = buffers_.add_gradient(state_.params(s) * state_.grad_bytes(), compute_->get());
-        mirrored[s] = options_.gradients_on_gpu == KeptGradients::automatic &&
-                              !prepared_->subgroups[s].resident
-                          ? 1
-                          : 0;
+        mirrored[s] = automatic && !residency_.device_current(s) ? 1 : 0;
       }
       offload_->route(std::move(route), std::move(mirrored));
     } catch (...) {
       if (!out_of_memory(std::current_exception())) throw;
-      // No room for the gradients on the GPU: they go to host memory, the plan is made again
-      // without them, and later plans get less headroom.
+      // No room for the gradients on the GPU: they go to host memory, later plans get less
+      // headroom, and the plan is made again without them (automatic: by run(), with the
+      // update's headroom; resident subgroups' gradients routed as after the last phase).
       headroom_cap_ = std::max<std::uint64_t>(buffers_.gradient_bytes(), 1);
       buffers_.clear_gradients();
+      if (automatic) {
+        prepared_.reset();
+        keep_resident_gradients();
+        offer_to_reclaim();
+        return nullptr;
+      }
       prepared_ = plan_with(policy, headroom_bytes, false, held);
     }
   }
