@@ -28,6 +28,9 @@ every configuration alike). The configurations:
     the optimizer state could stay on the GPU. --memory-fraction F sets it; by default it is what
     tide_cpu's run needed at its peak plus 8 bytes per parameter (half of the fp32 master weight,
     moments and gradient), over the device's memory.
+  - capped_tide_auto_host_gradients: capped tide auto with gradients_on_gpu=False (by default
+    tide keeps the copied-in subgroups' gradients on the GPU where its model says it pays): what
+    that default costs or saves under the cap.
   - *_residency_off: tide auto (uncapped and capped) with TIDE_RESIDENCY=off, when this build of
     tide has that knob (`tide env` lists it): the cases above then keep optimizer state resident
     on the GPU where it fits, these do not. Without the knob they are reported as not run.
@@ -102,10 +105,15 @@ UPDATE_BYTES_PER_PARAM = {"tide_auto": 28, "torch_gpu": 40}
 
 # ---- what the cases are ------------------------------------------------------------------------
 
-def tide_case(placement, capped: bool = False, residency: str | None = None) -> dict:
-    name = f"tide_{placement}" + ("_residency_off" if residency == "off" else "")
-    return {"case": ("capped_" if capped else "") + name, "impl": "tide",
+def tide_case(placement, capped: bool = False, residency: str | None = None,
+              host_gradients: bool = False) -> dict:
+    name = (f"tide_{placement}" + ("_residency_off" if residency == "off" else "")
+            + ("_host_gradients" if host_gradients else ""))
+    case = {"case": ("capped_" if capped else "") + name, "impl": "tide",
             "placement": str(placement), "capped": capped, "residency": residency or "default"}
+    if host_gradients:
+        case["gradients_on_gpu"] = False
+    return case
 
 
 def groups(residency_reason: str | None) -> list[dict]:
@@ -129,7 +137,8 @@ def groups(residency_reason: str | None) -> list[dict]:
         {"name": "tide", "allocator": "tide", "capped": False, "env": {},
          "cases": [tide_case(p) for p in PLACEMENTS]},
         {"name": "tide_capped", "allocator": "tide", "capped": True, "env": {},
-         "cases": [tide_case(p, capped=True) for p in PLACEMENTS]},
+         "cases": [tide_case(p, capped=True) for p in PLACEMENTS]
+         + [tide_case("auto", capped=True, host_gradients=True)]},
         residency_off(False),
         residency_off(True),
     ]
@@ -280,6 +289,10 @@ def summarize(records: list[dict], rtol: float) -> dict:
     if off is not None:
         out["tide_auto_residency_off_speedup_over_torch_offload"] = ratio(offload, off)
         out["tide_auto_residency_off_over_floor"] = ratio(off, floor)
+    host_gradients = seconds("capped_tide_auto_host_gradients")
+    if host_gradients is not None:
+        out["capped_auto_host_gradients_over_best_fixed"] = ratio(host_gradients,
+                                                                  fixed.get(best))
     capped_off = seconds("capped_tide_auto_residency_off")
     if capped_off is not None:
         out["capped_auto_residency_off_over_best_fixed"] = ratio(capped_off, fixed.get(best))
@@ -493,7 +506,8 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
         opt = PlainOffload(torch, model.parameters(), pin=cuda)
     else:
         placement = int(case["placement"]) if case["placement"].isdigit() else case["placement"]
-        opt = tt.AdamW(model.parameters(), placement=placement, **HYPER)
+        opt = tt.AdamW(model.parameters(), placement=placement,
+                       gradients_on_gpu=case.get("gradients_on_gpu"), **HYPER)
     # Under a cap, residency meets the forward pass's pressure in the first steps and backs off
     # (fewer resident subgroups for at least 8 phases): the timed steps come after that.
     warmup = args.capped_warmup if case.get("capped") else args.warmup

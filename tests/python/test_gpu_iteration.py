@@ -93,10 +93,11 @@ def test_the_summary_ratios(bench):
     records = [record("torch_gpu", 0.10), record("torch_offload", 0.60),
                record("tide_auto", 0.12), record("tide_cpu", 0.30),
                record("capped_tide_auto", 0.21), record("capped_tide_cpu", 0.30),
-               record("capped_tide_2", 0.20),
+               record("capped_tide_2", 0.20), record("capped_tide_auto_host_gradients", 0.22),
                {"case": "capped_tide_gpu", "error": "OutOfMemoryError()", "oom": True},
                {"case": "tide_auto_residency_off", "not_run": "no knob"}]
     s = bench.summarize(records, 0.02)
+    assert s["capped_auto_host_gradients_over_best_fixed"] == 1.1
     assert s["tide_auto_speedup_over_torch_offload"] == 5.0
     assert s["tide_auto_over_floor"] == 1.2
     assert s["capped_best_fixed"] == "capped_tide_2"
@@ -173,6 +174,7 @@ def test_the_residency_cases_follow_the_knob(bench, tmp_path):
     names = [c["case"] for g in bench.groups(None) for c in g["cases"]]
     assert names == ["torch_gpu", "torch_offload", "tide_auto", "tide_cpu", "tide_gpu", "tide_2",
                      "capped_tide_auto", "capped_tide_cpu", "capped_tide_gpu", "capped_tide_2",
+                     "capped_tide_auto_host_gradients",
                      "tide_auto_residency_off", "capped_tide_auto_residency_off"]
     off = [g for g in bench.groups("no knob") if g["env"].get("TIDE_RESIDENCY") == "off"]
     assert len(off) == 2 and all(g["not_run"] == "no knob" for g in off)
@@ -274,12 +276,12 @@ def test_a_spent_time_cap_runs_nothing_and_says_so():
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [json.loads(l) for l in r.stdout.splitlines()]
     cases = [l for l in lines if l["case"] not in ("bandwidth", "summary")]
-    assert len(cases) == 12 and all(l["not_run"] for l in cases)
+    assert len(cases) == 13 and all(l["not_run"] for l in cases)
     # (The residency-off cases may say first that this build lacks the knob.)
     assert {l["not_run"] for l in cases if not l["capped"] and l.get("residency") != "off"} == \
         {"time cap"}
     summary = lines[-1]
-    assert summary["case"] == "summary" and len(summary["not_run"]) == 12
+    assert summary["case"] == "summary" and len(summary["not_run"]) == 13
     assert summary["failed"] == [] and summary["losses_agree"] is None
 
 
