@@ -575,12 +575,21 @@ int main(int argc, char** argv) {
   auto predicted_plan = [&](const Config& c, std::uint64_t headroom) {
     return predictors[c.offload == Offload::async ? 1 : 0]->plan_for(c.policy, headroom);
   };
-  // The backward pass with a plan: its GPU subgroups' gradients stay on the GPU.
+  // The backward pass with a plan: a static configuration's GPU subgroups' gradients stay on
+  // the GPU (KeptGradients::yes); tide's reach pinned memory too (automatic), but for those of
+  // resident subgroups.
   auto predicted_backward = [&](const Config& c, const Plan& plan) {
     const bool blocking = c.offload != Offload::async;
+    std::vector<std::size_t> gpu_only;
+    if (!blocking && c.static_headroom) gpu_only = plan.gpu_order;
+    if (!blocking && !c.static_headroom) {
+      for (std::size_t s = 0; s < plan.subgroups.size(); ++s) {
+        if (plan.subgroups[s].resident) gpu_only.push_back(s);
+      }
+    }
     const std::vector<std::uint64_t> sizes(kSubgroups, w.subgroup);
-    const std::vector<std::uint64_t> bytes = host_gradient_bytes(
-        sizes, w.layers.size(), 2, blocking ? std::vector<std::size_t>{} : plan.gpu_order);
+    const std::vector<std::uint64_t> bytes =
+        host_gradient_bytes(sizes, w.layers.size(), 2, gpu_only);
     std::vector<LayerTimes> layers = w.layers;
     for (std::size_t l = 0; l < layers.size(); ++l) layers[l].gradient_bytes = bytes[l];
     return predict_backward(
