@@ -647,6 +647,19 @@ std::optional<planner::Plan> Executor::plan_keeping_gradients(const Policy& poli
   return with;
 }
 
+const planner::Plan* Executor::prepare_nothing() {
+  // Resident subgroups keep the gradient routes the last phase gave them; where an earlier
+  // prepare() changed the routes, keep_resident_gradients() gives them again.
+  if (prepared_) {
+    prepared_.reset();
+    buffers_.clear_gradients();
+    offload_->route({});
+    keep_resident_gradients();
+  }
+  offer_to_reclaim();
+  return nullptr;
+}
+
 const planner::Plan* Executor::prepare(const Policy& policy, std::uint64_t headroom_bytes) {
   const std::lock_guard lock(residency_mutex_);
   const driver::ContextScope scope(context_);
@@ -658,18 +671,7 @@ const planner::Plan* Executor::prepare(const Policy& policy, std::uint64_t headr
   std::optional<planner::Plan> chosen;
   if (options_.gradients_on_gpu == KeptGradients::automatic) {
     chosen = plan_keeping_gradients(policy, headroom_bytes, held);
-    if (!chosen) {
-      // run() plans with the update's headroom. Resident subgroups keep the gradient routes the
-      // last phase gave them (keep_resident_gradients), unless an earlier prepare() changed them.
-      if (prepared_) {
-        prepared_.reset();
-        buffers_.clear_gradients();
-        offload_->route({});
-        keep_resident_gradients();
-      }
-      offer_to_reclaim();
-      return nullptr;
-    }
+    if (!chosen) return prepare_nothing();
   }
   buffers_.clear_gradients();
   offload_->route({});
@@ -694,12 +696,7 @@ const planner::Plan* Executor::prepare(const Policy& policy, std::uint64_t headr
       // update's headroom; resident subgroups' gradients routed as after the last phase).
       headroom_cap_ = std::max<std::uint64_t>(buffers_.gradient_bytes(), 1);
       buffers_.clear_gradients();
-      if (automatic) {
-        prepared_.reset();
-        keep_resident_gradients();
-        offer_to_reclaim();
-        return nullptr;
-      }
+      if (automatic) return prepare_nothing();
       prepared_ = plan_with(policy, headroom_bytes, false, held);
     }
   }

@@ -343,6 +343,9 @@ class Executor {
   // forecast headroom; nullopt where not (or where there is no forecast).
   std::optional<planner::Plan> plan_keeping_gradients(const Policy& policy, std::uint64_t holdable,
                                                       std::uint64_t held);
+  // prepare() under KeptGradients::automatic where nothing is kept: no plan (run() plans with the
+  // update's headroom), the offload routed as after the last phase. Returns nullptr.
+  const planner::Plan* prepare_nothing();
   // `held_bytes`: what may be held through a whole iteration, for resident subgroups (0: none).
   planner::Plan plan_with(const Policy& policy, std::uint64_t headroom_bytes, bool gradients_on_gpu,
                           std::uint64_t held_bytes = 0) const;
