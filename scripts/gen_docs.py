@@ -547,6 +547,24 @@ HEADLINES = [
     ("host_params", {"case": "tide_own_masters"},
      "FSDP2 CPU shards: tide's own masters / host-resident step (paired)",
      "paired_ratio_to_host_resident", "×"),
+    ("iteration", {"variant": "published", "config": "tide"},
+     "whole iterations on the stand-in, published ratios: tide / best static configuration "
+     "(≤ 1.03)", "over_best_static", "", "best: {best_static}"),
+    ("iteration", {"variant": "published", "config": "tide"},
+     "the same: ZeRO-Offload-style (the published gradient path) / tide (≥ 2.2)",
+     "speedup_over_zero_offload_published", "×"),
+    ("iteration", {"variant": "varying_tight", "config": "tide"},
+     "whole iterations on the stand-in, free memory varying: tide / best static (< 1)",
+     "over_best_static", "", "best: {best_static}"),
+    ("iteration", {"variant": "fits", "config": "tide"},
+     "whole iterations on the stand-in, the state fits: tide / no-offload floor (≤ 1.15)",
+     "over_no_offload", "", "{resident_subgroups} subgroups resident"),
+    ("iteration", {"variant": "partial", "config": "tide"},
+     "whole iterations on the stand-in, part of the state fits: tide / best static (≤ 1.03)",
+     "over_best_static", "", "best: {best_static}; {resident_subgroups} subgroups resident"),
+    ("iteration", {"variant": "shapes", "config": "tide"},
+     "the same with activations varying per iteration: tide / best static (≤ 1.03)",
+     "over_best_static", "", "pressure in {pressured_iterations} of {iterations_timed} iterations"),
     ("gpu_update_phase", {"case": "summary"},
      "real GPU: update phase, tide all-CPU / tide auto", "tide_cpu_over_tide_auto", "×"),
     ("gpu_update_phase", {"case": "summary"},
@@ -591,6 +609,104 @@ def headline_table(runs: list[dict], results_link: str = "docs/results.md") -> l
     out = ["| measured | figure | machine; date; commit |", "| --- | --- | --- |"]
     out += [f"| {label} | {value} | {_provenance(c)} |" for label, value, c in rows]
     return out
+
+
+# ---- whole iterations on the stand-in (bench/iteration.cpp) ------------------------------------
+
+ITERATION = "iteration"
+# Its variants, in the benchmark's order: (variant, what differs; benchmarks.md says more).
+ITERATION_VARIANTS = [
+    ("published", "the published case's ratios; the state does not fit"),
+    ("varying", "the update phase's free memory alternates between a roomy and a tight state"),
+    ("varying_tight", "as varying, tighter: no static placement fits both states"),
+    ("fits", "the whole state fits the memory free through the iteration"),
+    ("partial", "about half the state fits"),
+    ("shapes", "as partial, with activations that vary from iteration to iteration"),
+]
+# tide's ratios in each variant's line: (key, what it is, target key or a fixed target).
+ITERATION_RATIOS = [
+    ("over_best_static", "tide / best static configuration", "over_best_static_target"),
+    ("over_no_offload", "tide / no-offload floor", "over_no_offload_target"),
+    ("speedup_over_zero_offload", "ZeRO-Offload-style / tide", "speedup_target"),
+    ("speedup_over_zero_offload_published",
+     "ZeRO-Offload-style with the published gradient path / tide", "speedup_target"),
+    ("over_tide_no_residency", "tide / tide without resident subgroups", None),
+]
+
+
+def _number(v) -> str:
+    return _fmt(v) if isinstance(v, (int, float)) else "–"
+
+
+def _met(key: str, value: float, target: float, variant: str) -> bool:
+    if key.startswith("speedup"):
+        return value >= target
+    return value < target if variant.startswith("varying") and key == "over_best_static" \
+        else value <= target
+
+
+def iteration_lines(runs: list[dict]) -> list[str]:
+    """bench_iteration's captured run: per variant, tide's ratios against their targets and every
+    configuration's seconds (each line's by_memory_state is left in the JSON)."""
+    found = [r for r in runs if r["name"] == ITERATION]
+    if not found:
+        return ["No run of `bench_iteration` is committed yet."]
+    lines: list[str] = []
+    for run in found:
+        c = run["capture"]
+        lines += [f"From `docs/results/{run['file']}`: {_provenance(c)}. Command: "
+                  f"`{escape(c.get('command', ''))}`"
+                  + (f" ({c['seconds']:.0f} s)." if isinstance(c.get("seconds"), (int, float))
+                     else "."), ""]
+        configs = [r for r in run["records"] if "config" in r]
+        known = [v for v, _ in ITERATION_VARIANTS]
+        variants = known + sorted({r["variant"] for r in configs} - set(known))
+        about = dict(ITERATION_VARIANTS)
+        for variant in variants:
+            rows = [r for r in configs if r["variant"] == variant]
+            if not rows:
+                continue
+            tide = next((r for r in rows if r["config"] == "tide"), {})
+            lines += [f"### {escape(variant)}", ""]
+            if variant in about:
+                lines += [about[variant][0].upper() + about[variant][1:] + ".", ""]
+            lines += ["| ratio | value | target | met |", "| --- | --- | --- | --- |"]
+            for key, what, target_key in ITERATION_RATIOS:
+                if not isinstance(tide.get(key), (int, float)):
+                    continue
+                target = tide.get(target_key) if target_key else None
+                if key == "over_no_offload" and not isinstance(target, (int, float)):
+                    target = None
+                sign = ("≥ " if key.startswith("speedup") else
+                        "< " if variant.startswith("varying") and key == "over_best_static"
+                        else "≤ ")
+                shown = f"{sign}{_fmt(target)}" if isinstance(target, (int, float)) else ""
+                met = (_fmt(_met(key, tide[key], target, variant))
+                       if isinstance(target, (int, float)) else "–")
+                detail = f" ({escape(tide['best_static'])})" if key == "over_best_static" and \
+                    tide.get("best_static") else ""
+                lines.append(f"| {what}{detail} | {_fmt(tide[key])} | {shown} | {met} |")
+            lines += ["", "| configuration | plan | iteration (s) | forward | backward | update "
+                          "| / tide | resident subgroups |",
+                      "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            tide_s = tide.get("iteration_s")
+            for r in rows:
+                it = r.get("iteration_s")
+                over = (_fmt(round(it / tide_s, 3))
+                        if isinstance(it, (int, float)) and isinstance(tide_s, (int, float))
+                        and tide_s > 0 else "–")
+                cells = [_number(r.get(k)) for k in ("iteration_s", "forward_s", "backward_s",
+                                                      "update_s")]
+                lines.append(f"| {escape(r['config'])} | {escape(str(r.get('headroom', '')))} | "
+                             + " | ".join(cells) +
+                             f" | {over} | {_number(r.get('resident_subgroups'))} |")
+            if isinstance(tide.get("pressured_iterations"), int) and tide.get("iterations_timed"):
+                lines += ["", f"tide met pressure from its resident state in "
+                              f"{tide['pressured_iterations']} of {tide['iterations_timed']} "
+                              f"timed iterations ({_fmt(tide.get('evicted_subgroups'))} "
+                              f"subgroups taken home)."]
+            lines.append("")
+    return lines[:-1]
 
 
 # ---- whole iterations on a real GPU (bench/gpu_iteration.py, from a gpu-check report) ----------
@@ -773,6 +889,7 @@ def gen_results(folder: pathlib.Path) -> str:
              "Run a benchmark through the capture step, then regenerate this page (and README's",
              "table) and commit both:", "",
              fence("scripts/gen_docs.py capture allocator -- build/bin/bench_allocator\n"
+                   "scripts/gen_docs.py capture iteration -- build/bin/bench_iteration\n"
                    "scripts/gen_docs.py capture host_params -- .venv/bin/python bench/host_params.py\n"
                    "scripts/gen_docs.py results", "sh"), "",
              "`capture NAME -- COMMAND` runs the command (over the host stand-in driver when the",
@@ -796,12 +913,17 @@ def gen_results(folder: pathlib.Path) -> str:
               "under each configuration, and over the no-offload floor (`torch_gpu`: fp32 master",
               "weights and Adam state on the GPU).", ""] + gpu_iteration_lines(
                   runs, plot=GPU_ITERATION_PLOT) + [""]
+    lines += ["## Whole iterations on the stand-in", "",
+              "`bench_iteration` ([what it measures](benchmarks.md#whole-iterations-make-bench-bench-iteration)):",
+              "forward, backward and update through tide's real code, with the GPU's compute and",
+              "the links simulated at the published case's ratios, against the static placements",
+              "of other offloading systems in the same run.", ""] + iteration_lines(runs) + [""]
     picture = timeline_lines(folder, "tide_memory.png")
     if picture:
         lines += ["## Memory timeline", ""] + picture + [""]
     for run in runs:
-        if run["name"] == GPU_ITERATION:
-            continue  # its own section above
+        if run["name"] in (GPU_ITERATION, ITERATION):
+            continue  # their own sections above
         c = run["capture"]
         lines += [f"## {escape(run['name'])}", "",
                   f"From `docs/results/{run['file']}`: {_provenance(c)}.",

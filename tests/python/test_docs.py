@@ -91,6 +91,13 @@ def test_no_measured_number_typed_into_the_readme(repo):
     assert not re.search(r"\d+(\.\d+)? ?(ns|µs|ms|GB/s|params/s)\b", outside)
 
 
+def test_no_measurement_typed_into_the_benchmarks_page(repo):
+    """docs/benchmarks.md says what each benchmark does and is held to; what it measured is on
+    the generated results page. Above its History section: no dated measurement."""
+    page = (repo / "docs" / "benchmarks.md").read_text().split("\n## History", 1)[0]
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", page)
+
+
 def test_readme_is_short(repo):
     assert len((repo / "README.md").read_text().splitlines()) <= 250
 
@@ -244,3 +251,56 @@ def test_the_gpu_iteration_plot(gen_docs, repo, tmp_path):
     assert not gen_docs.gpu_iteration_plot([r for r in runs if r["name"] != gen_docs.GPU_ITERATION],
                                            tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
+
+
+def test_stand_in_iterations_from_a_capture(gen_docs, tmp_path):
+    """bench_iteration's lines (made-up numbers, for rendering only) become one section per
+    variant: tide's ratios against their targets (under varying memory, strictly below the best
+    static configuration) and every configuration's seconds; README's table has the headlines.
+    The lines' nested by_memory_state stays in the JSON, not in a generic table."""
+    capture = {"machine": "SYNTHETIC-VM", "date": "2000-01-01T00:00:00+00:00",
+               "commit": "0000000syn", "dirty": False, "command": "build/bin/bench_iteration",
+               "seconds": 400.0}
+    common = {"bench": "iteration", "by_memory_state": [{"headroom_bytes": 1}], "capture": capture}
+    lines = [
+        dict(common, variant="partial", config="dos_k3", headroom="measured once",
+             iteration_s=0.8, forward_s=0.1, backward_s=0.3, update_s=0.4),
+        dict(common, variant="partial", config="tide", headroom="forecast every iteration",
+             iteration_s=0.6, forward_s=0.1, backward_s=0.3, update_s=0.2, over_best_static=0.75,
+             best_static="dos_k3", over_best_static_target=1.03, over_tide_no_residency=0.9,
+             resident_subgroups=20, pressured_iterations=0, iterations_timed=5,
+             evicted_subgroups=0),
+        dict(common, variant="varying", config="tide", headroom="forecast every iteration",
+             iteration_s=1.0, over_best_static=1.0, best_static="dos_k2",
+             over_best_static_target=1.0, resident_subgroups=0),
+        dict(common, variant="fits", config="tide", headroom="forecast every iteration",
+             iteration_s=0.5, over_best_static=0.5, best_static="dos_k2",
+             over_best_static_target=1.03, over_no_offload=1.2, over_no_offload_target=1.15,
+             speedup_over_zero_offload=3.5, speedup_over_zero_offload_published=4.0,
+             speedup_target=3.0, resident_subgroups=50),
+        {"bench": "iteration", "variant": "fits", "summary": True, "capture": capture},
+    ]
+    (tmp_path / "iteration.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    page = gen_docs.gen_results(tmp_path)
+    section = page.split("## Whole iterations on the stand-in", 1)[1].split("\n## ", 1)[0]
+    assert "SYNTHETIC-VM; 2000-01-01T00:00:00+00:00; commit `0000000syn`" in section
+    partial = section.split("### partial", 1)[1].split("###", 1)[0]
+    assert "| tide / best static configuration (dos\\_k3) | 0.75 | ≤ 1.03 | yes |" in partial
+    assert "| tide / tide without resident subgroups | 0.9 |  | – |" in partial
+    assert "| dos\\_k3 | measured once | 0.8 | 0.1 | 0.3 | 0.4 | 1.333 | – |" in partial
+    assert "| tide | forecast every iteration | 0.6 | 0.1 | 0.3 | 0.2 | 1 | 20 |" in partial
+    assert "in 0 of 5 timed iterations" in partial
+    varying = section.split("### varying", 1)[1].split("###", 1)[0]
+    assert "| tide / best static configuration (dos\\_k2) | 1 | < 1 | no |" in varying
+    fits = section.split("### fits", 1)[1]
+    assert "| tide / no-offload floor | 1.2 | ≤ 1.15 | no |" in fits
+    assert "| ZeRO-Offload-style / tide | 3.5 | ≥ 3 | yes |" in fits
+    # the benchmark's order, not the file's
+    assert section.index("### varying") < section.index("### fits") < section.index("### partial")
+    assert "headroom\\_bytes" not in page and "## iteration" not in page
+    readme = "# x\n\n" + gen_docs.README_BEGIN + "\n" + gen_docs.README_END + "\n" + \
+        gen_docs.TIMELINE_BEGIN + "\n" + gen_docs.TIMELINE_END + "\n"
+    readme = gen_docs.readme_with_results(readme, tmp_path)
+    assert ("part of the state fits: tide / best static (≤ 1.03) | 0.75 (best: dos\\_k3; 20 "
+            "subgroups resident) | SYNTHETIC-VM") in readme
+    assert "the state fits: tide / no-offload floor (≤ 1.15) | 1.2 (50 subgroups resident)" in readme
