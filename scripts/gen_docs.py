@@ -40,6 +40,34 @@ TIMELINE_BEGIN = "<!-- timeline:begin (scripts/gen_docs.py results) -->"
 TIMELINE_END = "<!-- timeline:end -->"
 
 
+def replace_file(path: pathlib.Path, data: str | bytes | pathlib.Path) -> None:
+    """Writes `data` (text, bytes, or the file at that path) as `path`, whole or not at all: into
+    a temporary file beside it, then renamed over it, so that a crash or a full disk never
+    leaves a committed page or result half written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(data, pathlib.Path):
+                with open(data, "rb") as src:
+                    shutil.copyfileobj(src, f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def timeline_lines(folder: pathlib.Path, image: str) -> list[str]:
     """The memory-timeline picture with its caption (docs/results/timeline.json), if made."""
     path = folder / "timeline.json"
@@ -803,9 +831,11 @@ def gpu_iteration_plot(runs: list[dict], out: pathlib.Path) -> bool:
                  f"{str(m.get('commit', ''))[:10]}", fontsize=9)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    with tempfile.TemporaryDirectory() as tmp:
+        drawn = pathlib.Path(tmp) / out.name
+        fig.savefig(drawn, dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        replace_file(out, drawn)
     return True
 
 
@@ -1031,7 +1061,7 @@ def capture(name: str, command: list[str], out_dir: pathlib.Path, tree: pathlib.
         raise SystemExit(f"gen_docs capture: {' '.join(command)} printed no JSON line")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    replace_file(path, "".join(json.dumps(r) + "\n" for r in records))
     print(f"gen_docs: {len(records)} records in {path} ({seconds:.0f} s)")
     return path
 
@@ -1047,14 +1077,14 @@ def timeline(build: pathlib.Path, tree: pathlib.Path, out: pathlib.Path, steps: 
         if result.returncode != 0:
             sys.stderr.write(result.stdout + result.stderr)
             raise SystemExit("gen_docs timeline: examples/train_gpt.py failed")
-        shutil.copyfile(pathlib.Path(tmp) / "tide_memory.png", out)
+        replace_file(out, pathlib.Path(tmp) / "tide_memory.png")
     sha, dirty = commit_of(tree)
     caption = {"machine": machine(env.get("TIDE_CUDA_DRIVER")),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "commit": sha, "dirty": dirty,
                "command": f"examples/train_gpt.py --steps {steps}"}
     (REPO / "docs" / "results").mkdir(parents=True, exist_ok=True)
-    (REPO / "docs" / "results" / "timeline.json").write_text(json.dumps(caption, indent=2) + "\n")
+    replace_file(REPO / "docs" / "results" / "timeline.json", json.dumps(caption, indent=2) + "\n")
     print(f"gen_docs: {out} and docs/results/timeline.json")
 
 
@@ -1100,8 +1130,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     def write(path: pathlib.Path, text: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        replace_file(path, text)
         print(f"gen_docs: {path}")
 
     if args.what == "knobs":
@@ -1117,7 +1146,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"gen_docs: {picture}")
         if args.readme:
             readme = pathlib.Path(args.readme)
-            readme.write_text(readme_with_results(readme.read_text(), args.results))
+            write(readme, readme_with_results(readme.read_text(), args.results))
     elif args.what == "all":
         tide = args.build / "bin" / "tide"
         ref = REPO / "docs" / "reference"
@@ -1127,7 +1156,7 @@ def main(argv: list[str] | None = None) -> None:
         results = REPO / "docs" / "results"
         write(REPO / "docs" / "results.md", gen_results(results))
         readme = REPO / "README.md"
-        readme.write_text(readme_with_results(readme.read_text(), results))
+        write(readme, readme_with_results(readme.read_text(), results))
     elif args.what == "capture":
         if not command_args:
             p.error("capture NAME -- COMMAND [ARGS...]")

@@ -304,3 +304,27 @@ def test_stand_in_iterations_from_a_capture(gen_docs, tmp_path):
     assert ("part of the state fits: tide / best static (≤ 1.03) | 0.75 (best: dos\\_k3; 20 "
             "subgroups resident) | SYNTHETIC-VM") in readme
     assert "the state fits: tide / no-offload floor (≤ 1.15) | 1.2 (50 subgroups resident)" in readme
+
+
+def test_pages_and_results_are_replaced_whole_or_not_at_all(gen_docs, tmp_path, monkeypatch):
+    """gen_docs writes beside the file and renames over it: a failure on the way (here the
+    rename) leaves the old content and no stray file."""
+    page = tmp_path / "results.md"
+    page.write_text("old\n")
+    page.chmod(0o644)
+    gen_docs.replace_file(page, "new\n")
+    assert page.read_text() == "new\n" and list(tmp_path.iterdir()) == [page]
+    assert page.stat().st_mode & 0o777 == 0o644  # the mode it had, not mkstemp's 0600
+    source = tmp_path / "picture.bin"
+    source.write_bytes(b"\x89PNG")
+    gen_docs.replace_file(page, source)
+    assert page.read_bytes() == b"\x89PNG"
+
+    def refuse(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gen_docs.os, "replace", refuse)
+    with pytest.raises(OSError, match="disk full"):
+        gen_docs.replace_file(page, "lost\n")
+    assert page.read_bytes() == b"\x89PNG"
+    assert set(tmp_path.iterdir()) == {page, source}
