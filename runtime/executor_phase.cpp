@@ -351,8 +351,7 @@ void Executor::Phase::to_cpu(std::size_t s) {
     }
   }
   if (residency.resident(s)) residency.host_written(s);  // the CPU updates the pinned slot
-  if (const CUdeviceptr g = x.offload_->device_gradient(s);
-      g != 0 && !x.offload_->reaches_host(s)) {
+  if (const CUdeviceptr g = x.offload_->device_only_gradient(s); g != 0) {
     // Its gradient was kept on the GPU only: bring it over first. The kernel never writes it.
     try {
       driver::copy_to_host(state.grad(s), g, state.params(s) * gs);

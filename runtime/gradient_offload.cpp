@@ -93,9 +93,9 @@ CUdeviceptr GradientOffload::device_gradient(std::size_t subgroup) const {
   return route_.empty() ? 0 : route_.at(subgroup);
 }
 
-bool GradientOffload::reaches_host(std::size_t subgroup) const {
+CUdeviceptr GradientOffload::device_only_gradient(std::size_t subgroup) const {
   std::lock_guard lock(mutex_);
-  return route_.empty() || route_.at(subgroup) == 0 || mirrored_[subgroup] != 0;
+  return route_.empty() || mirrored_.at(subgroup) != 0 ? 0 : route_.at(subgroup);
 }
 
 void GradientOffload::wait_on(std::size_t subgroup, const driver::Stream& stream) const {

@@ -44,8 +44,9 @@ class GradientOffload {
   // the CPU whatever happens to the device). Empty: all to host.
   void route(std::vector<CUdeviceptr> device, std::vector<char> mirrored = {});
   CUdeviceptr device_gradient(std::size_t subgroup) const;
-  // Whether the subgroup's gradients reach its pinned buffer: not routed, or mirrored.
-  bool reaches_host(std::size_t subgroup) const;
+  // The device buffer of a subgroup whose gradients reach it and not its pinned buffer (routed,
+  // not mirrored); 0 where the pinned buffer has them.
+  CUdeviceptr device_only_gradient(std::size_t subgroup) const;
   // Device buffers that no gradient has reached since they were routed, from the last subgroup
   // down until they add up to `bytes` (or all of them): their subgroups' gradients go to their
   // pinned buffers from now on, and the caller may free the buffers returned. Atomic against

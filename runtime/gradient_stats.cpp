@@ -36,8 +36,7 @@ GradientStats gradient_stats(const OptimizerState& state, const GradientOffload&
   // buffers, which still hold an older step's: brought over first (the buffers are unused for
   // those subgroups).
   for (std::size_t s = 0; s < state.size(); ++s) {
-    if (offload.reaches_host(s)) continue;
-    if (const CUdeviceptr g = offload.device_gradient(s); g != 0) {
+    if (const CUdeviceptr g = offload.device_only_gradient(s); g != 0) {
       driver::copy_to_host(state.grad(s), g, state.params(s) * state.grad_bytes());
     }
   }

@@ -106,7 +106,7 @@ TEST_F(OffloadTest, ConcurrentOffloads) {
 }
 
 // A route to a device buffer sends the gradient there only, or there and to the pinned buffer
-// where it is mirrored (KeptGradients::automatic); reaches_host() says which.
+// where it is mirrored (KeptGradients::automatic); device_only_gradient() says which.
 TEST_F(OffloadTest, MirroredRoutesReachBothBuffers) {
   const driver::CurrentContext context;
   const std::uint64_t n = 4096;
@@ -119,9 +119,9 @@ TEST_F(OffloadTest, MirroredRoutesReachBothBuffers) {
   kept.reserve(2);
   for (int i = 0; i < 2; ++i) kept.emplace_back(n * 2);
   o.route({kept[0].get(), kept[1].get(), 0}, {1, 0, 0});
-  EXPECT_TRUE(o.reaches_host(0));
-  EXPECT_FALSE(o.reaches_host(1));
-  EXPECT_TRUE(o.reaches_host(2));
+  EXPECT_EQ(o.device_only_gradient(0), 0u);
+  EXPECT_EQ(o.device_only_gradient(1), kept[1].get());
+  EXPECT_EQ(o.device_only_gradient(2), 0u);
   for (std::size_t s = 0; s < 3; ++s) std::memset(model.state->grad(s), 0, n * 2);
   const auto grads = model.make_gradients(1);
   model.offload_all(executor);
