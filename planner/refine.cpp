@@ -27,8 +27,11 @@ bool RateRefiner::observe(RateKind kind, double amount, double seconds) {
   const double observed = amount / seconds;
   if (!std::isfinite(observed) || observed <= 0) return false;
   double& rate = rate_of(rates_, kind);
-  std::uint64_t& n = counts_[static_cast<std::size_t>(kind)];
+  const auto k = static_cast<std::size_t>(kind);
+  std::uint64_t& n = counts_[k];
   ++n;
+  phase_[k].log_sum += std::log(observed);
+  ++phase_[k].count;
   const double weight = std::max(options_.weight, 1.0 / static_cast<double>(n));
   const double limit = std::log(options_.max_step);
   const double step = std::clamp(std::log(observed / rate), -limit, limit);
@@ -130,17 +133,31 @@ std::size_t RateRefiner::observe_phase(const Plan& plan, const Footprint& footpr
                                 " subgroups");
   }
   const Rates before = rates_;
-  const std::array<std::uint64_t, kRateCount> counts_before = counts_;
+  phase_ = {};
   const std::size_t used = observe_subgroups(plan, footprint, timings);
   const double limit = std::pow(options_.max_step, options_.weight);
   for (const RateInfo& info : rate_infos()) {
     const auto k = static_cast<std::size_t>(info.kind);
-    if (counts_[k] == counts_before[k]) continue;
-    if (phases_[k]++ < kFreePhases) continue;
+    if (phase_[k].count == 0) continue;
+    if (const std::uint64_t phase = phases_[k]++; phase < kFreePhases) {
+      agree(k, phase);
+      continue;
+    }
     const double was = before.*info.member;
     rates_.*info.member = std::clamp(rates_.*info.member, was / limit, was * limit);
   }
   return used;
+}
+
+void RateRefiner::agree(std::size_t k, std::uint64_t phase) {
+  std::array<double, kAgreeingPhases>& recent = recent_[k];
+  recent[phase % kAgreeingPhases] =
+      std::exp(phase_[k].log_sum / static_cast<double>(phase_[k].count));
+  if (phase + 1 < kAgreeingPhases) return;
+  const auto [low, high] = std::minmax_element(recent.begin(), recent.end());
+  double& rate = rate_of(rates_, static_cast<RateKind>(k));
+  if (*low > rate * options_.max_step) rate = *low;
+  if (*high < rate / options_.max_step) rate = *high;
 }
 
 std::size_t RateRefiner::observe_subgroups(const Plan& plan, const Footprint& footprint,

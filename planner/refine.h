@@ -8,7 +8,8 @@
 // wild, moves a rate by at most a factor m^w (1.5 at first, 1.5^0.2 ≈ 1.08 later with the
 // defaults); noise that is symmetric in log space averages out; a run of consistent
 // measurements still gets anywhere, m^w per observation. A whole phase counts as one observation
-// per rate once the rate has seen kFreePhases phases (its subgroups share their disturbances).
+// per rate once the rate has seen kFreePhases phases (its subgroups share their disturbances);
+// before that, kAgreeingPhases phases in a row that all find the rate far off set it outright.
 //
 // Host memory bandwidth is not timed by any one subgroup: a phase gives what its CPU subgroups
 // and its copies moved through host memory per second (their bytes over their measured times,
@@ -74,10 +75,17 @@ class RateRefiner {
 
   // A phase's subgroups are timed under the same conditions: a disturbance of the host (another
   // process, a burst of page faults) slows many at once. The first phases that time a rate move
-  // it as their observations say (a model far from the machine gets there within 5 phases);
-  // after kFreePhases of them, one phase moves each rate by at most max_step^weight (1.08 with
-  // the defaults), as one observation would.
+  // it as their observations say; after kFreePhases of them, one phase moves each rate by at
+  // most max_step^weight (1.08 with the defaults), as one observation would.
   static constexpr std::uint64_t kFreePhases = 5;
+
+  // A phase timing a rate only once or twice (one GPU subgroup a step) moves it by the clamped
+  // steps alone, 2.5x over the free phases: a model 1000x off (the stand-in's emulated kernels
+  // against the built-in GPU rate) would take a hundred steps. So among the free phases, when
+  // kAgreeingPhases in a row each measured the rate beyond max_step on the same side, it is set
+  // to the least far of their measurements (each phase's geometric mean): a disturbance would
+  // have to last that many phases to move it, and it moves no further than all of them agree.
+  static constexpr std::size_t kAgreeingPhases = 3;
 
   const Rates& rates() const { return rates_; }
   std::uint64_t observations(RateKind kind) const {
@@ -108,11 +116,23 @@ class RateRefiner {
   HostTraffic traffic_of(const Plan& plan, const Footprint& footprint,
                          std::span<const SubgroupTiming> timings) const;
   std::size_t observe_host_memory(const HostTraffic& traffic, const Footprint& footprint);
+  // Records what the current phase measured for rate `k` (its phase_) among its free phases,
+  // and moves the rate when kAgreeingPhases of them agree that it is far off.
+  void agree(std::size_t k, std::uint64_t phase);
+
+  // One rate's observations in the current phase, in log space.
+  struct PhaseSum {
+    double log_sum = 0;
+    std::uint64_t count = 0;
+  };
 
   Rates rates_;
   RefineOptions options_;
   std::array<std::uint64_t, kRateCount> counts_{};
   std::array<std::uint64_t, kRateCount> phases_{};  // phases that observed each rate
+  std::array<PhaseSum, kRateCount> phase_{};        // reset at each observe_phase
+  // The last kAgreeingPhases free phases' measurements of each rate, by phase number modulo.
+  std::array<std::array<double, kAgreeingPhases>, kRateCount> recent_{};
 };
 
 }  // namespace tide::planner

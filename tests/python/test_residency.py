@@ -12,9 +12,26 @@ import pytest
 import torch
 
 import tide.torch as tt
+from tide.torch import _executor
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def planned_at_the_starting_rates(monkeypatch):
+    """Plans made at the rates the optimizer starts from, unrefined: without a GPU, the stand-in's
+    emulated kernels run slower than the CPU update, and refinement learns that within a few steps
+    and takes the state home (docs/design/planner.md#rates). These tests are about what resident
+    state looks like, not about whether this machine should keep it."""
+    made = _executor.options
+
+    def unrefined(**kwargs):
+        out = made(**kwargs)
+        out.refine = 0
+        return out
+
+    monkeypatch.setattr(_executor, "options", unrefined)
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
