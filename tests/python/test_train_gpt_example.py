@@ -125,3 +125,19 @@ def test_state_format_combinations_are_usage_errors(options, message):
                             check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_without_a_gpu_the_plan_learns_the_emulated_kernels_within_five_steps(tmp_path):
+    """Without a GPU the stand-in runs "GPU" subgroups through its emulated kernels, three orders
+    of magnitude below the built-in GPU rate. The main job's model (the defaults) sent one
+    subgroup a step to them for over 20 steps, at 2-4x the all-CPU update phase; refinement
+    (planner/refine.h, kAgreeingPhases) now learns the rate from the first phases, and from the
+    fifth step on every subgroup is on the CPU."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU: its kernels are not emulated")
+    result = run_example("--steps", "8", "--out", str(tmp_path))
+    lines = ITERATION.findall(result.stdout)
+    assert len(lines) == 8, result.stdout
+    assert int(lines[0][6]) > 0, "the first plan, at the built-in rates, uses the GPU"
+    assert [int(line[6]) for line in lines[4:]] == [0, 0, 0, 0], result.stdout
