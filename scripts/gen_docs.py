@@ -1058,7 +1058,6 @@ def capture(name: str, command: list[str], out_dir: pathlib.Path, tree: pathlib.
                 continue
     if not records:
         raise SystemExit(f"gen_docs capture: {' '.join(command)} printed no JSON line")
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.jsonl"
     replace_file(path, "".join(json.dumps(r) + "\n" for r in records))
     print(f"gen_docs: {len(records)} records in {path} ({seconds:.0f} s)")
@@ -1082,7 +1081,6 @@ def timeline(build: pathlib.Path, tree: pathlib.Path, out: pathlib.Path, steps: 
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "commit": sha, "dirty": dirty,
                "command": f"examples/train_gpt.py --steps {steps}"}
-    (REPO / "docs" / "results").mkdir(parents=True, exist_ok=True)
     replace_file(REPO / "docs" / "results" / "timeline.json", json.dumps(caption, indent=2) + "\n")
     print(f"gen_docs: {out} and docs/results/timeline.json")
 
