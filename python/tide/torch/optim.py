@@ -468,6 +468,10 @@ class AdamW(torch.optim.Optimizer):
         """Whether the headroom is tide's allocator's forecast (else: the driver's free memory)."""
         return self._cpu or allocator.is_using_allocator()
 
+    # Under torch.compile (a compiled training step, or "compiling the optimizer"), Dynamo runs
+    # zero_grad and step as they are: their bookkeeping counts references and version counters
+    # and crosses into tide's library, nothing a graph can hold.
+    @torch.compiler.disable
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
         # None: the executor decides, with tide's allocator's forecast (without it, never).
@@ -477,6 +481,7 @@ class AdamW(torch.optim.Optimizer):
                 device = self._device_of(bucket)
                 bucket.executor.prepare(self._policy, self._headroom(device, held=True))
 
+    @torch.compiler.disable
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One Adam/AdamW step. It happens exactly or not at all: if it raises before the
