@@ -434,6 +434,44 @@ def test_gradient_accumulation_over_micro_batches():
         model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options))).assert_close(ours)
 
 
+@pytest.mark.parametrize("placement", ["cpu", "gpu"])
+def test_accumulation_copies_each_gradient_once_when_the_micro_batches_repeat(placement):
+    """A hook whose gradient more micro-batches will change leaves the copy to the last one,
+    once the last two steps ran as many; a step with fewer micro-batches than that copies the
+    rest at step(), and a changed pattern copies in every hook until it is steady again."""
+    pattern = [3, 3, 3, 3, 2, 2, 2, 4, 1]  # micro-batches per step
+    data = batches(sum(pattern))
+    plans = []
+
+    def run(model, o):
+        at = 0
+        for count in pattern:
+            for tokens in data[at:at + count]:
+                (loss_of(model, tokens) / count).backward()
+            at += count
+            o.step()
+            o.zero_grad()
+            if isinstance(o, tt.AdamW):
+                plans.append(o.last_plan)
+
+    ours = make_model()
+    run(ours, tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=placement))
+    TorchReference(make_model, lambda model, options: run(
+        model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options))).assert_close(ours)
+    n = len(list(ours.parameters()))
+    counts = [(p["gradients_offloaded_in_backward"], p["gradient_offloads_deferred"],
+               p["gradients_offloaded_at_step"]) for p in plans]
+    assert counts == [
+        (3 * n, 0, 0), (3 * n, 0, 0),  # learning the pattern
+        (n, 2 * n, 0), (n, 2 * n, 0),  # the last micro-batch's hooks copy
+        (0, 2 * n, n),  # two where three were expected: copied at step()
+        (2 * n, 0, 0),  # the pattern changed: every hook copies
+        (n, n, 0),  # steady again (2, 2)
+        (3 * n, n, 0),  # four after two: the first hook defers, each after it copies
+        (n, 0, 0),  # one micro-batch
+    ], counts
+
+
 @pytest.mark.skipif(DEVICE == "cuda", reason="counts the stand-in device's bytes in tide's allocator")
 def test_gpu_buffers_are_freed_after_the_step_unless_kept():
     """The headroom is what the update phase may use: its buffers must not stay allocated into

@@ -18,6 +18,13 @@ clip_grad_norm_(foreach=False)), GradScaler.unscale_ (scaler.step then hands ste
 grad_scale), or `opt.gradients_changed()`, which any other in-place write to DTensor gradients
 after backward needs (torch.nn.utils.clip_grad_norm_ with foreach, any torch._foreach_* op).
 
+Gradient accumulation: a step over K micro-batches runs each hook K times, and only the last
+copy is the gradient step() uses. A hook whose parameter's hook ran the same number of times in
+each of the last two steps, and has not reached that number yet, leaves the copy to a later
+micro-batch (counted as deferred): a pattern that changes costs copies at step() for one step,
+then every hook copies until the pattern is steady again. Never wrong either way: step()
+offloads whatever its gradient's last copy missed.
+
 Host-resident buckets (FSDP2's CPUOffloadPolicy: the gradients are in host memory already) copy
 nothing: at every step() their gradients' addresses are handed to the executor, which reads them
 where they are (counted as read in place).
@@ -48,14 +55,19 @@ class GradientOffload:
         self.cpu = cpu
         self.sharded_in_backward = sharded_gradients == "backward"
         self._changed = False  # gradients_changed() was called since the offloads
-        # Gradients offloaded in their hook and at step() (again, or first), this step and the last.
-        self.counts = {"backward": 0, "step": 0, "in_place": 0}
+        # Gradients offloaded in their hook and at step() (again, or first), hooks that left the
+        # copy to a later micro-batch, this step and the last.
+        self.counts = {"backward": 0, "step": 0, "in_place": 0, "deferred": 0}
         self.last_counts = dict(self.counts)
         self.hooks: list[Any] = []  # the post-accumulate-grad hooks, removed with the optimizer
         self._offloaded: dict[int, tuple[torch.Tensor, int]] = {}  # id(param) -> (grad, version)
         self._keepalive: list[torch.Tensor] = []  # gradients whose offload may be in flight
         self._read_in_place: set[int] = set()  # host-resident parameters counted this step
         self._streams: dict[int, Any] = {}
+        # Gradient accumulation: hook runs per parameter since the last step, and in the two
+        # steps before it (id(param) -> (two steps ago, last step)).
+        self._runs: dict[int, int] = {}
+        self._runs_before: dict[int, tuple[int, int]] = {}
 
     def _stream(self, bucket: Bucket) -> Any:
         key = id(bucket)
@@ -71,6 +83,12 @@ class GradientOffload:
             bucket, i = self.where[id(p)]
             if bucket.host:
                 return  # read in place at step()
+            key = id(p)
+            runs = self._runs[key] = self._runs.get(key, 0) + 1
+            before = self._runs_before.get(key)
+            if before is not None and before[0] == before[1] and runs < before[1]:
+                self.counts["deferred"] += 1
+                return  # more micro-batches to come: their last hook copies
             if layout_of(local(p)) == bucket.layouts[i]:
                 self.offload(p)
                 self.counts["backward"] += 1
@@ -160,4 +178,11 @@ class GradientOffload:
         self._read_in_place.clear()
         self._changed = False
         self.last_counts = self.counts
-        self.counts = {"backward": 0, "step": 0, "in_place": 0}
+        self.counts = {"backward": 0, "step": 0, "in_place": 0, "deferred": 0}
+        runs_before = {}
+        for key in self._runs.keys() | self._runs_before.keys():
+            last, runs = self._runs_before.get(key, (0, 0))[1], self._runs.get(key, 0)
+            if last or runs:
+                runs_before[key] = (last, runs)
+        self._runs_before = runs_before
+        self._runs = {}

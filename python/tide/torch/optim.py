@@ -660,6 +660,8 @@ class AdamW(torch.optim.Optimizer):
             # Gradients offloaded during backward (in their hooks) and at step() (first or again).
             "gradients_offloaded_in_backward": self._gradients.last_counts["backward"],
             "gradients_offloaded_at_step": self._gradients.last_counts["step"],
+            # Hooks that left the copy to a later micro-batch (gradient accumulation).
+            "gradient_offloads_deferred": self._gradients.last_counts["deferred"],
             # Host-resident parameters (FSDP2's CPUOffloadPolicy): elements stepped where they
             # are, and gradients read in place (not offloaded).
             "host_resident_elements": sum(sum(b.sizes) for b in self._buckets if b.host),
