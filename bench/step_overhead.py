@@ -9,7 +9,8 @@ optimizer's loop over the tensors (foreach, and fused where torch has it on the 
 
 One JSON line per implementation and tensor count (after a warm-up, `--rounds` steps each,
 round-robin over the implementations, each step after `--micro-batches` backward passes that
-give every tensor a gradient, accumulated): the median step() seconds, per tensor in µs, and for
+give every tensor a gradient, accumulated, and with `--clip` torch.nn.utils.clip_grad_norm_,
+untimed): the median step() seconds, per tensor in µs, and for
 tide the median of the update phase's own seconds (opt.last_plan["seconds"], the C++ executor's)
 and of the rest, per tensor; the median seconds of the step's backward passes. tide's lines add
 the fastest peer's per-tensor time and tide's ratio to it, and what its hooks added to the
@@ -42,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=60, help="timed steps per implementation")
     p.add_argument("--micro-batches", type=int, default=4,
                    help="backward passes per step, accumulated (default 4)")
+    p.add_argument("--clip", action="store_true",
+                   help="torch.nn.utils.clip_grad_norm_ before each step (every implementation)")
     args = p.parse_args(argv)
     try:
         args.counts = [int(t) for t in args.tensors.split(",") if t]
@@ -76,7 +79,8 @@ def implementations(torch, tt, count: int) -> dict:
     return out
 
 
-def measure(torch, tt, count: int, rounds: int, micro_batches: int = 1) -> list[dict]:
+def measure(torch, tt, count: int, rounds: int, micro_batches: int = 1,
+            clip: bool = False) -> list[dict]:
     impls = implementations(torch, tt, count)
     times: dict[str, list[float]] = {name: [] for name in impls}
     backwards: dict[str, list[float]] = {name: [] for name in impls}
@@ -89,6 +93,8 @@ def measure(torch, tt, count: int, rounds: int, micro_batches: int = 1) -> list[
             for loss in losses:
                 loss.backward()
             backward = time.perf_counter() - start
+            if clip:  # untimed: the same for every implementation
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
             start = time.perf_counter()
             opt.step()
             elapsed = time.perf_counter() - start
@@ -102,7 +108,8 @@ def measure(torch, tt, count: int, rounds: int, micro_batches: int = 1) -> list[
     for name, t in times.items():
         seconds = statistics.median(t)
         line = {"impl": name, "tensors": count, "elements_per_tensor": ELEMENTS,
-                "rounds": rounds, "micro_batches": micro_batches, "step_seconds": seconds,
+                "rounds": rounds, "micro_batches": micro_batches, "clip": clip,
+                "step_seconds": seconds,
                 "step_us_per_tensor": round(seconds / count * 1e6, 3),
                 "backward_seconds": statistics.median(backwards[name])}
         if name == "tide":
@@ -134,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                "python": platform.python_version()}
     for count in args.counts:
-        for line in measure(torch, tt, count, args.rounds, args.micro_batches):
+        for line in measure(torch, tt, count, args.rounds, args.micro_batches, args.clip):
             print(json.dumps({"bench": "step_overhead", **line, **machine}), flush=True)
     return 0
 

@@ -5,12 +5,13 @@ to check; the test, not the worker, asserts.
 The model: Linear(7, 5) (uneven shards: 3 and 2 rows), Linear(5, 3) (2 and 1), Linear(3, 1) (its
 [1, 3] weight and [1] bias are empty on rank 1), each its own FSDP unit, and `gain`, a plain
 parameter of the root module that FSDP2 does not shard (its gradient is averaged by hand, as DDP
-would).
+would). scenario_ddp trains the same model under DistributedDataParallel instead (test_ddp).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import datetime
 import multiprocessing
 import os
@@ -622,6 +623,42 @@ def scenario_modified(rank: int, world: int, out: str, result: dict) -> None:
             runs[kind] = {"weights": full(model), "counts": counts}
         runs["elements"] = [p.to_local().numel() for p in model.parameters()]
         result[path] = runs
+
+
+DDP_STEPS = 5
+
+
+def scenario_ddp(rank: int, world: int, out: str, result: dict) -> None:
+    """tide and torch.optim.AdamW (foreach=False) on the same DistributedDataParallel model (each
+    rank its own batch), with the gradients as DDP's bucket views and without, one micro-batch a
+    step and two (the first under no_sync()); tide's gradient offload counts per step."""
+    import tide.torch as tt
+    for view in (False, True):
+        for micro_batches in (1, 2):
+            runs = {}
+            for kind in ("torch", "tide"):
+                module = Net()
+                model = torch.nn.parallel.DistributedDataParallel(
+                    module, gradient_as_bucket_view=view, bucket_cap_mb=1e-4)  # several buckets
+                opt = (tt.AdamW(model.parameters(), lr=1e-2, placement=2) if kind == "tide"
+                       else torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False))
+                counts = []
+                for step in range(DDP_STEPS):
+                    for micro in range(micro_batches):
+                        x, y = batch(step * micro_batches + micro, rank, world)
+                        sync = micro == micro_batches - 1
+                        with contextlib.nullcontext() if sync else model.no_sync():
+                            (torch.nn.functional.mse_loss(model(x), y) / micro_batches).backward()
+                    opt.step()
+                    opt.zero_grad()
+                    if kind == "tide":
+                        plan = opt.last_plan
+                        counts.append((plan["gradients_offloaded_in_backward"],
+                                       plan["gradient_offloads_deferred"],
+                                       plan["gradients_offloaded_at_step"]))
+                runs[kind] = {"weights": [p.detach().clone() for p in module.parameters()],
+                              "counts": counts}
+            result[(view, micro_batches)] = runs
 
 
 class SoakNet:

@@ -472,6 +472,35 @@ def test_accumulation_copies_each_gradient_once_when_the_micro_batches_repeat(pl
     ], counts
 
 
+def test_gradients_clipped_at_every_step_are_copied_at_step_only():
+    """torch.nn.utils.clip_grad_norm_ scales every gradient after backward, so what the hooks
+    copied is copied again at step(): once two steps found that, the hooks copy nothing; when
+    the clipping stops, the copies at step() find the gradients unchanged, and after two such
+    steps the hooks copy again."""
+    data = batches(9)
+    plans = []
+
+    def run(model, o):
+        for i, tokens in enumerate(data):
+            loss_of(model, tokens).backward()
+            if i < 5:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            o.step()
+            o.zero_grad()
+            if isinstance(o, tt.AdamW):
+                plans.append(o.last_plan)
+
+    ours = make_model()
+    run(ours, tt.AdamW(ours.parameters(), lr=3e-3, subgroup_size=3000, placement=2))
+    TorchReference(make_model, lambda model, options: run(
+        model, torch.optim.AdamW(model.parameters(), lr=3e-3, **options))).assert_close(ours)
+    n = len(list(ours.parameters()))
+    counts = [(p["gradients_offloaded_in_backward"], p["gradient_offloads_deferred"],
+               p["gradients_offloaded_at_step"]) for p in plans]
+    assert counts == [(n, 0, n)] * 2 + [(0, n, n)] * 3 + [(0, n, n), (n, 0, 0), (n, 0, 0),
+                                                          (n, 0, 0)], counts
+
+
 @pytest.mark.skipif(DEVICE == "cuda", reason="counts the stand-in device's bytes in tide's allocator")
 def test_gpu_buffers_are_freed_after_the_step_unless_kept():
     """The headroom is what the update phase may use: its buffers must not stay allocated into

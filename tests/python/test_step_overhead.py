@@ -21,14 +21,15 @@ def bench():
 
 
 def test_a_line_per_implementation_and_count_with_tides_split(bench, capsys):
-    assert bench.main(["--tensors", "3,5", "--rounds", "2", "--micro-batches", "3"]) == 0
+    assert bench.main(["--tensors", "3,5", "--rounds", "2", "--micro-batches", "3",
+                       "--clip"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert all(line["bench"] == "step_overhead" and line["cpus"] for line in lines)
     assert {(line["impl"], line["tensors"]) for line in lines} >= {
         ("tide", 3), ("torch_foreach", 3), ("tide", 5), ("torch_foreach", 5)}
     for line in lines:
         assert line["step_seconds"] > 0 and line["rounds"] == 2
-        assert line["backward_seconds"] > 0 and line["micro_batches"] == 3
+        assert line["backward_seconds"] > 0 and line["micro_batches"] == 3 and line["clip"]
         assert line["step_us_per_tensor"] == round(line["step_seconds"] / line["tensors"] * 1e6, 3)
     for tide in (line for line in lines if line["impl"] == "tide"):
         assert 0 < tide["phase_seconds"] and tide["outside_phase_seconds"] < tide["step_seconds"]

@@ -22,8 +22,11 @@ Gradient accumulation: a step over K micro-batches runs each hook K times, and o
 copy is the gradient step() uses. A hook whose parameter's hook ran the same number of times in
 each of the last two steps, and has not reached that number yet, leaves the copy to a later
 micro-batch (counted as deferred): a pattern that changes costs copies at step() for one step,
-then every hook copies until the pattern is steady again. Never wrong either way: step()
-offloads whatever its gradient's last copy missed.
+then every hook copies until the pattern is steady again. Likewise a gradient changed after its
+last hook in each of the last two steps (DistributedDataParallel writes the averaged gradient
+after the hooks ran; torch.nn.utils.clip_grad_norm_ scales every gradient) is not copied in its
+hooks at all: step() would copy it again anyway. Never wrong either way: step() offloads
+whatever its gradient's last copy missed.
 
 Host-resident buckets (FSDP2's CPUOffloadPolicy: the gradients are in host memory already) copy
 nothing: at every step() their gradients' addresses are handed to the executor, which reads them
@@ -68,6 +71,13 @@ class GradientOffload:
         # steps before it (id(param) -> (two steps ago, last step)).
         self._runs: dict[int, int] = {}
         self._runs_before: dict[int, tuple[int, int]] = {}
+        # Gradients changed after their last hook: what that hook saw (id(param) -> (grad,
+        # version)); those found changed at this step(), at the last one, and at both of the last
+        # two (their hooks copy nothing).
+        self._hooked: dict[int, tuple[torch.Tensor, int]] = {}
+        self._changed_after: set[int] = set()
+        self._changed_last: set[int] = set()
+        self._changed_twice: set[int] = set()
 
     def _stream(self, bucket: Bucket) -> Any:
         key = id(bucket)
@@ -85,10 +95,12 @@ class GradientOffload:
                 return  # read in place at step()
             key = id(p)
             runs = self._runs[key] = self._runs.get(key, 0) + 1
+            self._hooked[key] = (p.grad, p.grad._version)
             before = self._runs_before.get(key)
-            if before is not None and before[0] == before[1] and runs < before[1]:
+            if (before is not None and before[0] == before[1] and runs < before[1]
+                    or key in self._changed_twice):
                 self.counts["deferred"] += 1
-                return  # more micro-batches to come: their last hook copies
+                return  # more micro-batches to come, or a write after backward: copied later
             if layout_of(local(p)) == bucket.layouts[i]:
                 self.offload(p)
                 self.counts["backward"] += 1
@@ -159,6 +171,10 @@ class GradientOffload:
                     continue
                 if bucket.host:
                     continue
+                hooked = self._hooked.get(id(p))
+                if hooked is not None and (hooked[0] is not grad
+                                           or hooked[1] != grad._version):
+                    self._changed_after.add(id(p))
                 seen = self._offloaded.get(id(p))
                 unseen = is_sharded(p) and (unscaled or not self.sharded_in_backward)
                 if (seen is None or seen[0] is not grad or seen[1] != grad._version
@@ -186,3 +202,6 @@ class GradientOffload:
                 runs_before[key] = (last, runs)
         self._runs_before = runs_before
         self._runs = {}
+        self._hooked.clear()
+        self._changed_twice = self._changed_after & self._changed_last
+        self._changed_last, self._changed_after = self._changed_after, set()
