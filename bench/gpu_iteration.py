@@ -604,7 +604,8 @@ def run_case(torch, tt, case: dict, args, device: str) -> dict:
 # each way, the CPU's updates), in ms.
 STEP_PLAN_KEYS = ("gpu_subgroups", "cpu_subgroups", "resident_subgroups",
                   "predicted_seconds", "gradients_offloaded_in_backward",
-                  "gradients_offloaded_at_step", "evicted_subgroups", "evict_seconds",
+                  "gradients_offloaded_at_step", "gradient_offloads_deferred",
+                  "evicted_subgroups", "evict_seconds",
                   "cache_releases", "withdrawn_gradients", "kept_gradients", "headroom_bytes",
                   "gpu_busy_seconds", "h2d_busy_seconds", "d2h_busy_seconds", "cpu_busy_seconds")
 

@@ -442,7 +442,8 @@ STEP_COLUMNS = ("forward_ms", "forward_backward_ms", "update_ms", "phase_ms", "p
                 "zero_grad_ms", "gpu_subgroups", "cpu_subgroups", "resident_subgroups", "evicted_subgroups", "evict_ms", "cache_releases",
                 "alloc_retries", "driver_allocs", "driver_frees", "peak_live_gib",
                 "held_headroom_gib", "gpu_busy_ms", "h2d_busy_ms", "d2h_busy_ms", "cpu_busy_ms",
-                "gradients_offloaded_in_backward", "gradients_offloaded_at_step")
+                "gradients_offloaded_in_backward", "gradients_offloaded_at_step",
+                "gradient_offloads_deferred")
 
 
 def step_tables(lines: list[dict]) -> list[str]:
