@@ -102,6 +102,11 @@ TEST_F(ExecutorAllocatorTest, DriverMemoryAloneFallsBackToTheCpu) {
 }
 
 TEST_F(ExecutorAllocatorTest, KeptGradientsComeFromTheCacheToo) {
+  // Kept gradients are held through the passes: no more than the forecast allows. A window's
+  // worth of small passes, so that another test's iterations (say, a forward pass that left no
+  // room) are out of it.
+  allocator->mark(allocator::telemetry::Mark::kIterationEnd);
+  ASSERT_NO_FATAL_FAILURE(iterations_seen(5, kMiB));
   Reference ref(*model->state);
   ExecutorOptions options;
   options.rates = test_rates();
