@@ -44,6 +44,10 @@ from tide.torch._bucket import Bucket, layout_of
 from tide.torch._distributed import is_sharded, local
 
 
+# What GradientOffload counts per step (see counts).
+_COUNTS = ("backward", "step", "in_place", "deferred")
+
+
 class GradientOffload:
     """The offload of the gradients of the parameters in `where` (id(param) -> (bucket, index)),
     CUDA tensors, or CPU tensors in CPU mode (`cpu`)."""
@@ -60,7 +64,7 @@ class GradientOffload:
         self._changed = False  # gradients_changed() was called since the offloads
         # Gradients offloaded in their hook and at step() (again, or first), hooks that left the
         # copy to a later micro-batch, this step and the last.
-        self.counts = {"backward": 0, "step": 0, "in_place": 0, "deferred": 0}
+        self.counts = dict.fromkeys(_COUNTS, 0)
         self.last_counts = dict(self.counts)
         self.hooks: list[Any] = []  # the post-accumulate-grad hooks, removed with the optimizer
         self._offloaded: dict[int, tuple[torch.Tensor, int]] = {}  # id(param) -> (grad, version)
@@ -194,7 +198,7 @@ class GradientOffload:
         self._read_in_place.clear()
         self._changed = False
         self.last_counts = self.counts
-        self.counts = {"backward": 0, "step": 0, "in_place": 0, "deferred": 0}
+        self.counts = dict.fromkeys(_COUNTS, 0)
         runs_before = {}
         for key in self._runs.keys() | self._runs_before.keys():
             last, runs = self._runs_before.get(key, (0, 0))[1], self._runs.get(key, 0)
