@@ -79,8 +79,7 @@ def implementations(torch, tt, count: int) -> dict:
     return out
 
 
-def measure(torch, tt, count: int, rounds: int, micro_batches: int = 1,
-            clip: bool = False) -> list[dict]:
+def measure(torch, tt, count: int, rounds: int, micro_batches: int, clip: bool) -> list[dict]:
     impls = implementations(torch, tt, count)
     times: dict[str, list[float]] = {name: [] for name in impls}
     backwards: dict[str, list[float]] = {name: [] for name in impls}
