@@ -5,7 +5,8 @@ to check; the test, not the worker, asserts.
 The model: Linear(7, 5) (uneven shards: 3 and 2 rows), Linear(5, 3) (2 and 1), Linear(3, 1) (its
 [1, 3] weight and [1] bias are empty on rank 1), each its own FSDP unit, and `gain`, a plain
 parameter of the root module that FSDP2 does not shard (its gradient is averaged by hand, as DDP
-would). scenario_ddp trains the same model under DistributedDataParallel instead (test_ddp).
+would). scenario_ddp and scenario_ddp_hook_cases train the same model under
+DistributedDataParallel instead (test_ddp).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import socket
 import time
 import traceback
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -628,37 +630,154 @@ def scenario_modified(rank: int, world: int, out: str, result: dict) -> None:
 DDP_STEPS = 5
 
 
-def scenario_ddp(rank: int, world: int, out: str, result: dict) -> None:
-    """tide and torch.optim.AdamW (foreach=False) on the same DistributedDataParallel model (each
-    rank its own batch), with the gradients as DDP's bucket views and without, one micro-batch a
-    step and two (the first under no_sync()); tide's gradient offload counts per step."""
+def _ddp_train(rank: int, world: int, kind: str, module: torch.nn.Module, *, view: bool,
+               micro_batches: int, offload: dict | None = None, clip: bool = False,
+               **ddp: Any) -> dict:
+    """DDP_STEPS steps of `kind` ("torch": torch.optim.AdamW, foreach=False; "tide": tide's
+    AdamW, placement 2) on `module` under DistributedDataParallel (several buckets), each after
+    `micro_batches` backward passes (all but the last under no_sync()); with `offload`, tide's DDP
+    hook (register_ddp_offload's keywords); with `clip`, clip_grad_norm_ before each step. The
+    trained weights, and tide's (in backward, deferred, at step) gradient copies per step."""
     import tide.torch as tt
-    for view in (False, True):
-        for micro_batches in (1, 2):
-            runs = {}
-            for kind in ("torch", "tide"):
-                module = Net()
-                model = torch.nn.parallel.DistributedDataParallel(
-                    module, gradient_as_bucket_view=view, bucket_cap_mb=1e-4)  # several buckets
-                opt = (tt.AdamW(model.parameters(), lr=1e-2, placement=2) if kind == "tide"
-                       else torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False))
-                counts = []
-                for step in range(DDP_STEPS):
-                    for micro in range(micro_batches):
-                        x, y = batch(step * micro_batches + micro, rank, world)
-                        sync = micro == micro_batches - 1
-                        with contextlib.nullcontext() if sync else model.no_sync():
-                            (torch.nn.functional.mse_loss(model(x), y) / micro_batches).backward()
-                    opt.step()
-                    opt.zero_grad()
-                    if kind == "tide":
-                        plan = opt.last_plan
-                        counts.append((plan["gradients_offloaded_in_backward"],
-                                       plan["gradient_offloads_deferred"],
-                                       plan["gradients_offloaded_at_step"]))
-                runs[kind] = {"weights": [p.detach().clone() for p in module.parameters()],
-                              "counts": counts}
-            result[(view, micro_batches)] = runs
+    model = torch.nn.parallel.DistributedDataParallel(
+        module, gradient_as_bucket_view=view, bucket_cap_mb=1e-4, **ddp)
+    opt = (tt.AdamW(model.parameters(), lr=1e-2, placement=2) if kind == "tide"
+           else torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False))
+    if kind == "tide" and offload is not None:
+        tt.register_ddp_offload(model, opt, **offload)
+    counts = []
+    for step in range(DDP_STEPS):
+        for micro in range(micro_batches):
+            x, y = batch(step * micro_batches + micro, rank, world)
+            sync = micro == micro_batches - 1
+            with contextlib.nullcontext() if sync else model.no_sync():
+                (torch.nn.functional.mse_loss(model(x), y) / micro_batches).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+        opt.zero_grad()
+        if kind == "tide":
+            plan = opt.last_plan
+            counts.append((plan["gradients_offloaded_in_backward"],
+                           plan["gradient_offloads_deferred"],
+                           plan["gradients_offloaded_at_step"]))
+    return {"weights": [p.detach().clone() for p in module.parameters()], "counts": counts}
+
+
+def scenario_ddp(rank: int, world: int, out: str, result: dict) -> None:
+    """tide and torch.optim.AdamW on the same DistributedDataParallel model (each rank its own
+    batch), tide with its DDP hook (register_ddp_offload) and without, with the gradients as
+    DDP's bucket views and without, one micro-batch a step and two."""
+    for hooked in (False, True):
+        for view in (False, True):
+            for micro_batches in (1, 2):
+                result[(hooked, view, micro_batches)] = {
+                    kind: _ddp_train(rank, world, kind, Net(), view=view,
+                                     micro_batches=micro_batches,
+                                     offload={} if hooked else None)
+                    for kind in ("torch", "tide")}
+
+
+class UnevenNet(Net):
+    """Net with a branch that rank 1 alone uses and one that no rank uses."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+        self.extra = torch.nn.Linear(7, 1)
+        self.unused = torch.nn.Linear(7, 1)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in (*self.extra.parameters(), *self.unused.parameters()):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out + self.extra(x) if self.rank == 1 else out
+
+
+def _average_into_new_tensor(group, bucket):
+    """A DDP hook whose result is a tensor of its own (DDP then copies it into the gradients)."""
+    tensor = bucket.buffer() / torch.distributed.get_world_size(group)
+    work = torch.distributed.all_reduce(tensor, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def scenario_ddp_hook_cases(rank: int, world: int, out: str, result: dict) -> None:
+    """tide's DDP hook where its copies cannot all be trusted, against torch.optim.AdamW: gradients
+    clipped after backward, a reducing hook whose result is a new tensor, parameters used by one
+    rank only or by none (find_unused_parameters)."""
+    cases = {"clipped": ({}, {"clip": True}, Net),
+             "new_tensor": ({"hook": _average_into_new_tensor, "state": None}, {}, Net),
+             "uneven": ({}, {"find_unused_parameters": True}, lambda: UnevenNet(rank))}
+    for name, (offload, extra, make) in cases.items():
+        for view in (False, True):
+            result[(name, view)] = {
+                kind: _ddp_train(rank, world, kind, make(), view=view, micro_batches=1,
+                                 offload=offload, **extra)
+                for kind in ("torch", "tide")}
+    result["api"] = _ddp_hook_api(rank, world)
+
+
+def scenario_ddp_average(rank: int, world: int, out: str, result: dict) -> None:
+    """One backward of a DDP model in fp32 and bf16 (this rank's own batch), with DDP's own
+    reduction and with tide's DDP hook: the averaged gradients."""
+    import tide.torch as tt
+    for hooked in (False, True):
+        for dtype in (torch.float32, torch.bfloat16):
+            module = Net().to(dtype)
+            model = torch.nn.parallel.DistributedDataParallel(module, bucket_cap_mb=1e-4)
+            if hooked:
+                tt.register_ddp_offload(model, tt.AdamW(model.parameters(), placement="cpu"))
+            x, y = batch(0, rank, world)
+            torch.nn.functional.mse_loss(model(x.to(dtype)).float(), y).backward()
+            result[(hooked, str(dtype))] = [p.grad.clone() for p in module.parameters()]
+
+
+def _ddp_hook_api(rank: int, world: int) -> dict:
+    """register_ddp_offload's errors; a second tide optimizer on the model takes the copies over
+    (trained against torch.optim.AdamW); with its optimizer gone, the hook still reduces."""
+    import gc
+
+    import tide.torch as tt
+    found: dict = {"errors": {}}
+    model = torch.nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=1e-4)
+    for name, call in {
+            "torch_optimizer": lambda: tt.register_ddp_offload(
+                model, torch.optim.AdamW(model.parameters())),
+            "bad_hook": lambda: tt.register_ddp_offload(model, first, hook=3)}.items():
+        first = tt.AdamW(model.parameters(), lr=1e-2, placement=2)
+        try:
+            call()
+        except (TypeError, ValueError) as error:
+            found["errors"][name] = f"{type(error).__name__}: {error}"
+    first = tt.AdamW(model.parameters(), lr=1e-2, placement=2)
+    tt.register_ddp_offload(model, first)
+    try:
+        tt.register_ddp_offload(model, first, hook=_average_into_new_tensor, state=None)
+    except ValueError as error:
+        found["errors"]["another_hook"] = f"ValueError: {error}"
+    second = tt.AdamW(model.parameters(), lr=1e-2, placement=2)
+    tt.register_ddp_offload(model, second)
+    found["first_reduced"] = len(first._gradients.reduced)
+    counts = []
+    for step in range(DDP_STEPS):
+        x, y = batch(step, rank, world)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        second.step()
+        second.zero_grad()
+        counts.append((second.last_plan["gradients_offloaded_in_backward"],
+                       second.last_plan["gradients_offloaded_at_step"]))
+    found["counts"] = counts
+    found["weights"] = [p.detach().clone() for p in model.module.parameters()]
+    reference = _ddp_train(rank, world, "torch", Net(), view=False, micro_batches=1)
+    found["torch_weights"] = reference["weights"]
+    del first, second
+    gc.collect()
+    x, y = batch(DDP_STEPS, rank, world)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    found["grads_after_optimizer_gone"] = [p.grad.clone() for p in model.module.parameters()]
+    return found
 
 
 class SoakNet:

@@ -1,11 +1,14 @@
 """tide.torch.AdamW under DistributedDataParallel: 2 processes over gloo on the stand-in driver
-(CPU mode), fsdp_workers' model and batches (scenario_ddp), against torch.optim.AdamW's for-loop
-implementation on the same DDP model.
+(CPU mode), fsdp_workers' model and batches (scenario_ddp, scenario_ddp_hook_cases), against
+torch.optim.AdamW's for-loop implementation on the same DDP model.
 
-DDP averages the gradients after tide's hooks ran (it writes them into .grad at the end of
-backward, or all-reduces its buckets in place under gradient_as_bucket_view), so what a hook
-copied is never the gradient step() uses: step() copies them again, seen by their version
-counters, and once two steps found that, the hooks copy nothing (gradient_offloads_deferred).
+Without tide's DDP hook, DDP averages the gradients after tide's hooks ran (it writes them into
+.grad at the end of backward, or all-reduces its buckets in place under gradient_as_bucket_view),
+so what a hook copied is never the gradient step() uses: step() copies them again, seen by their
+version counters, and once two steps found that, the hooks copy nothing
+(gradient_offloads_deferred). With it (register_ddp_offload), each bucket's reduced gradients
+are copied in backward once per step, and step() copies only what it cannot trust: gradients
+changed after backward, or ones this rank did not compute.
 """
 
 from __future__ import annotations
@@ -28,18 +31,120 @@ def trained(tmp_path_factory):
     return results
 
 
+@pytest.fixture(scope="module")
+def hook_cases(tmp_path_factory):
+    results = fsdp_workers.launch("ddp_hook_cases", tmp_path_factory.mktemp("ddp_cases"), WORLD)
+    no_errors(results)
+    return results
+
+
+def same_training(results, key):
+    """Each rank's tide weights are torch's, and both ranks stepped the same averages."""
+    for rank, result in enumerate(results):
+        runs = result[key]
+        assert rel_diff(runs["tide"]["weights"], runs["torch"]["weights"]) <= FP32_BOUND, rank
+    assert rel_diff(results[0][key]["tide"]["weights"],
+                    results[1][key]["tide"]["weights"]) == 0.0
+
+
 @pytest.mark.parametrize("micro_batches", [1, 2])
 @pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
 def test_ddp_trains_as_torch_adamw_and_copies_each_gradient_once(trained, view, micro_batches):
-    n = len(trained[0][(view, micro_batches)]["tide"]["weights"])
+    key = (False, view, micro_batches)
+    same_training(trained, key)
+    n = len(trained[0][key]["tide"]["weights"])
+    hooks = micro_batches * n
     for rank, result in enumerate(trained):
-        runs = result[(view, micro_batches)]
-        assert rel_diff(runs["tide"]["weights"], runs["torch"]["weights"]) <= FP32_BOUND, rank
-        hooks = micro_batches * n
         # The first two steps copy in every hook and again at step(), as DDP changed every
         # gradient after them; from the third, only at step().
-        assert runs["tide"]["counts"] == [(hooks, 0, n)] * 2 + [(0, hooks, n)] * (
-            fsdp_workers.DDP_STEPS - 2), (rank, runs["tide"]["counts"])
-    # The ranks stepped the same averaged gradients.
-    assert rel_diff(trained[0][(view, micro_batches)]["tide"]["weights"],
-                    trained[1][(view, micro_batches)]["tide"]["weights"]) == 0.0
+        counts = result[key]["tide"]["counts"]
+        assert counts == [(hooks, 0, n)] * 2 + [(0, hooks, n)] * (
+            fsdp_workers.DDP_STEPS - 2), (rank, counts)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
+def test_ddp_hook_copies_each_reduced_gradient_in_backward_once(trained, view, micro_batches):
+    key = (True, view, micro_batches)
+    same_training(trained, key)
+    n = len(trained[0][key]["tide"]["weights"])
+    for rank, result in enumerate(trained):
+        # Every gradient is copied once a step, in backward, after its bucket's all-reduce;
+        # step() finds each as the hook copied it.
+        counts = result[key]["tide"]["counts"]
+        assert counts == [(n, 0, 0)] * fsdp_workers.DDP_STEPS, (rank, counts)
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
+def test_ddp_hook_gradients_clipped_after_backward_are_copied_at_step(hook_cases, view):
+    key = ("clipped", view)
+    same_training(hook_cases, key)
+    n = len(hook_cases[0][key]["tide"]["weights"])
+    for rank, result in enumerate(hook_cases):
+        # Clipping changes every gradient after the hook copied it: copied again at step(), and
+        # from the third step the hook leaves them to step().
+        counts = result[key]["tide"]["counts"]
+        assert counts == [(n, 0, n)] * 2 + [(0, n, n)] * (fsdp_workers.DDP_STEPS - 2), (
+            rank, counts)
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
+def test_ddp_hook_copies_the_result_of_a_hook_of_yours(hook_cases, view):
+    key = ("new_tensor", view)
+    same_training(hook_cases, key)
+    n = len(hook_cases[0][key]["tide"]["weights"])
+    for rank, result in enumerate(hook_cases):
+        counts = result[key]["tide"]["counts"]
+        assert counts == [(n, 0, 0)] * fsdp_workers.DDP_STEPS, (rank, counts)
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
+def test_ddp_hook_does_not_trust_copies_of_gradients_a_rank_did_not_compute(hook_cases, view):
+    key = ("uneven", view)
+    same_training(hook_cases, key)
+    # `extra` (2 tensors) has a gradient of its own on rank 1 only; `unused` (2) on no rank, so
+    # no gradient at all. Rank 0 copies `extra`'s again at step(), as DDP may have left it.
+    n = len(hook_cases[0][key]["tide"]["weights"])
+    for rank, result in enumerate(hook_cases):
+        counts = result[key]["tide"]["counts"]
+        assert counts == [(n, 0, 2 if rank == 0 else 0)] * fsdp_workers.DDP_STEPS, (rank, counts)
+
+
+def test_ddp_hook_moves_to_a_new_optimizer_and_outlives_a_dead_one(hook_cases):
+    for rank, result in enumerate(hook_cases):
+        api = result["api"]
+        assert api["first_reduced"] == 0, rank  # the first optimizer's hooks copy again
+        n = len(api["weights"])
+        assert api["counts"] == [(n, 0)] * fsdp_workers.DDP_STEPS, (rank, api["counts"])
+        assert rel_diff(api["weights"], api["torch_weights"]) <= FP32_BOUND, rank
+    # With no optimizer left, the hook still all-reduces: both ranks hold the same averages.
+    assert rel_diff(hook_cases[0]["api"]["grads_after_optimizer_gone"],
+                    hook_cases[1]["api"]["grads_after_optimizer_gone"]) == 0.0
+
+
+def test_ddp_hook_arguments_are_checked(hook_cases):
+    errors = hook_cases[0]["api"]["errors"]
+    assert errors["torch_optimizer"].startswith("TypeError: tide: register_ddp_offload takes a "
+                                                "tide.torch optimizer, not AdamW"), errors
+    assert errors["bad_hook"].startswith("TypeError: tide: hook must be"), errors
+    assert "tide's DDP hook already" in errors["another_hook"], errors
+
+
+def test_ddp_hook_arguments_before_a_process_group():
+    import tide.torch as tt
+    model = torch.nn.Linear(2, 2)
+    opt = tt.AdamW(model.parameters(), placement="cpu")
+    with pytest.raises(TypeError, match="takes a DistributedDataParallel model, not Linear"):
+        tt.register_ddp_offload(model, opt)
+    with pytest.raises(ValueError, match="`state` is the state of your `hook`"):
+        tt.register_ddp_offload(model, opt, state=object())
+
+
+def test_ddp_hook_averages_as_ddp_does_on_three_ranks(tmp_path):
+    # Three ranks: dividing by the world size and multiplying by its inverse round apart.
+    results = fsdp_workers.launch("ddp_average", tmp_path, 3)
+    no_errors(results)
+    for rank, result in enumerate(results):
+        for dtype in ("torch.float32", "torch.bfloat16"):
+            ddp, tide = result[(False, dtype)], result[(True, dtype)]
+            assert all(torch.equal(a, b) for a, b in zip(ddp, tide)), (rank, dtype)

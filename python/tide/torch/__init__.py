@@ -30,6 +30,7 @@ from tide.torch.allocator import (
     use_allocator,
 )
 from tide.torch.optim import Adam, AdamW
+from tide.torch.ddp import register_ddp_offload
 from tide.torch._runtime import cpu_mode
 from tide.torch.plot import memory_timeline
 from tide.torch.tide_run import install_for_tide_run
@@ -56,6 +57,7 @@ __all__ = [
     "memory_stats",
     "memory_stats_as_nested_dict",
     "record_stream",
+    "register_ddp_offload",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "set_per_process_memory_fraction",

@@ -26,7 +26,9 @@ then every hook copies until the pattern is steady again. Likewise a gradient ch
 last hook in each of the last two steps (DistributedDataParallel writes the averaged gradient
 after the hooks ran; torch.nn.utils.clip_grad_norm_ scales every gradient) is not copied in its
 hooks at all: step() would copy it again anyway. Never wrong either way: step() offloads
-whatever its gradient's last copy missed.
+whatever its gradient's last copy missed. With tide's DDP hook (ddp.py), the gradients of DDP's
+parameters are copied by it instead, once their bucket is reduced (on_reduced), and compared at
+step() with .grad as DDP left it at the end of backward (after_reduction).
 
 Host-resident buckets (FSDP2's CPUOffloadPolicy: the gradients are in host memory already) copy
 nothing: at every step() their gradients' addresses are handed to the executor, which reads them
@@ -35,6 +37,7 @@ where they are (counted as read in place).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -82,6 +85,15 @@ class GradientOffload:
         self._changed_after: set[int] = set()
         self._changed_last: set[int] = set()
         self._changed_twice: set[int] = set()
+        # Parameters whose gradients a DDP communication hook copies once reduced (ddp.py):
+        # those copied or deferred in this backward (id(param) -> (param, copied)), and those
+        # whose hook ran since the last reduction.
+        self.reduced: set[int] = set()
+        self._reduced_now: dict[int, tuple[torch.Tensor, bool]] = {}
+        self._accumulated: set[int] = set()
+        # A DDP hook's copies run where its all-reduce completes (gloo: its own thread), while
+        # autograd's thread runs the other parameters' hooks.
+        self._lock = threading.Lock()
 
     def _stream(self, bucket: Bucket) -> Any:
         key = id(bucket)
@@ -92,28 +104,78 @@ class GradientOffload:
 
     def on_grad(self, p: torch.Tensor) -> None:
         """The hook: p's gradient is ready."""
+        with self._lock:
+            self._on_grad(p)
+
+    def _on_grad(self, p: torch.Tensor) -> None:
         if (id(p) in self.where and p.grad is not None
                 and (self.sharded_in_backward or not is_sharded(p))):
             bucket, i = self.where[id(p)]
             if bucket.host:
                 return  # read in place at step()
             key = id(p)
-            runs = self._runs[key] = self._runs.get(key, 0) + 1
+            if key in self.reduced:
+                self._accumulated.add(key)  # copied by the DDP hook, after the all-reduce
+                return
             self._hooked[key] = (p.grad, p.grad._version)
-            before = self._runs_before.get(key)
-            if (before is not None and before[0] == before[1] and runs < before[1]
-                    or key in self._changed_twice):
-                self.counts["deferred"] += 1
+            if self._defer(key):
                 return  # more micro-batches to come, or a write after backward: copied later
             if layout_of(local(p)) == bucket.layouts[i]:
                 self.offload(p)
                 self.counts["backward"] += 1
             # else: step() raises, before reading or writing anything through tide's slices
 
-    def offload(self, p: torch.Tensor) -> None:
+    def _defer(self, key: int) -> bool:
+        """Whether this run of p's hook (or of its DDP bucket's) leaves the copy to a later one,
+        or to step(): counts the run, and the deferral."""
+        runs = self._runs[key] = self._runs.get(key, 0) + 1
+        before = self._runs_before.get(key)
+        if (before is not None and before[0] == before[1] and runs < before[1]
+                or key in self._changed_twice):
+            self.counts["deferred"] += 1
+            return True
+        return False
+
+    def on_reduced(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        """A DDP bucket's gradients are reduced (`grads`: the values DDP writes into the
+        parameters' .grad at the end of backward): copies those of tide's parameters."""
+        with self._lock:
+            for p, grad in zip(params, grads):
+                self._on_reduced(p, grad)
+
+    def _on_reduced(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        key = id(p)
+        if key in self.reduced and key in self.where and not self.where[key][0].host:
+            bucket, i = self.where[key]
+            copied = not self._defer(key) and layout_of(local(p)) == bucket.layouts[i]
+            if copied:
+                self.offload(p, grad)
+                self.counts["backward"] += 1
+            self._reduced_now[key] = (p, copied)
+
+    def after_reduction(self) -> None:
+        """At the end of a backward whose DDP buckets were reduced, after DDP wrote the reduced
+        gradients into .grad: what step() compares them with. A parameter with no gradient of
+        its own in the backward passes since the last reduction may be one DDP left as it was
+        (unused by every rank), so its copy is not trusted."""
+        with self._lock:
+            self._after_reduction()
+
+    def _after_reduction(self) -> None:
+        for key, (p, copied) in self._reduced_now.items():
+            if key in self._accumulated and p.grad is not None:
+                seen = (p.grad, p.grad._version)
+                self._hooked[key] = seen
+                if copied:
+                    self._offloaded[key] = seen
+        self._reduced_now.clear()
+        self._accumulated.clear()
+
+    def offload(self, p: torch.Tensor, reduced: torch.Tensor | None = None) -> None:
+        """Copies p's gradient (or `reduced`, its DDP bucket's slice: what .grad will hold)."""
         bucket, i = self.where[id(p)]
         bucket.check_layout(i)  # the copies below read and write as many elements as it had
-        grad = p.grad
+        grad = p.grad if reduced is None else reduced
         source = local(grad)
         if source.numel() != bucket.params[i].numel():
             raise RuntimeError(f"tide: a gradient has {source.numel()} elements, its parameter "
@@ -142,7 +204,8 @@ class GradientOffload:
             else:
                 source.record_stream(self._stream(bucket))
         self._keepalive.append(source)
-        self._offloaded[id(p)] = (grad, grad._version)
+        if reduced is None:
+            self._offloaded[id(p)] = (grad, grad._version)
 
     def gradients_changed(self) -> None:
         """Gradients were written in place in a way no version counter shows: every one is
@@ -196,6 +259,8 @@ class GradientOffload:
         self._keepalive.clear()
         self._offloaded.clear()
         self._read_in_place.clear()
+        self._reduced_now.clear()
+        self._accumulated.clear()
         self._changed = False
         self.last_counts = self.counts
         self.counts = dict.fromkeys(_COUNTS, 0)
