@@ -186,7 +186,11 @@ def test_the_report_tabulates_each_steps_figures():
     report = {"machine": gpu_check.machine(), "bundle": None, "mode": "m", "archs": "",
               "passed": True, "seconds": 1, "budget_seconds": 1, "time_scale": 1,
               "steps": [{"step": "bench-gpu_iteration", "status": "passed", "seconds": 1,
-                         "figures": {"lines": [line, {"case": "summary"}]}}]}
+                         "figures": {"lines": [line, {"case": "summary"}]}},
+                        # Another benchmark's "steps" is a count, not records (the report
+                        # raised on it in a rehearsal).
+                        {"step": "bench-x", "status": "passed", "seconds": 1,
+                         "figures": {"lines": [{"bench": "x", "steps": 5}]}}]}
     page = gpu_check.markdown(report)
     assert "`capped_tide_auto`, per step:" in page
     assert ("| step | forward_ms | update_ms | evicted_subgroups | evict_ms | cache_releases |"
