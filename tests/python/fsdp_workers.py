@@ -751,6 +751,12 @@ def _ddp_hook_api(rank: int, world: int) -> dict:
             call()
         except (TypeError, ValueError) as error:
             found["errors"][name] = f"{type(error).__name__}: {error}"
+    hooked = torch.nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=1e-4)
+    hooked.register_comm_hook(None, _average_into_new_tensor)
+    try:
+        tt.register_ddp_offload(hooked, tt.AdamW(hooked.parameters(), placement=2))
+    except RuntimeError as error:
+        found["errors"]["hook_of_yours_first"] = f"RuntimeError: {error}"
     first = tt.AdamW(model.parameters(), lr=1e-2, placement=2)
     tt.register_ddp_offload(model, first)
     try:

@@ -128,6 +128,8 @@ def test_ddp_hook_arguments_are_checked(hook_cases):
                                                 "tide.torch optimizer, not AdamW"), errors
     assert errors["bad_hook"].startswith("TypeError: tide: hook must be"), errors
     assert "tide's DDP hook already" in errors["another_hook"], errors
+    assert "register tide's instead, with yours as its `hook`" in errors["hook_of_yours_first"], (
+        errors)
 
 
 def test_ddp_hook_arguments_before_a_process_group():

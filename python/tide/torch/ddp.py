@@ -78,7 +78,12 @@ def register_ddp_offload(model: DistributedDataParallel, optimizer: AdamW,
         group = model.process_group
         target = _Target(optimizer, (lambda bucket: _average(group, bucket)) if hook is None
                          else (lambda bucket: hook(state, bucket)), hook, state, ids)
-        model.register_comm_hook(target, _reduce_and_copy)
+        try:
+            model.register_comm_hook(target, _reduce_and_copy)
+        except RuntimeError as error:
+            raise RuntimeError("tide: the model has a communication hook already, and DDP takes "
+                               "one: register tide's instead, with yours as its `hook` (and "
+                               "`state`)") from error
         model._tide_ddp_offload = target
     optimizer._gradients.reduced |= target.ids
 
