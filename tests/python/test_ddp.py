@@ -47,67 +47,57 @@ def same_training(results, key):
                     results[1][key]["tide"]["weights"]) == 0.0
 
 
+def trains_as_torch_with_copies(results, key, expected):
+    """same_training, and tide's gradient copies (in backward, deferred, at step) per step are
+    `expected(rank, n)`, n the model's parameter tensors."""
+    same_training(results, key)
+    n = len(results[0][key]["tide"]["weights"])
+    for rank, result in enumerate(results):
+        counts = result[key]["tide"]["counts"]
+        assert counts == expected(rank, n), (rank, counts)
+
+
+STEPS = fsdp_workers.DDP_STEPS
+
+
 @pytest.mark.parametrize("micro_batches", [1, 2])
 @pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
 def test_ddp_trains_as_torch_adamw_and_copies_each_gradient_once(trained, view, micro_batches):
-    key = (False, view, micro_batches)
-    same_training(trained, key)
-    n = len(trained[0][key]["tide"]["weights"])
-    hooks = micro_batches * n
-    for rank, result in enumerate(trained):
-        # The first two steps copy in every hook and again at step(), as DDP changed every
-        # gradient after them; from the third, only at step().
-        counts = result[key]["tide"]["counts"]
-        assert counts == [(hooks, 0, n)] * 2 + [(0, hooks, n)] * (
-            fsdp_workers.DDP_STEPS - 2), (rank, counts)
+    # The first two steps copy in every hook and again at step(), as DDP changed every gradient
+    # after them; from the third, only at step().
+    trains_as_torch_with_copies(trained, (False, view, micro_batches), lambda rank, n: (
+        [(micro_batches * n, 0, n)] * 2 + [(0, micro_batches * n, n)] * (STEPS - 2)))
 
 
 @pytest.mark.parametrize("micro_batches", [1, 2])
 @pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
 def test_ddp_hook_copies_each_reduced_gradient_in_backward_once(trained, view, micro_batches):
-    key = (True, view, micro_batches)
-    same_training(trained, key)
-    n = len(trained[0][key]["tide"]["weights"])
-    for rank, result in enumerate(trained):
-        # Every gradient is copied once a step, in backward, after its bucket's all-reduce;
-        # step() finds each as the hook copied it.
-        counts = result[key]["tide"]["counts"]
-        assert counts == [(n, 0, 0)] * fsdp_workers.DDP_STEPS, (rank, counts)
+    # Every gradient is copied once a step, in backward, after its bucket's all-reduce; step()
+    # finds each as the hook copied it.
+    trains_as_torch_with_copies(trained, (True, view, micro_batches),
+                                lambda rank, n: [(n, 0, 0)] * STEPS)
 
 
 @pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
 def test_ddp_hook_gradients_clipped_after_backward_are_copied_at_step(hook_cases, view):
-    key = ("clipped", view)
-    same_training(hook_cases, key)
-    n = len(hook_cases[0][key]["tide"]["weights"])
-    for rank, result in enumerate(hook_cases):
-        # Clipping changes every gradient after the hook copied it: copied again at step(), and
-        # from the third step the hook leaves them to step().
-        counts = result[key]["tide"]["counts"]
-        assert counts == [(n, 0, n)] * 2 + [(0, n, n)] * (fsdp_workers.DDP_STEPS - 2), (
-            rank, counts)
+    # Clipping changes every gradient after the hook copied it: copied again at step(), and from
+    # the third step the hook leaves them to step().
+    trains_as_torch_with_copies(hook_cases, ("clipped", view),
+                                lambda rank, n: [(n, 0, n)] * 2 + [(0, n, n)] * (STEPS - 2))
 
 
 @pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
 def test_ddp_hook_copies_the_result_of_a_hook_of_yours(hook_cases, view):
-    key = ("new_tensor", view)
-    same_training(hook_cases, key)
-    n = len(hook_cases[0][key]["tide"]["weights"])
-    for rank, result in enumerate(hook_cases):
-        counts = result[key]["tide"]["counts"]
-        assert counts == [(n, 0, 0)] * fsdp_workers.DDP_STEPS, (rank, counts)
+    trains_as_torch_with_copies(hook_cases, ("new_tensor", view),
+                                lambda rank, n: [(n, 0, 0)] * STEPS)
 
 
 @pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
 def test_ddp_hook_does_not_trust_copies_of_gradients_a_rank_did_not_compute(hook_cases, view):
-    key = ("uneven", view)
-    same_training(hook_cases, key)
     # `extra` (2 tensors) has a gradient of its own on rank 1 only; `unused` (2) on no rank, so
     # no gradient at all. Rank 0 copies `extra`'s again at step(), as DDP may have left it.
-    n = len(hook_cases[0][key]["tide"]["weights"])
-    for rank, result in enumerate(hook_cases):
-        counts = result[key]["tide"]["counts"]
-        assert counts == [(n, 0, 2 if rank == 0 else 0)] * fsdp_workers.DDP_STEPS, (rank, counts)
+    trains_as_torch_with_copies(hook_cases, ("uneven", view),
+                                lambda rank, n: [(n, 0, 2 if rank == 0 else 0)] * STEPS)
 
 
 def test_ddp_hook_moves_to_a_new_optimizer_and_outlives_a_dead_one(hook_cases):
@@ -115,7 +105,7 @@ def test_ddp_hook_moves_to_a_new_optimizer_and_outlives_a_dead_one(hook_cases):
         api = result["api"]
         assert api["first_reduced"] == 0, rank  # the first optimizer's hooks copy again
         n = len(api["weights"])
-        assert api["counts"] == [(n, 0)] * fsdp_workers.DDP_STEPS, (rank, api["counts"])
+        assert api["counts"] == [(n, 0)] * STEPS, (rank, api["counts"])
         assert rel_diff(api["weights"], api["torch_weights"]) <= FP32_BOUND, rank
     # With no optimizer left, the hook still all-reduces: both ranks hold the same averages.
     assert rel_diff(hook_cases[0]["api"]["grads_after_optimizer_gone"],
