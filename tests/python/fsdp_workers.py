@@ -632,26 +632,30 @@ DDP_STEPS = 5
 
 def _ddp_train(rank: int, world: int, kind: str, module: torch.nn.Module, *, view: bool,
                micro_batches: int, offload: dict | None = None, clip: bool = False,
-               **ddp: Any) -> dict:
+               compiled: bool = False, **ddp: Any) -> dict:
     """DDP_STEPS steps of `kind` ("torch": torch.optim.AdamW, foreach=False; "tide": tide's
     AdamW, placement 2) on `module` under DistributedDataParallel (several buckets), each after
     `micro_batches` backward passes (all but the last under no_sync()); with `offload`, tide's DDP
-    hook (register_ddp_offload's keywords); with `clip`, clip_grad_norm_ before each step. The
-    trained weights, and tide's (in backward, deferred, at step) gradient copies per step."""
+    hook (register_ddp_offload's keywords); with `clip`, clip_grad_norm_ before each step; with
+    `compiled`, the DDP model under torch.compile (aot_eager; DDP's default buckets, as Dynamo's
+    DDP graph splitting wants the first no larger than the others). The trained weights, and
+    tide's (in backward, deferred, at step) gradient copies per step."""
     import tide.torch as tt
     model = torch.nn.parallel.DistributedDataParallel(
-        module, gradient_as_bucket_view=view, bucket_cap_mb=1e-4, **ddp)
+        module, gradient_as_bucket_view=view, **({} if compiled else {"bucket_cap_mb": 1e-4}),
+        **ddp)
     opt = (tt.AdamW(model.parameters(), lr=1e-2, placement=2) if kind == "tide"
            else torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False))
     if kind == "tide" and offload is not None:
         tt.register_ddp_offload(model, opt, **offload)
+    forward = torch.compile(model, backend="aot_eager") if compiled else model
     counts = []
     for step in range(DDP_STEPS):
         for micro in range(micro_batches):
             x, y = batch(step * micro_batches + micro, rank, world)
             sync = micro == micro_batches - 1
             with contextlib.nullcontext() if sync else model.no_sync():
-                (torch.nn.functional.mse_loss(model(x), y) / micro_batches).backward()
+                (torch.nn.functional.mse_loss(forward(x), y) / micro_batches).backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
         opt.step()
@@ -706,10 +710,11 @@ def _average_into_new_tensor(group, bucket):
 def scenario_ddp_hook_cases(rank: int, world: int, out: str, result: dict) -> None:
     """tide's DDP hook where its copies cannot all be trusted, against torch.optim.AdamW: gradients
     clipped after backward, a reducing hook whose result is a new tensor, parameters used by one
-    rank only or by none (find_unused_parameters)."""
+    rank only or by none (find_unused_parameters); and a compiled DDP model."""
     cases = {"clipped": ({}, {"clip": True}, Net),
              "new_tensor": ({"hook": _average_into_new_tensor, "state": None}, {}, Net),
-             "uneven": ({}, {"find_unused_parameters": True}, lambda: UnevenNet(rank))}
+             "uneven": ({}, {"find_unused_parameters": True}, lambda: UnevenNet(rank)),
+             "compiled": ({}, {"compiled": True}, Net)}
     for name, (offload, extra, make) in cases.items():
         for view in (False, True):
             result[(name, view)] = {

@@ -100,6 +100,13 @@ def test_ddp_hook_does_not_trust_copies_of_gradients_a_rank_did_not_compute(hook
                                 lambda rank, n: [(n, 0, 2 if rank == 0 else 0)] * STEPS)
 
 
+@pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
+def test_ddp_hook_with_a_compiled_model(hook_cases, view):
+    # torch.compile splits the graph at DDP's buckets; they are still reduced through the hook.
+    trains_as_torch_with_copies(hook_cases, ("compiled", view),
+                                lambda rank, n: [(n, 0, 0)] * STEPS)
+
+
 def test_ddp_hook_moves_to_a_new_optimizer_and_outlives_a_dead_one(hook_cases):
     for rank, result in enumerate(hook_cases):
         api = result["api"]
