@@ -19,3 +19,11 @@ def test_make_bench_stdout_is_json_lines_only():
     for line in lines:
         record = json.loads(line)  # a build line here is a JSONDecodeError naming it
         assert isinstance(record, dict) and "bench" in record, line
+
+
+def test_a_benchmark_without_a_driver_says_why_instead_of_aborting():
+    env = {**os.environ, "TIDE_CUDA_DRIVER": "/nonexistent/libcuda.so.1"}
+    out = subprocess.run([str(REPO / "build" / "bin" / "bench_allocator")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, (out.returncode, out.stderr)  # an abort: -6
+    assert out.stderr.startswith("bench_allocator: tide: no CUDA driver"), out.stderr
