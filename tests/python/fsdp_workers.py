@@ -632,13 +632,14 @@ DDP_STEPS = 5
 
 def _ddp_train(rank: int, world: int, kind: str, module: torch.nn.Module, *, view: bool,
                micro_batches: int, offload: dict | None = None, clip: bool = False,
-               compiled: bool = False, **ddp: Any) -> dict:
+               compiled: bool = False, sync_every: bool = False, **ddp: Any) -> dict:
     """DDP_STEPS steps of `kind` ("torch": torch.optim.AdamW, foreach=False; "tide": tide's
     AdamW, placement 2) on `module` under DistributedDataParallel (several buckets), each after
     `micro_batches` backward passes (all but the last under no_sync()); with `offload`, tide's DDP
     hook (register_ddp_offload's keywords); with `clip`, clip_grad_norm_ before each step; with
     `compiled`, the DDP model under torch.compile (aot_eager; DDP's default buckets, as Dynamo's
-    DDP graph splitting wants the first no larger than the others). The trained weights, and
+    DDP graph splitting wants the first no larger than the others); with `sync_every`, no
+    micro-batch under no_sync() (each all-reduces). The trained weights, and
     tide's (in backward, deferred, at step) gradient copies per step."""
     import tide.torch as tt
     model = torch.nn.parallel.DistributedDataParallel(
@@ -653,7 +654,7 @@ def _ddp_train(rank: int, world: int, kind: str, module: torch.nn.Module, *, vie
     for step in range(DDP_STEPS):
         for micro in range(micro_batches):
             x, y = batch(step * micro_batches + micro, rank, world)
-            sync = micro == micro_batches - 1
+            sync = sync_every or micro == micro_batches - 1
             with contextlib.nullcontext() if sync else model.no_sync():
                 (torch.nn.functional.mse_loss(forward(x), y) / micro_batches).backward()
         if clip:
@@ -710,16 +711,18 @@ def _average_into_new_tensor(group, bucket):
 def scenario_ddp_hook_cases(rank: int, world: int, out: str, result: dict) -> None:
     """tide's DDP hook where its copies cannot all be trusted, against torch.optim.AdamW: gradients
     clipped after backward, a reducing hook whose result is a new tensor, parameters used by one
-    rank only or by none (find_unused_parameters); and a compiled DDP model."""
+    rank only or by none (find_unused_parameters); a compiled DDP model; micro-batches that each
+    all-reduce (no no_sync())."""
     cases = {"clipped": ({}, {"clip": True}, Net),
              "new_tensor": ({"hook": _average_into_new_tensor, "state": None}, {}, Net),
              "uneven": ({}, {"find_unused_parameters": True}, lambda: UnevenNet(rank)),
-             "compiled": ({}, {"compiled": True}, Net)}
+             "compiled": ({}, {"compiled": True}, Net),
+             "synced_micro_batches": ({}, {"sync_every": True, "micro_batches": 3}, Net)}
     for name, (offload, extra, make) in cases.items():
         for view in (False, True):
             result[(name, view)] = {
-                kind: _ddp_train(rank, world, kind, make(), view=view, micro_batches=1,
-                                 offload=offload, **extra)
+                kind: _ddp_train(rank, world, kind, make(), view=view,
+                                 offload=offload, **{"micro_batches": 1, **extra})
                 for kind in ("torch", "tide")}
     result["api"] = _ddp_hook_api(rank, world)
 

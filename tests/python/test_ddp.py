@@ -107,6 +107,14 @@ def test_ddp_hook_with_a_compiled_model(hook_cases, view):
                                 lambda rank, n: [(n, 0, 0)] * STEPS)
 
 
+@pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
+def test_ddp_hook_copies_the_last_of_micro_batches_that_each_all_reduce(hook_cases, view):
+    # Three micro-batches a step, none under no_sync(): the hook runs three times a step. Once
+    # two steps had three, it copies in the last only.
+    trains_as_torch_with_copies(hook_cases, ("synced_micro_batches", view), lambda rank, n: (
+        [(3 * n, 0, 0)] * 2 + [(n, 2 * n, 0)] * (STEPS - 2)))
+
+
 def test_ddp_hook_moves_to_a_new_optimizer_and_outlives_a_dead_one(hook_cases):
     for rank, result in enumerate(hook_cases):
         api = result["api"]
