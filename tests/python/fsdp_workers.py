@@ -711,12 +711,13 @@ def _average_into_new_tensor(group, bucket):
 def scenario_ddp_hook_cases(rank: int, world: int, out: str, result: dict) -> None:
     """tide's DDP hook where its copies cannot all be trusted, against torch.optim.AdamW: gradients
     clipped after backward, a reducing hook whose result is a new tensor, parameters used by one
-    rank only or by none (find_unused_parameters); a compiled DDP model; micro-batches that each
-    all-reduce (no no_sync())."""
+    rank only or by none (find_unused_parameters); a compiled DDP model; DDP's static_graph;
+    micro-batches that each all-reduce (no no_sync())."""
     cases = {"clipped": ({}, {"clip": True}, Net),
              "new_tensor": ({"hook": _average_into_new_tensor, "state": None}, {}, Net),
              "uneven": ({}, {"find_unused_parameters": True}, lambda: UnevenNet(rank)),
              "compiled": ({}, {"compiled": True}, Net),
+             "static_graph": ({}, {"static_graph": True}, Net),
              "synced_micro_batches": ({}, {"sync_every": True, "micro_batches": 3}, Net)}
     for name, (offload, extra, make) in cases.items():
         for view in (False, True):

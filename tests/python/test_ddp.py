@@ -101,6 +101,14 @@ def test_ddp_hook_does_not_trust_copies_of_gradients_a_rank_did_not_compute(hook
 
 
 @pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
+def test_ddp_hook_with_a_static_graph(hook_cases, view):
+    # static_graph: the first backward all-reduces every bucket at its end, in DDP's own final
+    # callback; the hook's copies are trusted all the same.
+    trains_as_torch_with_copies(hook_cases, ("static_graph", view),
+                                lambda rank, n: [(n, 0, 0)] * STEPS)
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
 def test_ddp_hook_with_a_compiled_model(hook_cases, view):
     # torch.compile splits the graph at DDP's buckets; they are still reduced through the hook.
     trains_as_torch_with_copies(hook_cases, ("compiled", view),
