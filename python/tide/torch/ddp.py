@@ -45,9 +45,10 @@ def register_ddp_offload(model: DistributedDataParallel, optimizer: AdamW,
                          = None, state: Any = None) -> None:
     """Registers on `model` a DDP communication hook that reduces each bucket with
     `hook(state, bucket)` (default: the average over `model.process_group`, as DDP computes it)
-    and then copies its reduced gradients into `optimizer`'s pinned buffers. Call it before the first
-    backward, as DDP's register_comm_hook requires. DDP takes one hook per model: a later call
-    with another tide optimizer (the same `hook` and `state`, or none) moves the copies to it."""
+    and then copies its reduced gradients into `optimizer`'s pinned buffers. Call it before the
+    first backward, as DDP's register_comm_hook requires. DDP takes one hook per model: a later
+    call with another tide optimizer (the same `hook` and `state`, or none) moves the copies to
+    it."""
     from torch.nn.parallel import DistributedDataParallel
 
     if hook is not None and not callable(hook):
