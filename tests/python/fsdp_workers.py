@@ -631,12 +631,13 @@ DDP_STEPS = 5
 
 
 def _ddp_train(rank: int, world: int, kind: str, module: torch.nn.Module, *, view: bool,
-               micro_batches: int, offload: dict | None = None, clip: bool = False,
+               micro_batches: int, offload: dict | None = None, clip: str | None = None,
                compiled: bool = False, sync_every: bool = False, **ddp: Any) -> dict:
     """DDP_STEPS steps of `kind` ("torch": torch.optim.AdamW, foreach=False; "tide": tide's
     AdamW, placement 2) on `module` under DistributedDataParallel (several buckets), each after
     `micro_batches` backward passes (all but the last under no_sync()); with `offload`, tide's DDP
-    hook (register_ddp_offload's keywords); with `clip`, clip_grad_norm_ before each step; with
+    hook (register_ddp_offload's keywords); with `clip`, a clip to norm 0.05 before each step
+    (torch.nn.utils.clip_grad_norm_, or with "tide" tide's own opt.clip_grad_norm_); with
     `compiled`, the DDP model under torch.compile (aot_eager; DDP's default buckets, as Dynamo's
     DDP graph splitting wants the first no larger than the others); with `sync_every`, no
     micro-batch under no_sync() (each all-reduces). The trained weights, and
@@ -657,7 +658,9 @@ def _ddp_train(rank: int, world: int, kind: str, module: torch.nn.Module, *, vie
             sync = sync_every or micro == micro_batches - 1
             with contextlib.nullcontext() if sync else model.no_sync():
                 (torch.nn.functional.mse_loss(forward(x), y) / micro_batches).backward()
-        if clip:
+        if clip == "tide" and kind == "tide":
+            opt.clip_grad_norm_(0.05)  # read from the copies, applied in the update
+        elif clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
         opt.step()
         opt.zero_grad()
@@ -710,10 +713,11 @@ def _average_into_new_tensor(group, bucket):
 
 def scenario_ddp_hook_cases(rank: int, world: int, out: str, result: dict) -> None:
     """tide's DDP hook where its copies cannot all be trusted, against torch.optim.AdamW: gradients
-    clipped after backward, a reducing hook whose result is a new tensor, parameters used by one
+    clipped after backward (and clipped by tide, which changes none), a reducing hook whose result is a new tensor, parameters used by one
     rank only or by none (find_unused_parameters); a compiled DDP model; DDP's static_graph;
     micro-batches that each all-reduce (no no_sync())."""
-    cases = {"clipped": ({}, {"clip": True}, Net),
+    cases = {"clipped": ({}, {"clip": "torch"}, Net),
+             "clipped_by_tide": ({}, {"clip": "tide"}, Net),
              "new_tensor": ({"hook": _average_into_new_tensor, "state": None}, {}, Net),
              "uneven": ({}, {"find_unused_parameters": True}, lambda: UnevenNet(rank)),
              "compiled": ({}, {"compiled": True}, Net),

@@ -87,6 +87,14 @@ def test_ddp_hook_gradients_clipped_after_backward_are_copied_at_step(hook_cases
 
 
 @pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
+def test_ddp_hook_with_tides_own_clipping_copies_nothing_at_step(hook_cases, view):
+    # opt.clip_grad_norm_ reads the norm from the copies and scales inside the update: the
+    # gradients are not written, so the hook's copies hold (torch clips the same model's).
+    trains_as_torch_with_copies(hook_cases, ("clipped_by_tide", view),
+                                lambda rank, n: [(n, 0, 0)] * STEPS)
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["grad_copies", "bucket_views"])
 def test_ddp_hook_copies_the_result_of_a_hook_of_yours(hook_cases, view):
     trains_as_torch_with_copies(hook_cases, ("new_tensor", view),
                                 lambda rank, n: [(n, 0, 0)] * STEPS)
