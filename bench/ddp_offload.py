@@ -18,6 +18,7 @@ same batches: 0). It exits 1 if they differ, or if step() copied gradients the h
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -117,6 +118,10 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
                    "dtype": str(dtype).removeprefix("torch."), "elements": elements,
                    "copy_seconds": copy_seconds(torch, device, elements, dtype),
                    "runs": {name: medians(times) for name, (_, _, times) in runs.items()}})
+    # What holds the process group goes first, so that destroying it joins gloo's threads here
+    # (test_process_groups_closed).
+    del runs
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -41,15 +41,18 @@ def node_line(step: int, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = train_gpt.parse_args(argv)
+def start(args, name: str) -> tuple[torch.device, int, int, list] | None:
+    """What every torchrun rank of these examples does first: tide's allocator and the device,
+    the process group (NCCL, or gloo on CPU tensors), and this rank's rows of every step's batch.
+    None, having said why, when it cannot run (--compare, not under torchrun, a batch that does
+    not split into the ranks)."""
     if args.compare:
-        print("train_gpt_fsdp: --compare is train_gpt.py's only", file=sys.stderr)
-        return 2
+        print(f"{name}: --compare is train_gpt.py's only", file=sys.stderr)
+        return None
     if "RANK" not in os.environ:
-        print("train_gpt_fsdp: run it with torchrun, e.g. torchrun --standalone "
-              "--nproc-per-node 2 examples/train_gpt_fsdp.py", file=sys.stderr)
-        return 2
+        print(f"{name}: run it with torchrun, e.g. torchrun --standalone --nproc-per-node 2 "
+              f"examples/{name}.py", file=sys.stderr)
+        return None
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
@@ -60,14 +63,49 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch % world:
         if rank == 0:
-            print(f"train_gpt_fsdp: --batch {args.batch} does not split into {world} ranks",
+            print(f"{name}: --batch {args.batch} does not split into {world} ranks",
                   file=sys.stderr)
         dist.destroy_process_group()
-        return 2
-
+        return None
     # Every rank draws the same global batches and keeps its rows.
     rows = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
     batches = [(x[rows], y[rows]) for x, y in train_gpt.make_batches(args, device)]
+    return device, rank, world, batches
+
+
+def say(line: str) -> None:
+    """One write per line: the ranks share torchrun's stdout, which may be unbuffered, and
+    print() writes the text and its newline apart (lines of two ranks would mix)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def finish(args, rank: int, history: list[dict], opt) -> None:
+    """Rank 0's loss, update time and memory timeline (written to --out)."""
+    if rank == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        png = tide.torch.memory_timeline(args.out / "tide_memory_rank0.png", optimizer=opt)
+        print(f"[rank 0] loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}; mean ms per "
+              f"iteration: update {train_gpt.mean_ms(history, 'update'):.1f}")
+        print(f"memory timeline (rank 0): {png}", flush=True)
+
+
+def close() -> None:
+    """Destroys the process group, after the caller dropped what holds it (the model, the
+    optimizer), so that gloo's worker threads are joined here. Left to the interpreter's
+    shutdown, a worker may still free a finished collective's tensors then and PyTorch aborts
+    ("terminate called without an active exception": a third of 2-rank gloo runs of plain FSDP2
+    on a loaded machine, without tide too)."""
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = train_gpt.parse_args(argv)
+    started = start(args, "train_gpt_fsdp")
+    if started is None:
+        return 2
+    device, rank, world, batches = started
     model = train_gpt.make_model(args, device)
     n_params = sum(p.numel() for p in model.parameters())
     for block in model.blocks:
@@ -80,12 +118,6 @@ def main(argv: list[str] | None = None) -> int:
               f"fully_shard, {args.dtype} on {device.type}; tide AdamW lr {args.lr:g}, "
               f"placement {args.placement}, {args.steps} steps", flush=True)
 
-    def say(line: str) -> None:
-        # One write per line: the ranks share torchrun's stdout, which may be unbuffered, and
-        # print() writes the text and its newline apart (lines of two ranks would mix).
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
     def report(step, times):
         say(f"[rank {rank}] " + train_gpt.iteration_line(step, args.steps, times, opt.last_plan))
         summary = opt.node_summary()  # every rank: one all_gather_object
@@ -93,20 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             say(node_line(step, summary))
 
     history = train_gpt.train(model, opt, batches, device, report=report)
-    if rank == 0:
-        args.out.mkdir(parents=True, exist_ok=True)
-        png = tide.torch.memory_timeline(args.out / "tide_memory_rank0.png", optimizer=opt)
-        print(f"[rank 0] loss {history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}; mean ms per "
-              f"iteration: update {train_gpt.mean_ms(history, 'update'):.1f}")
-        print(f"memory timeline (rank 0): {png}", flush=True)
-    # What holds the process group (the sharded model, the optimizer) goes first, so that
-    # destroying it joins gloo's worker threads here. Left to the interpreter's shutdown, a worker
-    # may still free a finished all-gather's tensors then and PyTorch aborts ("terminate called
-    # without an active exception": a third of 2-rank gloo runs of plain FSDP2 on a loaded
-    # machine, without tide too).
+    finish(args, rank, history, opt)
     del model, opt
-    gc.collect()
-    dist.destroy_process_group()
+    close()
     return 0
 
 

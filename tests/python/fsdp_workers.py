@@ -166,6 +166,22 @@ def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def run_example(name: str, out) -> str:
+    """examples/NAME.py under torchrun on 2 ranks: a tiny model for 2 steps, its memory
+    timeline to `out`; its stdout (it must exit 0)."""
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         f"{repo}/examples/{name}.py", "--steps", "2", "--layers", "1", "--d-model", "32",
+         "--heads", "2", "--seq-len", "16", "--batch", "4", "--out", str(out)],
+        cwd=repo, capture_output=True, text=True, timeout=180, check=False,
+        env={**os.environ, "PYTHONPATH": f"{repo}/python"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

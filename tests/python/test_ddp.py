@@ -171,3 +171,19 @@ def test_ddp_hook_averages_as_ddp_does_on_three_ranks(tmp_path):
         for dtype in ("torch.float32", "torch.bfloat16"):
             ddp, tide = result[(False, dtype)], result[(True, dtype)]
             assert all(torch.equal(a, b) for a, b in zip(ddp, tide)), (rank, dtype)
+
+
+def test_example_under_torchrun(tmp_path):
+    """examples/train_gpt_ddp.py as its docstring runs it (torchrun, 2 ranks): every rank copies
+    every gradient in backward, none at step(); rank 0's memory timeline."""
+    import re
+
+    text = fsdp_workers.run_example("train_gpt_ddp", tmp_path)
+    tensors = re.search(r"(\d+) parameter tensors", text)
+    for rank in range(WORLD):
+        steps = re.findall(rf"^\[rank {rank}\] step (\d)/2 .* gradients copied in backward "
+                           r"(\d+), at step (\d+)$", text, re.MULTILINE)
+        assert steps == [("1", tensors.group(1), "0"), ("2", tensors.group(1), "0")], text
+    png = tmp_path / "tide_memory_rank0.png"
+    assert f"memory timeline (rank 0): {png}" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

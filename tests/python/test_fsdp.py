@@ -375,18 +375,8 @@ def test_example_under_torchrun(tmp_path):
     """examples/train_gpt_fsdp.py as docs/guide/getting-started.md runs it (torchrun, 2 ranks): every rank's plan
     per step, rank 0's node summary, rank 0's memory timeline."""
     import re
-    import subprocess
-    import sys
 
-    repo = fsdp_workers.__file__.rsplit("/tests/", 1)[0]
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         f"{repo}/examples/train_gpt_fsdp.py", "--steps", "2", "--layers", "1", "--d-model", "32",
-         "--heads", "2", "--seq-len", "16", "--batch", "4", "--out", str(tmp_path)],
-        cwd=repo, capture_output=True, text=True, timeout=180, check=False,
-        env={**os.environ, "PYTHONPATH": f"{repo}/python"})
-    assert result.returncode == 0, result.stdout + result.stderr
-    text = result.stdout
+    text = fsdp_workers.run_example("train_gpt_fsdp", tmp_path)
     per_rank = []
     for rank in range(WORLD):
         steps = re.findall(rf"^\[rank {rank}\] step (\d)/2 .* subgroups gpu (\d+) cpu (\d+)", text,
