@@ -543,7 +543,12 @@ def test_gradients_stay_on_the_gpu_where_memory_allows_by_default():
     assert all(k == 0 for k, _ in kept[False]), kept
     assert all(g > 0 for _, g in kept[None]), kept
     assert kept[None][0][0] == 0, "kept before the forecast had seen an iteration"
-    assert all(k == g for k, g in kept[None][1:]), kept
+    if tt.cpu_mode() or tt.is_using_allocator():
+        assert all(k == g for k, g in kept[None][1:]), kept
+    else:
+        # On a GPU without tide's allocator there is no forecast, and None keeps nothing (as
+        # documented; this test expected keeps there and failed on an H200 in gpu-check).
+        assert all(k == 0 for k, _ in kept[None]), kept
     for a, b in zip(weights[None], weights[False]):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="gradients_on_gpu"):
